@@ -1,0 +1,124 @@
+//! `kai-demo`: the whole kai-resource-isolator stack on this machine, with no
+//! cluster and no GPU. It starts every service that exists, checks each one
+//! answers, prints where to look, and runs until Ctrl-C (or exits after the
+//! checks with `--check`).
+
+mod samples;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use base64::Engine;
+use bytes::Bytes;
+use clap::Parser;
+use kai_runtime::https::Client;
+use kai_webhook::{InjectConfig, Settings};
+use serde_json::Value;
+
+#[derive(Debug, Parser)]
+#[command(name = "kai-demo", about = "Run the kai-resource-isolator stack locally (no cluster, no GPU)")]
+struct Args {
+    /// Where the webhook listens (HTTPS, self-signed).
+    #[arg(long, default_value = "127.0.0.1:8443")]
+    webhook_listen: SocketAddr,
+    /// Run the checks, print the results and exit instead of serving until Ctrl-C.
+    #[arg(long)]
+    check: bool,
+    #[command(flatten)]
+    log: kai_runtime::telemetry::LogArgs,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    kai_runtime::install_crypto_provider();
+    let args = Args::parse();
+    args.log.init().context("cannot set up logging")?;
+    let shutdown = kai_runtime::shutdown::on_signal();
+
+    let work = tempfile::Builder::new().prefix("kai-demo-").tempdir()?;
+    let tls_dir = work.path().join("tls");
+    std::fs::create_dir_all(&tls_dir)?;
+    let names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
+    let bundle = kai_runtime::tls::generate("kai-webhook.demo", &names, 7)?;
+    bundle.write_to(&tls_dir)?;
+
+    let webhook = kai_webhook::start(
+        Settings {
+            listen: args.webhook_listen,
+            tls_cert_file: tls_dir.join("tls.crt"),
+            tls_private_key_file: tls_dir.join("tls.key"),
+            inject: InjectConfig::default(),
+            tls_reload_fallback: Duration::from_secs(60),
+        },
+        shutdown.clone(),
+    )
+    .await
+    .with_context(|| format!("starting the webhook on {} (pass --webhook-listen 127.0.0.1:0 if the port is taken)", args.webhook_listen))?;
+
+    let reviews_dir = work.path().join("reviews");
+    std::fs::create_dir_all(&reviews_dir)?;
+    let gpu = write_json(&reviews_dir.join("gpu-sharing-pod.json"), &samples::gpu_sharing_review())?;
+    let plain = write_json(&reviews_dir.join("plain-pod.json"), &samples::plain_review())?;
+
+    let client_config = Arc::new(kai_runtime::tls::client_config_trusting(bundle.ca_cert_pem.as_bytes())?);
+    let mut client = Client::connect(webhook.addr, "localhost", client_config).await?;
+    println!("\n== kai-resource-isolator demo ==\n");
+    println!("webhook   https://localhost:{}  (self-signed CA: {})", webhook.addr.port(), tls_dir.join("ca.crt").display());
+    check_review(&mut client, "GPU-sharing pod (gpu-memory: 4096)", gpu, true).await?;
+    check_review(&mut client, "plain pod", plain, false).await?;
+
+    let port = webhook.addr.port();
+    let ca = tls_dir.join("ca.crt");
+    println!("\nTry it yourself:");
+    println!(
+        "  curl -s --cacert {ca} -H 'Content-Type: application/json' --data @{} https://localhost:{port}/mutate | jq -r .response.patch | base64 -d | jq",
+        reviews_dir.join("gpu-sharing-pod.json").display(),
+        ca = ca.display()
+    );
+    println!("  curl -s --cacert {} https://localhost:{port}/metrics | grep kai_webhook", ca.display());
+    println!("  rotate the certificate: the webhook reloads {} on change", tls_dir.display());
+
+    if args.check {
+        shutdown.cancel();
+    } else {
+        println!("\nRunning until Ctrl-C. Files are under {}", work.path().display());
+    }
+    webhook.task.await?;
+    Ok(())
+}
+
+fn write_json(path: &Path, value: &Value) -> anyhow::Result<Bytes> {
+    let body = serde_json::to_vec_pretty(value)?;
+    std::fs::write(path, &body)?;
+    Ok(Bytes::from(body))
+}
+
+/// Sends one review and prints (and checks) what came back.
+async fn check_review(client: &mut Client, what: &str, body: Bytes, expect_patch: bool) -> anyhow::Result<()> {
+    let (status, reply) = client.send(http::Method::POST, "/mutate", body).await?;
+    if status != http::StatusCode::OK {
+        bail!("webhook answered {status} for the {what}: {}", String::from_utf8_lossy(&reply));
+    }
+    let review: Value = serde_json::from_slice(&reply)?;
+    let response = &review["response"];
+    let patch = match response["patch"].as_str() {
+        Some(b64) => {
+            let raw = base64::engine::general_purpose::STANDARD.decode(b64)?;
+            Some(serde_json::from_slice::<Value>(&raw)?)
+        }
+        None => None,
+    };
+    println!("\n  {what}: allowed={} patch operations={}", response["allowed"], patch.as_ref().and_then(Value::as_array).map_or(0, Vec::len));
+    if let Some(ops) = patch.as_ref().and_then(Value::as_array) {
+        for op in ops {
+            println!("    {} {}", op["op"].as_str().unwrap_or("?"), op["path"].as_str().unwrap_or("?"));
+        }
+    }
+    if patch.is_some() != expect_patch {
+        bail!("unexpected answer for the {what}: {review}");
+    }
+    Ok(())
+}

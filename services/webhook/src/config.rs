@@ -1,0 +1,107 @@
+//! What the webhook injects, and the flags/env it reads.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use kai_runtime::telemetry::LogArgs;
+
+/// Default host and container directory that holds libvgpu.so.
+pub const DEFAULT_VGPU_MOUNT: &str = "/usr/local/vgpu";
+/// Default value of `GPU_SHARE_RESOURCES` (the Go chart's).
+pub const DEFAULT_SHARE_RESOURCES: &str = "nvidia.com/gpu,nvidia.com/gpumem,nvidia.com/gpucores";
+
+/// The injection settings the pure planner needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InjectConfig {
+    /// `<mount>`: where libvgpu.so lives on the host and in the container.
+    pub vgpu_mount: String,
+    /// Extended resources that suggest GPU sharing. Injection stays keyed off
+    /// KAI's annotations; these only explain, in the log, why a pod that asks
+    /// for e.g. `nvidia.com/gpumem` without the annotations was left alone.
+    pub share_resources: Vec<String>,
+}
+
+impl Default for InjectConfig {
+    fn default() -> Self {
+        Self {
+            vgpu_mount: DEFAULT_VGPU_MOUNT.to_owned(),
+            share_resources: DEFAULT_SHARE_RESOURCES.split(',').map(str::to_owned).collect(),
+        }
+    }
+}
+
+/// Errors in the settings, reported before the server starts.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("CONTAINER_VGPU_MOUNT must be an absolute path without '..', got {0:?}")]
+    Mount(String),
+}
+
+impl InjectConfig {
+    /// Builds a validated config; a trailing `/` on the mount is dropped so the
+    /// paths we derive (`<mount>/containers`) are canonical.
+    pub fn new(vgpu_mount: &str, share_resources: Vec<String>) -> Result<Self, ConfigError> {
+        let trimmed = vgpu_mount.trim_end_matches('/');
+        if !trimmed.starts_with('/') || trimmed.split('/').any(|seg| seg == "..") {
+            return Err(ConfigError::Mount(vgpu_mount.to_owned()));
+        }
+        Ok(Self {
+            vgpu_mount: trimmed.to_owned(),
+            share_resources: share_resources
+                .into_iter()
+                .map(|r| r.trim().to_owned())
+                .filter(|r| !r.is_empty())
+                .collect(),
+        })
+    }
+
+    /// `<mount>/containers`, where libvgpu writes one directory per container.
+    pub fn containers_dir(&self) -> String {
+        format!("{}/containers", self.vgpu_mount)
+    }
+}
+
+/// Command line of `kai-webhook`.
+#[derive(Clone, Debug, clap::Parser)]
+#[command(name = "kai-webhook", version, about = "Mutating admission webhook that preloads HAMi-core libvgpu.so into KAI GPU-sharing containers")]
+pub struct Args {
+    /// Address to serve HTTPS on.
+    #[arg(long, env = "WEBHOOK_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// PEM certificate chain; reloaded when it changes.
+    #[arg(long, env = "TLS_CERT_FILE", default_value = "/etc/tls/tls.crt")]
+    pub tls_cert_file: PathBuf,
+    /// PEM private key; reloaded when it changes.
+    #[arg(long, env = "TLS_PRIVATE_KEY_FILE", default_value = "/etc/tls/tls.key")]
+    pub tls_private_key_file: PathBuf,
+    /// Host (and container) directory holding libvgpu.so and ld.so.preload.
+    #[arg(long, env = "CONTAINER_VGPU_MOUNT", default_value = DEFAULT_VGPU_MOUNT)]
+    pub container_vgpu_mount: String,
+    /// Comma-separated extended resources that suggest GPU sharing (logged only).
+    #[arg(long, env = "GPU_SHARE_RESOURCES", default_value = DEFAULT_SHARE_RESOURCES, value_delimiter = ',')]
+    pub gpu_share_resources: Vec<String>,
+    /// Seconds between certificate re-reads when no file event arrives.
+    #[arg(long, env = "TLS_RELOAD_FALLBACK_SECONDS", default_value_t = 60)]
+    pub tls_reload_fallback_seconds: u64,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_is_validated_and_normalised() {
+        let cfg = InjectConfig::new("/opt/vgpu/", vec![" a ".into(), "".into()]);
+        assert_eq!(
+            cfg,
+            Ok(InjectConfig {
+                vgpu_mount: "/opt/vgpu".into(),
+                share_resources: vec!["a".into()]
+            })
+        );
+        assert!(InjectConfig::new("relative/dir", vec![]).is_err());
+        assert!(InjectConfig::new("/usr/../etc", vec![]).is_err());
+    }
+}

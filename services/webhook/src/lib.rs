@@ -1,0 +1,27 @@
+//! kai-webhook: makes KAI GPU-sharing pods preload HAMi-core's libvgpu.so.
+//!
+//! [`inject`] is the pure decision and patch builder, [`review`] wraps it in
+//! the AdmissionReview protocol, [`server`] serves it over HTTPS with
+//! hot-reloaded certificates.
+
+pub mod config;
+pub mod inject;
+pub mod metrics;
+pub mod review;
+pub mod server;
+
+pub use config::{Args, InjectConfig};
+pub use server::{Running, Settings, StartError, start};
+
+impl Args {
+    /// Turns validated flags into server settings.
+    pub fn settings(&self) -> Result<Settings, config::ConfigError> {
+        Ok(Settings {
+            listen: self.listen,
+            tls_cert_file: self.tls_cert_file.clone(),
+            tls_private_key_file: self.tls_private_key_file.clone(),
+            inject: InjectConfig::new(&self.container_vgpu_mount, self.gpu_share_resources.clone())?,
+            tls_reload_fallback: std::time::Duration::from_secs(self.tls_reload_fallback_seconds.max(1)),
+        })
+    }
+}

@@ -1,0 +1,48 @@
+//! The webhook's Prometheus series.
+
+use std::time::Duration;
+
+/// Reviews by outcome (`decision`: injected, already_injected, not_gpu_sharing,
+/// opted_out, no_containers, denied, pass_through, bad_request).
+pub const REVIEWS_TOTAL: &str = "kai_webhook_admission_reviews_total";
+/// Malformed requests by reason (not_json, wrong_kind, too_large, …).
+pub const BAD_REQUESTS_TOTAL: &str = "kai_webhook_bad_requests_total";
+/// Time from a complete body to an encoded response.
+pub const REVIEW_DURATION: &str = "kai_webhook_admission_review_duration_seconds";
+/// Successful certificate reloads.
+pub const CERT_RELOADS_TOTAL: &str = "kai_webhook_certificate_reloads_total";
+
+/// Histogram buckets for [`REVIEW_DURATION`]: a review takes tens of µs;
+/// the upper buckets catch a starved runtime long before the API server's
+/// 10 s timeout would.
+pub const DURATION_BUCKETS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+/// Installs the recorder (once per process) with our buckets.
+pub fn install() -> metrics_exporter_prometheus::PrometheusHandle {
+    let handle = kai_runtime::prometheus::install(&[(REVIEW_DURATION, DURATION_BUCKETS)]);
+    describe();
+    handle
+}
+
+fn describe() {
+    metrics::describe_counter!(REVIEWS_TOTAL, "Admission reviews answered, by decision.");
+    metrics::describe_counter!(BAD_REQUESTS_TOTAL, "Malformed admission requests answered with HTTP 400, by reason.");
+    metrics::describe_histogram!(REVIEW_DURATION, metrics::Unit::Seconds, "Time to review one AdmissionReview.");
+    metrics::describe_counter!(CERT_RELOADS_TOTAL, "Serving certificate reloads.");
+}
+
+pub fn record_review(decision: &'static str, elapsed: Duration) {
+    metrics::counter!(REVIEWS_TOTAL, "decision" => decision).increment(1);
+    metrics::histogram!(REVIEW_DURATION).record(elapsed.as_secs_f64());
+}
+
+pub fn record_bad_request(reason: &'static str) {
+    metrics::counter!(REVIEWS_TOTAL, "decision" => "bad_request").increment(1);
+    metrics::counter!(BAD_REQUESTS_TOTAL, "reason" => reason).increment(1);
+}
+
+pub fn record_cert_reload() {
+    metrics::counter!(CERT_RELOADS_TOTAL).increment(1);
+}
