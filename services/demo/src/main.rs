@@ -19,7 +19,10 @@ use kai_webhook::{InjectConfig, Settings};
 use serde_json::Value;
 
 #[derive(Debug, Parser)]
-#[command(name = "kai-demo", about = "Run the kai-resource-isolator stack locally (no cluster, no GPU)")]
+#[command(
+    name = "kai-demo",
+    about = "Run the kai-resource-isolator stack locally (no cluster, no GPU)"
+)]
 struct Args {
     /// Where the webhook listens (HTTPS, self-signed).
     #[arg(long, default_value = "127.0.0.1:8443")]
@@ -56,17 +59,34 @@ async fn main() -> anyhow::Result<()> {
         shutdown.clone(),
     )
     .await
-    .with_context(|| format!("starting the webhook on {} (pass --webhook-listen 127.0.0.1:0 if the port is taken)", args.webhook_listen))?;
+    .with_context(|| {
+        format!(
+            "starting the webhook on {} (pass --webhook-listen 127.0.0.1:0 if the port is taken)",
+            args.webhook_listen
+        )
+    })?;
 
     let reviews_dir = work.path().join("reviews");
     std::fs::create_dir_all(&reviews_dir)?;
-    let gpu = write_json(&reviews_dir.join("gpu-sharing-pod.json"), &samples::gpu_sharing_review())?;
-    let plain = write_json(&reviews_dir.join("plain-pod.json"), &samples::plain_review())?;
+    let gpu = write_json(
+        &reviews_dir.join("gpu-sharing-pod.json"),
+        &samples::gpu_sharing_review(),
+    )?;
+    let plain = write_json(
+        &reviews_dir.join("plain-pod.json"),
+        &samples::plain_review(),
+    )?;
 
-    let client_config = Arc::new(kai_runtime::tls::client_config_trusting(bundle.ca_cert_pem.as_bytes())?);
+    let client_config = Arc::new(kai_runtime::tls::client_config_trusting(
+        bundle.ca_cert_pem.as_bytes(),
+    )?);
     let mut client = Client::connect(webhook.addr, "localhost", client_config).await?;
     println!("\n== kai-resource-isolator demo ==\n");
-    println!("webhook   https://localhost:{}  (self-signed CA: {})", webhook.addr.port(), tls_dir.join("ca.crt").display());
+    println!(
+        "webhook   https://localhost:{}  (self-signed CA: {})",
+        webhook.addr.port(),
+        tls_dir.join("ca.crt").display()
+    );
     check_review(&mut client, "GPU-sharing pod (gpu-memory: 4096)", gpu, true).await?;
     check_review(&mut client, "plain pod", plain, false).await?;
 
@@ -78,13 +98,22 @@ async fn main() -> anyhow::Result<()> {
         reviews_dir.join("gpu-sharing-pod.json").display(),
         ca = ca.display()
     );
-    println!("  curl -s --cacert {} https://localhost:{port}/metrics | grep kai_webhook", ca.display());
-    println!("  rotate the certificate: the webhook reloads {} on change", tls_dir.display());
+    println!(
+        "  curl -s --cacert {} https://localhost:{port}/metrics | grep kai_webhook",
+        ca.display()
+    );
+    println!(
+        "  rotate the certificate: the webhook reloads {} on change",
+        tls_dir.display()
+    );
 
     if args.check {
         shutdown.cancel();
     } else {
-        println!("\nRunning until Ctrl-C. Files are under {}", work.path().display());
+        println!(
+            "\nRunning until Ctrl-C. Files are under {}",
+            work.path().display()
+        );
     }
     webhook.task.await?;
     Ok(())
@@ -97,10 +126,18 @@ fn write_json(path: &Path, value: &Value) -> anyhow::Result<Bytes> {
 }
 
 /// Sends one review and prints (and checks) what came back.
-async fn check_review(client: &mut Client, what: &str, body: Bytes, expect_patch: bool) -> anyhow::Result<()> {
+async fn check_review(
+    client: &mut Client,
+    what: &str,
+    body: Bytes,
+    expect_patch: bool,
+) -> anyhow::Result<()> {
     let (status, reply) = client.send(http::Method::POST, "/mutate", body).await?;
     if status != http::StatusCode::OK {
-        bail!("webhook answered {status} for the {what}: {}", String::from_utf8_lossy(&reply));
+        bail!(
+            "webhook answered {status} for the {what}: {}",
+            String::from_utf8_lossy(&reply)
+        );
     }
     let review: Value = serde_json::from_slice(&reply)?;
     let response = &review["response"];
@@ -111,10 +148,18 @@ async fn check_review(client: &mut Client, what: &str, body: Bytes, expect_patch
         }
         None => None,
     };
-    println!("\n  {what}: allowed={} patch operations={}", response["allowed"], patch.as_ref().and_then(Value::as_array).map_or(0, Vec::len));
+    println!(
+        "\n  {what}: allowed={} patch operations={}",
+        response["allowed"],
+        patch.as_ref().and_then(Value::as_array).map_or(0, Vec::len)
+    );
     if let Some(ops) = patch.as_ref().and_then(Value::as_array) {
         for op in ops {
-            println!("    {} {}", op["op"].as_str().unwrap_or("?"), op["path"].as_str().unwrap_or("?"));
+            println!(
+                "    {} {}",
+                op["op"].as_str().unwrap_or("?"),
+                op["path"].as_str().unwrap_or("?")
+            );
         }
     }
     if patch.is_some() != expect_patch {

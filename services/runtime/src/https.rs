@@ -70,14 +70,18 @@ pub async fn serve<S, B>(
                 return;
             };
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            let conn = builder.serve_connection(TokioIo::new(tls), TowerToHyperService::new(service));
+            let conn =
+                builder.serve_connection(TokioIo::new(tls), TowerToHyperService::new(service));
             if let Err(error) = watcher.watch(conn.into_owned()).await {
                 tracing::debug!(%peer, error = %error, "connection ended with an error");
             }
         });
     }
     drop(listener);
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
+        .await
+        .is_err()
+    {
         tracing::warn!("connections still open after the drain timeout; closing them");
     }
 }
@@ -118,7 +122,10 @@ async fn handshake(
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("cannot connect to {addr}: {source}")]
-    Connect { addr: SocketAddr, source: std::io::Error },
+    Connect {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("invalid server name {0:?}")]
     ServerName(String),
     #[error("HTTP error: {0}")]
@@ -147,7 +154,8 @@ impl Client {
         let tcp = TcpStream::connect(addr)
             .await
             .map_err(|source| ClientError::Connect { addr, source })?;
-        tcp.set_nodelay(true).map_err(|source| ClientError::Connect { addr, source })?;
+        tcp.set_nodelay(true)
+            .map_err(|source| ClientError::Connect { addr, source })?;
         let tls = TlsConnector::from(config)
             .connect(name, tcp)
             .await

@@ -17,7 +17,11 @@ pub enum LogFormat {
 #[derive(Clone, Debug, clap::Args)]
 pub struct LogArgs {
     /// Log filter, in `tracing` EnvFilter syntax (e.g. `info,kai_webhook=debug`).
-    #[arg(long = "log-level", env = "LOG_LEVEL", default_value = "info,notify=warn")]
+    #[arg(
+        long = "log-level",
+        env = "LOG_LEVEL",
+        default_value = "info,notify=warn"
+    )]
     pub level: String,
     /// Log line format.
     #[arg(long = "log-format", env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
@@ -41,7 +45,12 @@ pub fn init(filter: &str, format: LogFormat) -> Result<(), tracing_subscriber::u
     match format {
         LogFormat::Plain => registry.with(fmt::layer().with_target(true)).try_init(),
         LogFormat::Json => registry
-            .with(fmt::layer().json().flatten_event(true).with_current_span(false))
+            .with(
+                fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(false),
+            )
             .try_init(),
     }
 }

@@ -25,7 +25,10 @@ impl Default for InjectConfig {
     fn default() -> Self {
         Self {
             vgpu_mount: DEFAULT_VGPU_MOUNT.to_owned(),
-            share_resources: DEFAULT_SHARE_RESOURCES.split(',').map(str::to_owned).collect(),
+            share_resources: DEFAULT_SHARE_RESOURCES
+                .split(',')
+                .map(str::to_owned)
+                .collect(),
         }
     }
 }
@@ -63,7 +66,11 @@ impl InjectConfig {
 
 /// Command line of `kai-webhook`.
 #[derive(Clone, Debug, clap::Parser)]
-#[command(name = "kai-webhook", version, about = "Mutating admission webhook that preloads HAMi-core libvgpu.so into KAI GPU-sharing containers")]
+#[command(
+    name = "kai-webhook",
+    version,
+    about = "Mutating admission webhook that preloads HAMi-core libvgpu.so into KAI GPU-sharing containers"
+)]
 pub struct Args {
     /// Address to serve HTTPS on.
     #[arg(long, env = "WEBHOOK_LISTEN", default_value = "0.0.0.0:8443")]

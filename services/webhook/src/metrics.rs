@@ -28,8 +28,15 @@ pub fn install() -> metrics_exporter_prometheus::PrometheusHandle {
 
 fn describe() {
     metrics::describe_counter!(REVIEWS_TOTAL, "Admission reviews answered, by decision.");
-    metrics::describe_counter!(BAD_REQUESTS_TOTAL, "Malformed admission requests answered with HTTP 400, by reason.");
-    metrics::describe_histogram!(REVIEW_DURATION, metrics::Unit::Seconds, "Time to review one AdmissionReview.");
+    metrics::describe_counter!(
+        BAD_REQUESTS_TOTAL,
+        "Malformed admission requests answered with HTTP 400, by reason."
+    );
+    metrics::describe_histogram!(
+        REVIEW_DURATION,
+        metrics::Unit::Seconds,
+        "Time to review one AdmissionReview."
+    );
     metrics::describe_counter!(CERT_RELOADS_TOTAL, "Serving certificate reloads.");
 }
 

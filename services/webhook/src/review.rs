@@ -27,7 +27,9 @@ pub enum BadRequest {
     TooLarge,
     #[error("request body is not an AdmissionReview: {0}")]
     NotJson(String),
-    #[error("expected kind {ADMISSION_KIND} in {ADMISSION_API_VERSION}, got kind {kind:?} in {api_version:?}")]
+    #[error(
+        "expected kind {ADMISSION_KIND} in {ADMISSION_API_VERSION}, got kind {kind:?} in {api_version:?}"
+    )]
     WrongKind { kind: String, api_version: String },
     #[error("AdmissionReview has no request")]
     NoRequest,
@@ -117,7 +119,8 @@ pub fn review(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, BadRequest> {
             api_version: review.types.api_version,
         });
     }
-    let request: AdmissionRequest<DynamicObject> = review.try_into().map_err(|_| BadRequest::NoRequest)?;
+    let request: AdmissionRequest<DynamicObject> =
+        review.try_into().map_err(|_| BadRequest::NoRequest)?;
     let namespace = request.namespace.clone().unwrap_or_default();
     let mut reviewed = Reviewed {
         body: Vec::new(),
@@ -151,7 +154,8 @@ pub fn review(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, BadRequest> {
         match decision {
             Decision::Inject { target, patch } => {
                 reviewed.container = Some(target.name);
-                let raw = serde_json::to_vec(&patch).map_err(|e| BadRequest::Encode(e.to_string()))?;
+                let raw =
+                    serde_json::to_vec(&patch).map_err(|e| BadRequest::Encode(e.to_string()))?;
                 response.patch = Some(base64::engine::general_purpose::STANDARD.encode(raw));
                 response.patch_type = Some("JSONPatch");
             }

@@ -38,7 +38,10 @@ pub enum StartError {
     #[error("invalid TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// A started webhook.
@@ -103,7 +106,9 @@ fn count_reloads(cert: &ReloadingCert, shutdown: CancellationToken) {
 }
 
 /// `POST /mutate`, `GET /healthz`, `GET /readyz`, `GET /metrics`.
-fn routes(state: Arc<State>) -> impl Filter<Extract = (warp::reply::Response,), Error = warp::Rejection> + Clone {
+fn routes(
+    state: Arc<State>,
+) -> impl Filter<Extract = (warp::reply::Response,), Error = warp::Rejection> + Clone {
     let with_state = warp::any().map(move || state.clone());
     let mutate = warp::path!("mutate")
         .and(warp::post())
@@ -111,33 +116,47 @@ fn routes(state: Arc<State>) -> impl Filter<Extract = (warp::reply::Response,), 
         .and(warp::body::stream())
         .and(with_state.clone())
         .then(mutate);
-    let healthz = warp::path!("healthz").and(warp::get()).map(|| "ok".into_response());
+    let healthz = warp::path!("healthz")
+        .and(warp::get())
+        .map(|| "ok".into_response());
     let readyz = warp::path!("readyz")
         .and(warp::get())
         .and(with_state.clone())
         .map(|state: Arc<State>| {
             // Fail readiness while draining so the Service stops routing here.
             if state.shutdown.is_cancelled() {
-                warp::reply::with_status("shutting down", StatusCode::SERVICE_UNAVAILABLE).into_response()
+                warp::reply::with_status("shutting down", StatusCode::SERVICE_UNAVAILABLE)
+                    .into_response()
             } else {
                 "ok".into_response()
             }
         });
-    let metrics = warp::path!("metrics")
-        .and(warp::get())
-        .and(with_state)
-        .map(|state: Arc<State>| {
-            warp::reply::with_header(
-                state.metrics.render(),
-                http::header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )
-            .into_response()
-        });
-    mutate.or(healthz).unify().or(readyz).unify().or(metrics).unify()
+    let metrics =
+        warp::path!("metrics")
+            .and(warp::get())
+            .and(with_state)
+            .map(|state: Arc<State>| {
+                warp::reply::with_header(
+                    state.metrics.render(),
+                    http::header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )
+                .into_response()
+            });
+    mutate
+        .or(healthz)
+        .unify()
+        .or(readyz)
+        .unify()
+        .or(metrics)
+        .unify()
 }
 
-async fn mutate<S, B>(content_length: Option<u64>, body: S, state: Arc<State>) -> warp::reply::Response
+async fn mutate<S, B>(
+    content_length: Option<u64>,
+    body: S,
+    state: Arc<State>,
+) -> warp::reply::Response
 where
     S: Stream<Item = Result<B, warp::Error>> + Unpin,
     B: Buf,
@@ -151,25 +170,39 @@ where
         Ok(reviewed) => {
             metrics::record_review(reviewed.decision, started.elapsed());
             log_review(&reviewed);
-            warp::reply::with_header(reviewed.body, http::header::CONTENT_TYPE, "application/json").into_response()
+            warp::reply::with_header(
+                reviewed.body,
+                http::header::CONTENT_TYPE,
+                "application/json",
+            )
+            .into_response()
         }
         Err(error) => bad_request(&error),
     }
 }
 
-/// Collects the body, refusing early when it is (or announces to be) too big.
+/// An oversized body up to this size is read and discarded so the client
+/// gets its 400 on a connection that stays usable (as Go's net/http does);
+/// a bigger one is answered at once and the connection closed.
+const DRAIN_LIMIT: usize = 2 * MAX_BODY_BYTES;
+
+/// Collects the body, refusing it when it is (or announces to be) too big.
 async fn read_limited<S, B>(content_length: Option<u64>, mut body: S) -> Result<Vec<u8>, BadRequest>
 where
     S: Stream<Item = Result<B, warp::Error>> + Unpin,
     B: Buf,
 {
-    if content_length.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
+    if let Some(len) = content_length.filter(|len| *len > MAX_BODY_BYTES as u64) {
+        if len <= DRAIN_LIMIT as u64 {
+            drain(body, DRAIN_LIMIT).await;
+        }
         return Err(BadRequest::TooLarge);
     }
     let mut collected = Vec::with_capacity(content_length.map_or(16 * 1024, |l| l as usize));
     while let Some(chunk) = body.next().await {
         let mut chunk = chunk.map_err(|e| BadRequest::NotJson(format!("cannot read body: {e}")))?;
         if collected.len() + chunk.remaining() > MAX_BODY_BYTES {
+            drain(body, DRAIN_LIMIT - collected.len()).await;
             return Err(BadRequest::TooLarge);
         }
         while chunk.has_remaining() {
@@ -180,6 +213,19 @@ where
         }
     }
     Ok(collected)
+}
+
+async fn drain<S, B>(mut body: S, mut budget: usize)
+where
+    S: Stream<Item = Result<B, warp::Error>> + Unpin,
+    B: Buf,
+{
+    while let Some(Ok(chunk)) = body.next().await {
+        match budget.checked_sub(chunk.remaining()) {
+            Some(left) => budget = left,
+            None => break,
+        }
+    }
 }
 
 fn bad_request(error: &BadRequest) -> warp::reply::Response {

@@ -50,11 +50,12 @@ pub enum TlsError {
 pub fn server_config(
     resolver: Arc<dyn rustls::server::ResolvesServerCert>,
 ) -> Result<rustls::ServerConfig, rustls::Error> {
-    let mut config =
-        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
-            .with_no_client_auth()
-            .with_cert_resolver(resolver);
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+    .with_no_client_auth()
+    .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }
@@ -68,10 +69,11 @@ pub fn client_config_trusting(ca_pem: &[u8]) -> Result<rustls::ClientConfig, rus
         let cert = cert.map_err(|e| rustls::Error::General(format!("bad CA PEM: {e}")))?;
         roots.add(cert)?;
     }
-    let config =
-        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
     Ok(config)
 }

@@ -27,7 +27,11 @@ impl PemPair {
 
     /// Parses the pair into a key rustls can serve, checking the key matches
     /// the leaf certificate (a half-rotated Secret must not be served).
-    pub fn certified_key(&self, cert_path: &Path, key_path: &Path) -> Result<Arc<CertifiedKey>, TlsError> {
+    pub fn certified_key(
+        &self,
+        cert_path: &Path,
+        key_path: &Path,
+    ) -> Result<Arc<CertifiedKey>, TlsError> {
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&self.cert)
             .filter_map(Result::ok)
             .collect();

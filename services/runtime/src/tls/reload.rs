@@ -99,17 +99,18 @@ impl ReloadingCert {
     ) -> Result<JoinHandle<()>, TlsError> {
         let changed = Arc::new(Notify::new());
         let signal = changed.clone();
-        let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            // Any event in the directory may be the `..data` swap; reloading is
-            // cheap and skipped when the bytes are unchanged.
-            if event.is_ok() {
-                signal.notify_one();
-            }
-        })
-        .map_err(|source| TlsError::Watch {
-            path: self.cert_path.clone(),
-            source,
-        })?;
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                // Any event in the directory may be the `..data` swap; reloading is
+                // cheap and skipped when the bytes are unchanged.
+                if event.is_ok() {
+                    signal.notify_one();
+                }
+            })
+            .map_err(|source| TlsError::Watch {
+                path: self.cert_path.clone(),
+                source,
+            })?;
         let dirs: BTreeSet<PathBuf> = [&self.cert_path, &self.key_path]
             .into_iter()
             .map(|p| match p.parent() {
@@ -140,9 +141,13 @@ impl ReloadingCert {
                     _ = tick.tick() => {}
                 }
                 match this.reload() {
-                    Ok(true) => tracing::info!(cert = %this.cert_path.display(), "serving certificate reloaded"),
+                    Ok(true) => {
+                        tracing::info!(cert = %this.cert_path.display(), "serving certificate reloaded")
+                    }
                     Ok(false) => {}
-                    Err(error) => tracing::warn!(%error, "certificate reload failed; keeping the previous certificate"),
+                    Err(error) => {
+                        tracing::warn!(%error, "certificate reload failed; keeping the previous certificate")
+                    }
                 }
             }
         }))
@@ -174,7 +179,10 @@ mod tests {
         let first = resolver.current().cert[0].clone();
         let generation = resolver.subscribe();
 
-        assert!(!resolver.reload()?, "unchanged files must not count as a reload");
+        assert!(
+            !resolver.reload()?,
+            "unchanged files must not count as a reload"
+        );
 
         // A new key without its certificate is a half-done rotation: keep serving.
         let second = generate("second", &names(), 1)?;
@@ -195,7 +203,10 @@ mod tests {
         let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
         std::fs::write(&cert, "not a certificate")?;
         std::fs::write(&key, "not a key")?;
-        assert!(matches!(ReloadingCert::load(&cert, &key), Err(TlsError::NoCertificate { .. })));
+        assert!(matches!(
+            ReloadingCert::load(&cert, &key),
+            Err(TlsError::NoCertificate { .. })
+        ));
         assert!(matches!(
             ReloadingCert::load(&dir.path().join("absent.crt"), &key),
             Err(TlsError::Read { .. })

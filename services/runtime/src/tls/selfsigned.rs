@@ -24,7 +24,11 @@ pub struct SelfSigned {
 
 /// Generates a fresh CA and a serving certificate for `dns_names`
 /// (IP literals become IP SANs), valid for `valid_days`.
-pub fn generate(common_name: &str, dns_names: &[String], valid_days: i64) -> Result<SelfSigned, TlsError> {
+pub fn generate(
+    common_name: &str,
+    dns_names: &[String],
+    valid_days: i64,
+) -> Result<SelfSigned, TlsError> {
     let now = OffsetDateTime::now_utc();
     // Back-date a little so a node with a slightly slow clock accepts it.
     let not_before = now - Duration::hours(1);
@@ -48,8 +52,13 @@ pub fn generate(common_name: &str, dns_names: &[String], valid_days: i64) -> Res
 
     let leaf_key = KeyPair::generate()?;
     let mut leaf_params = CertificateParams::new(dns_names.to_vec())?;
-    leaf_params.distinguished_name.push(DnType::CommonName, common_name);
-    leaf_params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+    leaf_params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    leaf_params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
     leaf_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     leaf_params.not_before = not_before;
     leaf_params.not_after = not_after;

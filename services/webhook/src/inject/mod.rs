@@ -8,7 +8,8 @@
 
 use json_patch::{AddOperation, Patch, PatchOperation, jsonptr::PointerBuf};
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, HostPathVolumeSource, ObjectFieldSelector, Pod, Volume, VolumeMount,
+    Container, EnvVar, EnvVarSource, HostPathVolumeSource, ObjectFieldSelector, Pod, Volume,
+    VolumeMount,
 };
 use serde_json::Value;
 
@@ -96,7 +97,8 @@ impl Decision {
 pub fn plan(pod: &Pod, cfg: &InjectConfig) -> Decision {
     let annotations = pod.metadata.annotations.as_ref();
     let annotation = |key: &str| annotations.and_then(|a| a.get(key));
-    if annotation(ANNOTATION_GPU_FRACTION).is_none() && annotation(ANNOTATION_GPU_MEMORY).is_none() {
+    if annotation(ANNOTATION_GPU_FRACTION).is_none() && annotation(ANNOTATION_GPU_MEMORY).is_none()
+    {
         return Decision::NotSharing {
             share_resource: requested_share_resource(pod, cfg),
         };
@@ -109,7 +111,11 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig) -> Decision {
     };
 
     let target = match annotation(ANNOTATION_CONTAINER_NAME) {
-        Some(name) => match find_named(spec.init_containers.as_deref(), spec.containers.as_slice(), name) {
+        Some(name) => match find_named(
+            spec.init_containers.as_deref(),
+            spec.containers.as_slice(),
+            name,
+        ) {
             Some(target) => target,
             None => {
                 return Decision::Deny {
@@ -129,7 +135,10 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig) -> Decision {
         },
     };
     let container = match target.list {
-        ContainerList::Init => spec.init_containers.as_deref().and_then(|c| c.get(target.index)),
+        ContainerList::Init => spec
+            .init_containers
+            .as_deref()
+            .and_then(|c| c.get(target.index)),
         ContainerList::Regular => spec.containers.get(target.index),
     };
     let Some(container) = container else {
@@ -164,14 +173,24 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig) -> Decision {
     }
     add_missing(
         &mut ops,
-        &[container_path[0], container_path[1], container_path[2], "volumeMounts"],
+        &[
+            container_path[0],
+            container_path[1],
+            container_path[2],
+            "volumeMounts",
+        ],
         container.volume_mounts.as_deref(),
         wanted_mounts,
         same_mount,
     );
     add_missing(
         &mut ops,
-        &[container_path[0], container_path[1], container_path[2], "env"],
+        &[
+            container_path[0],
+            container_path[1],
+            container_path[2],
+            "env",
+        ],
         container.env.as_deref(),
         env(cfg, container),
         |have: &EnvVar, want: &EnvVar| have.name == want.name,
@@ -189,11 +208,14 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig) -> Decision {
 
 fn find_named(init: Option<&[Container]>, regular: &[Container], name: &str) -> Option<Target> {
     let found = |list, containers: &[Container]| {
-        containers.iter().position(|c| c.name == name).map(|index| Target {
-            list,
-            index,
-            name: name.to_owned(),
-        })
+        containers
+            .iter()
+            .position(|c| c.name == name)
+            .map(|index| Target {
+                list,
+                index,
+                name: name.to_owned(),
+            })
     };
     init.and_then(|c| found(ContainerList::Init, c))
         .or_else(|| found(ContainerList::Regular, regular))
@@ -327,3 +349,6 @@ fn requested_share_resource(pod: &Pod, cfg: &InjectConfig) -> Option<String> {
         .find(|name| cfg.share_resources.iter().any(|r| r == *name))
         .cloned()
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,326 @@
+use json_patch::PatchOperation;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Value, json};
+
+use super::*;
+
+fn pod(value: Value) -> Pod {
+    serde_json::from_value(value).expect("test pod is valid")
+}
+
+fn cfg() -> InjectConfig {
+    InjectConfig::default()
+}
+
+/// Applies the planned patch to the pod's JSON, as the API server does.
+fn apply(original: &Value) -> (Decision, Value) {
+    let decision = plan(&pod(original.clone()), &cfg());
+    let mut doc = original.clone();
+    if let Decision::Inject { patch, .. } = &decision {
+        json_patch::patch(&mut doc, patch).expect("patch applies");
+    }
+    (decision, doc)
+}
+
+fn sharing_pod(containers: Value) -> Value {
+    json!({
+        "metadata": {"name": "p", "annotations": {"gpu-memory": "2048"}},
+        "spec": {"containers": containers}
+    })
+}
+
+fn paths(decision: &Decision) -> Vec<String> {
+    match decision {
+        Decision::Inject { patch, .. } => patch
+            .0
+            .iter()
+            .map(|op| match op {
+                PatchOperation::Add(add) => format!("add {}", add.path),
+                other => format!("unexpected {other:?}"),
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn mounts_of(doc: &Value, list: &str, index: usize) -> Vec<(String, String, Option<String>, bool)> {
+    doc["spec"][list][index]["volumeMounts"]
+        .as_array()
+        .map(|mounts| {
+            mounts
+                .iter()
+                .map(|m| {
+                    (
+                        m["name"].as_str().unwrap_or_default().to_owned(),
+                        m["mountPath"].as_str().unwrap_or_default().to_owned(),
+                        m["subPath"].as_str().map(str::to_owned),
+                        m["readOnly"].as_bool().unwrap_or(false),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn expected_mounts() -> Vec<(String, String, Option<String>, bool)> {
+    vec![
+        (VOLUME_VGPU.into(), "/usr/local/vgpu".into(), None, false),
+        (
+            VOLUME_VGPU.into(),
+            "/etc/ld.so.preload".into(),
+            Some("ld.so.preload".into()),
+            true,
+        ),
+        (
+            VOLUME_CONTAINERS.into(),
+            "/usr/local/vgpu/containers".into(),
+            None,
+            false,
+        ),
+        (VOLUME_VGPULOCK.into(), "/tmp/vgpulock".into(), None, false),
+    ]
+}
+
+#[test]
+fn bare_pod_gets_whole_arrays() {
+    let original = sharing_pod(json!([{"name": "main", "image": "cuda"}]));
+    let (decision, doc) = apply(&original);
+    assert_eq!(
+        paths(&decision),
+        vec![
+            "add /spec/volumes",
+            "add /spec/containers/0/volumeMounts",
+            "add /spec/containers/0/env",
+        ]
+    );
+    assert_eq!(mounts_of(&doc, "containers", 0), expected_mounts());
+    let volumes = &doc["spec"]["volumes"];
+    assert_eq!(
+        volumes[0]["hostPath"],
+        json!({"path": "/usr/local/vgpu", "type": "DirectoryOrCreate"})
+    );
+    assert_eq!(volumes[1]["hostPath"]["path"], "/usr/local/vgpu/containers");
+    assert_eq!(volumes[2]["hostPath"]["path"], "/tmp/vgpulock");
+    assert_eq!(
+        doc["spec"]["containers"][0]["env"],
+        json!([
+            {"name": "POD_UID", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.uid"}}},
+            {"name": "CONTAINER_NAME", "value": "main"},
+            {"name": "CONTAINER_VGPU_MOUNT", "value": "/usr/local/vgpu"},
+        ])
+    );
+}
+
+#[test]
+fn existing_arrays_are_appended_to() {
+    let mut original = sharing_pod(json!([{
+        "name": "main",
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        "env": [{"name": "A", "value": "1"}]
+    }]));
+    original["spec"]["volumes"] = json!([{"name": "data", "emptyDir": {}}]);
+    let (decision, doc) = apply(&original);
+    assert!(
+        paths(&decision).iter().all(|p| p.ends_with("/-")),
+        "{:?}",
+        paths(&decision)
+    );
+    assert_eq!(doc["spec"]["volumes"].as_array().map(Vec::len), Some(4));
+    assert_eq!(doc["spec"]["volumes"][0]["name"], "data");
+    let mounts = mounts_of(&doc, "containers", 0);
+    assert_eq!(mounts[0].1, "/data");
+    assert_eq!(mounts[1..], expected_mounts()[..]);
+    assert_eq!(doc["spec"]["containers"][0]["env"][0]["name"], "A");
+    assert_eq!(
+        doc["spec"]["containers"][0]["env"].as_array().map(Vec::len),
+        Some(4)
+    );
+}
+
+#[test]
+fn empty_existing_arrays_use_append() {
+    let mut original = sharing_pod(json!([{"name": "main", "volumeMounts": [], "env": []}]));
+    original["spec"]["volumes"] = json!([]);
+    let (decision, doc) = apply(&original);
+    assert_eq!(paths(&decision).len(), 3 + 4 + 3);
+    assert_eq!(mounts_of(&doc, "containers", 0), expected_mounts());
+}
+
+#[test]
+fn named_init_container_is_found_before_containers() {
+    let mut original = json!({
+        "metadata": {"annotations": {"gpu-fraction": "0.5", "gpu-fraction-container-name": "warmup"}},
+        "spec": {
+            "initContainers": [{"name": "fetch"}, {"name": "warmup"}],
+            "containers": [{"name": "warmup"}, {"name": "app"}]
+        }
+    });
+    let (decision, doc) = apply(&original);
+    match &decision {
+        Decision::Inject { target, .. } => {
+            assert_eq!(target.list, ContainerList::Init);
+            assert_eq!(target.index, 1);
+        }
+        other => panic!("expected injection, got {other:?}"),
+    }
+    assert_eq!(mounts_of(&doc, "initContainers", 1), expected_mounts());
+    assert!(mounts_of(&doc, "initContainers", 0).is_empty());
+    assert!(
+        mounts_of(&doc, "containers", 0).is_empty(),
+        "only the target is touched"
+    );
+    assert_eq!(
+        doc["spec"]["initContainers"][1]["env"][1]["value"],
+        "warmup"
+    );
+
+    // Named regular container, not the first one.
+    original["metadata"]["annotations"]["gpu-fraction-container-name"] = json!("app");
+    let (_, doc) = apply(&original);
+    assert_eq!(mounts_of(&doc, "containers", 1), expected_mounts());
+    assert!(mounts_of(&doc, "containers", 0).is_empty());
+}
+
+#[test]
+fn named_container_that_does_not_exist_is_denied() {
+    let original = json!({
+        "metadata": {"annotations": {"gpu-memory": "1024", "gpu-fraction-container-name": "ghost"}},
+        "spec": {"containers": [{"name": "app"}]}
+    });
+    match plan(&pod(original), &cfg()) {
+        Decision::Deny { message } => assert!(message.contains("\"ghost\""), "{message}"),
+        other => panic!("expected a denial, got {other:?}"),
+    }
+}
+
+#[test]
+fn opt_out_is_case_insensitive() {
+    for value in ["false", "False", " FALSE "] {
+        let original = json!({
+            "metadata": {"annotations": {"gpu-memory": "1024", "kai-resource-isolator.io/inject": value}},
+            "spec": {"containers": [{"name": "app"}]}
+        });
+        assert_eq!(
+            plan(&pod(original), &cfg()),
+            Decision::OptedOut,
+            "{value:?}"
+        );
+    }
+    let kept = json!({
+        "metadata": {"annotations": {"gpu-memory": "1024", "kai-resource-isolator.io/inject": "true"}},
+        "spec": {"containers": [{"name": "app"}]}
+    });
+    assert_eq!(plan(&pod(kept), &cfg()).label(), "injected");
+}
+
+#[test]
+fn injected_pod_gets_an_empty_patch_on_reinvocation() {
+    let original = sharing_pod(json!([{"name": "main", "env": [{"name": "X", "value": "y"}]}]));
+    let (_, once) = apply(&original);
+    let (again, twice) = apply(&once);
+    assert!(
+        matches!(again, Decision::AlreadyInjected { .. }),
+        "{again:?}"
+    );
+    assert_eq!(once, twice);
+}
+
+#[test]
+fn user_env_of_the_same_name_is_kept() {
+    let original = sharing_pod(json!([{
+        "name": "main",
+        "env": [{"name": "CONTAINER_NAME", "value": "custom"}, {"name": "CONTAINER_VGPU_MOUNT", "value": "/x"}]
+    }]));
+    let (_, doc) = apply(&original);
+    let env = doc["spec"]["containers"][0]["env"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let names: Vec<&str> = env.iter().filter_map(|e| e["name"].as_str()).collect();
+    assert_eq!(names, ["CONTAINER_NAME", "CONTAINER_VGPU_MOUNT", "POD_UID"]);
+    assert_eq!(env[0]["value"], "custom");
+    assert!(!names.contains(&"CUDA_DEVICE_MEMORY_SHARED_CACHE"));
+}
+
+#[test]
+fn unrelated_pod_gets_no_patch() {
+    let original = json!({
+        "metadata": {"annotations": {"prometheus.io/scrape": "true"}},
+        "spec": {"containers": [{"name": "app", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    });
+    assert_eq!(
+        plan(&pod(original), &cfg()),
+        Decision::NotSharing {
+            share_resource: Some("nvidia.com/gpu".into())
+        }
+    );
+    let plain = json!({"metadata": {}, "spec": {"containers": [{"name": "app"}]}});
+    assert_eq!(
+        plan(&pod(plain), &cfg()),
+        Decision::NotSharing {
+            share_resource: None
+        }
+    );
+}
+
+#[test]
+fn a_foreign_mount_at_our_path_is_denied_not_duplicated() {
+    let original = sharing_pod(json!([{
+        "name": "main",
+        "volumeMounts": [{"name": "mine", "mountPath": "/etc/ld.so.preload", "subPath": "x"}]
+    }]));
+    match plan(&pod(original), &cfg()) {
+        Decision::Deny { message } => {
+            assert!(message.contains("/etc/ld.so.preload") && message.contains("mine"))
+        }
+        other => panic!("expected a denial, got {other:?}"),
+    }
+}
+
+#[test]
+fn partially_injected_pod_gets_only_what_is_missing() {
+    let mut original = sharing_pod(json!([{
+        "name": "main",
+        "volumeMounts": [{"name": VOLUME_VGPU, "mountPath": "/usr/local/vgpu"}]
+    }]));
+    original["spec"]["volumes"] =
+        json!([{"name": VOLUME_VGPU, "hostPath": {"path": "/usr/local/vgpu"}}]);
+    let (decision, doc) = apply(&original);
+    assert_eq!(doc["spec"]["volumes"].as_array().map(Vec::len), Some(3));
+    assert_eq!(mounts_of(&doc, "containers", 0), expected_mounts());
+    assert_eq!(
+        paths(&decision)
+            .iter()
+            .filter(|p| p.contains("volumeMounts"))
+            .count(),
+        3
+    );
+}
+
+#[test]
+fn custom_mount_is_used_everywhere() {
+    let custom = InjectConfig::new("/opt/hami", vec![]).expect("valid");
+    let original = sharing_pod(json!([{"name": "main"}]));
+    let Decision::Inject { patch, .. } = plan(&pod(original.clone()), &custom) else {
+        panic!("expected injection");
+    };
+    let mut doc = original;
+    json_patch::patch(&mut doc, &patch).expect("applies");
+    assert_eq!(doc["spec"]["volumes"][0]["hostPath"]["path"], "/opt/hami");
+    assert_eq!(
+        doc["spec"]["volumes"][1]["hostPath"]["path"],
+        "/opt/hami/containers"
+    );
+    assert_eq!(
+        doc["spec"]["containers"][0]["volumeMounts"][2]["mountPath"],
+        "/opt/hami/containers"
+    );
+    assert_eq!(doc["spec"]["containers"][0]["env"][2]["value"], "/opt/hami");
+}
+
+#[test]
+fn pod_without_containers_is_left_to_the_api_server() {
+    let original =
+        json!({"metadata": {"annotations": {"gpu-memory": "1"}}, "spec": {"containers": []}});
+    assert_eq!(plan(&pod(original), &cfg()), Decision::NoContainers);
+}

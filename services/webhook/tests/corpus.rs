@@ -1,0 +1,244 @@
+//! Reviews a corpus of realistic Pod manifests and applies each produced
+//! patch with `json_patch`, as the API server does, then checks the Pod that
+//! would be stored.
+
+mod support;
+
+use std::collections::HashSet;
+
+use k8s_openapi::api::core::v1::Pod;
+use kai_webhook::InjectConfig;
+use kai_webhook::review::review;
+use serde_json::Value;
+
+const OURS: [&str; 3] = [
+    "kai-resource-isolator-vgpu",
+    "kai-resource-isolator-containers",
+    "kai-resource-isolator-vgpulock",
+];
+
+fn reviewed(pod: &Value, uid: &str) -> (Value, &'static str) {
+    let body = serde_json::to_vec(&support::review_of(uid, "CREATE", pod)).expect("encodes");
+    let out = review(&body, &InjectConfig::default()).expect("well-formed review");
+    (
+        serde_json::from_slice(&out.body).expect("response is JSON"),
+        out.decision,
+    )
+}
+
+#[test]
+fn corpus_patches_produce_valid_injected_pods() {
+    let corpus = support::corpus();
+    assert!(corpus.len() >= 8, "corpus went missing");
+    for (name, expect, pod) in corpus {
+        let uid = format!("uid-{name}");
+        let (response, decision) = reviewed(&pod, &uid);
+        assert_eq!(response["apiVersion"], "admission.k8s.io/v1", "{name}");
+        assert_eq!(response["kind"], "AdmissionReview", "{name}");
+        assert_eq!(
+            response["response"]["uid"],
+            uid.as_str(),
+            "{name}: uid must be echoed"
+        );
+        assert_eq!(
+            decision,
+            expect["decision"].as_str().unwrap_or_default(),
+            "{name}"
+        );
+
+        let patch = support::patch_of(&response);
+        match decision {
+            "injected" => {
+                assert_eq!(response["response"]["allowed"], true, "{name}");
+                assert_eq!(response["response"]["patchType"], "JSONPatch", "{name}");
+                let patch = patch.unwrap_or_else(|| panic!("{name}: injected without a patch"));
+                let mut mutated = pod.clone();
+                json_patch::patch(&mut mutated, &patch)
+                    .unwrap_or_else(|e| panic!("{name}: patch does not apply: {e}"));
+                check_injected(&name, &expect, &pod, &mutated);
+
+                // Reinvocation: the stored pod must come back unchanged.
+                let (again, decision) = reviewed(&mutated, &uid);
+                assert_eq!(decision, "already_injected", "{name}");
+                assert!(
+                    support::patch_of(&again).is_none(),
+                    "{name}: reinvocation produced a patch"
+                );
+            }
+            "denied" => {
+                assert_eq!(response["response"]["allowed"], false, "{name}");
+                assert_eq!(response["response"]["status"]["code"], 400, "{name}");
+                assert!(
+                    response["response"]["status"]["message"]
+                        .as_str()
+                        .is_some_and(|m| !m.is_empty()),
+                    "{name}: a denial must say why"
+                );
+                assert!(patch.is_none(), "{name}");
+            }
+            _ => {
+                assert_eq!(response["response"]["allowed"], true, "{name}");
+                assert!(patch.is_none(), "{name}: {decision} must not patch");
+                assert!(response["response"].get("patchType").is_none(), "{name}");
+            }
+        }
+    }
+}
+
+fn check_injected(name: &str, expect: &Value, before: &Value, after: &Value) {
+    // The result is still a Pod k8s-openapi can read.
+    let typed: Pod =
+        serde_json::from_value(after.clone()).unwrap_or_else(|e| panic!("{name}: not a Pod: {e}"));
+    let spec = typed
+        .spec
+        .as_ref()
+        .unwrap_or_else(|| panic!("{name}: no spec"));
+
+    // Volumes: names unique, ours present once each as DirectoryOrCreate hostPaths.
+    let volumes = spec.volumes.as_deref().unwrap_or_default();
+    let names: Vec<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(
+        names.iter().collect::<HashSet<_>>().len(),
+        names.len(),
+        "{name}: duplicate volumes"
+    );
+    for ours in OURS {
+        let volume = volumes
+            .iter()
+            .find(|v| v.name == ours)
+            .unwrap_or_else(|| panic!("{name}: {ours} missing"));
+        let host = volume
+            .host_path
+            .as_ref()
+            .unwrap_or_else(|| panic!("{name}: {ours} not hostPath"));
+        assert_eq!(host.type_.as_deref(), Some("DirectoryOrCreate"), "{name}");
+    }
+
+    // The target container has our four mounts, exactly once, and unique paths.
+    let list = expect["list"].as_str().unwrap_or_default();
+    let index = expect["index"].as_u64().unwrap_or_default() as usize;
+    let containers = if list == "initContainers" {
+        spec.init_containers.as_deref().unwrap_or_default()
+    } else {
+        spec.containers.as_slice()
+    };
+    let target = &containers[index];
+    let mounts = target.volume_mounts.as_deref().unwrap_or_default();
+    let paths: Vec<&str> = mounts.iter().map(|m| m.mount_path.as_str()).collect();
+    assert_eq!(
+        paths.iter().collect::<HashSet<_>>().len(),
+        paths.len(),
+        "{name}: duplicate mountPath"
+    );
+    for want in [
+        "/usr/local/vgpu",
+        "/etc/ld.so.preload",
+        "/usr/local/vgpu/containers",
+        "/tmp/vgpulock",
+    ] {
+        assert_eq!(
+            paths.iter().filter(|p| **p == want).count(),
+            1,
+            "{name}: {want}"
+        );
+    }
+    let preload = mounts
+        .iter()
+        .find(|m| m.mount_path == "/etc/ld.so.preload")
+        .expect("checked above");
+    assert_eq!(preload.sub_path.as_deref(), Some("ld.so.preload"), "{name}");
+    assert_eq!(preload.read_only, Some(true), "{name}");
+
+    let env = target.env.as_deref().unwrap_or_default();
+    let value_of = |n: &str| env.iter().filter(|e| e.name == n).collect::<Vec<_>>();
+    assert_eq!(value_of("CONTAINER_NAME").len(), 1, "{name}");
+    assert_eq!(
+        value_of("CONTAINER_NAME")[0].value.as_deref(),
+        Some(target.name.as_str()),
+        "{name}"
+    );
+    assert_eq!(
+        value_of("CONTAINER_VGPU_MOUNT")[0].value.as_deref(),
+        Some("/usr/local/vgpu"),
+        "{name}"
+    );
+    let uid_ref = value_of("POD_UID")[0]
+        .value_from
+        .as_ref()
+        .and_then(|v| v.field_ref.as_ref());
+    assert_eq!(
+        uid_ref.map(|f| f.field_path.as_str()),
+        Some("metadata.uid"),
+        "{name}"
+    );
+    assert!(
+        value_of("CUDA_DEVICE_MEMORY_SHARED_CACHE").is_empty(),
+        "{name}"
+    );
+
+    // Nothing but the target container and the volume list changed.
+    for field in ["containers", "initContainers"] {
+        let (b, a) = (&before["spec"][field], &after["spec"][field]);
+        for (i, (cb, ca)) in b
+            .as_array()
+            .into_iter()
+            .flatten()
+            .zip(a.as_array().into_iter().flatten())
+            .enumerate()
+        {
+            if field == list && i == index {
+                continue;
+            }
+            assert_eq!(cb, ca, "{name}: {field}[{i}] must not change");
+        }
+    }
+    assert_eq!(
+        before["metadata"], after["metadata"],
+        "{name}: metadata must not change"
+    );
+    let strip = |v: &Value| {
+        let mut spec = v["spec"].clone();
+        for field in ["containers", "initContainers", "volumes"] {
+            if let Some(map) = spec.as_object_mut() {
+                map.remove(field);
+            }
+        }
+        spec
+    };
+    assert_eq!(
+        strip(before),
+        strip(after),
+        "{name}: other spec fields must not change"
+    );
+    // Volumes the pod had keep their place and content.
+    let kept = before["spec"]["volumes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        after["spec"]["volumes"]
+            .as_array()
+            .map(|v| v[..kept.len()].to_vec()),
+        Some(kept),
+        "{name}"
+    );
+}
+
+#[test]
+fn non_create_operations_pass_through() {
+    let (_, _, pod) = support::corpus()
+        .into_iter()
+        .find(|(n, _, _)| n.starts_with("job-"))
+        .expect("job fixture");
+    for op in ["UPDATE", "DELETE", "CONNECT"] {
+        let body = serde_json::to_vec(&support::review_of("u", op, &pod)).expect("encodes");
+        let out = review(&body, &InjectConfig::default()).expect("well-formed");
+        assert_eq!(out.decision, "pass_through", "{op}");
+        let response: Value = serde_json::from_slice(&out.body).expect("JSON");
+        assert_eq!(response["response"]["allowed"], true);
+        assert!(
+            response["response"].get("patch").is_none(),
+            "{op} must not be patched"
+        );
+    }
+}

@@ -1,0 +1,105 @@
+//! A webhook started on a Kubernetes-style Secret directory, and a client.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use kai_runtime::https::Client;
+use kai_runtime::tls::SelfSigned;
+use kai_webhook::{InjectConfig, Running, Settings};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+/// A Secret volume as the kubelet lays it out: files behind `..data`.
+pub struct SecretDir {
+    root: tempfile::TempDir,
+    version: u32,
+}
+
+impl SecretDir {
+    pub fn new(bundle: &SelfSigned) -> Self {
+        let root = tempfile::tempdir().expect("tempdir");
+        let mut dir = Self { root, version: 0 };
+        dir.publish(bundle);
+        for name in ["tls.crt", "tls.key", "ca.crt"] {
+            std::os::unix::fs::symlink(format!("..data/{name}"), dir.root.path().join(name))
+                .expect("symlink");
+        }
+        dir
+    }
+
+    /// Writes a new timestamped directory and swaps `..data` atomically.
+    pub fn publish(&mut self, bundle: &SelfSigned) {
+        self.version += 1;
+        let name = format!("..2026_12_02_17_00_0{}.000000", self.version);
+        let versioned = self.root.path().join(&name);
+        std::fs::create_dir(&versioned).expect("mkdir");
+        bundle.write_to(&versioned).expect("write bundle");
+        let tmp = self.root.path().join("..data_tmp");
+        std::os::unix::fs::symlink(&name, &tmp).expect("symlink");
+        std::fs::rename(&tmp, self.root.path().join("..data")).expect("swap ..data");
+    }
+
+    pub fn path(&self) -> &Path {
+        self.root.path()
+    }
+}
+
+pub fn names() -> Vec<String> {
+    vec!["localhost".into(), "127.0.0.1".into()]
+}
+
+pub async fn start(dir: &Path, shutdown: &CancellationToken) -> Running {
+    kai_runtime::install_crypto_provider();
+    kai_webhook::start(
+        Settings {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            tls_cert_file: dir.join("tls.crt"),
+            tls_private_key_file: dir.join("tls.key"),
+            inject: InjectConfig::default(),
+            tls_reload_fallback: Duration::from_secs(3600),
+        },
+        shutdown.clone(),
+    )
+    .await
+    .expect("webhook starts")
+}
+
+pub async fn client(running: &Running, ca: &SelfSigned) -> Client {
+    let config =
+        kai_runtime::tls::client_config_trusting(ca.ca_cert_pem.as_bytes()).expect("client config");
+    Client::connect(running.addr, "localhost", Arc::new(config))
+        .await
+        .expect("connects")
+}
+
+pub fn gpu_review(uid: &str) -> Bytes {
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "ns", "annotations": {"gpu-memory": "1024"}},
+        "spec": {"containers": [{"name": "main", "image": "cuda"}]}
+    });
+    Bytes::from(serde_json::to_vec(&super::review_of(uid, "CREATE", &pod)).expect("encodes"))
+}
+
+/// Value of one series in Prometheus text (0 when absent).
+pub fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(series)
+                .and_then(|rest| rest.trim().parse().ok())
+        })
+        .unwrap_or(0.0)
+}
+
+pub async fn scrape(client: &mut Client) -> String {
+    let (status, body) = client
+        .send(Method::GET, "/metrics", Bytes::new())
+        .await
+        .expect("scrape");
+    assert_eq!(status, StatusCode::OK);
+    String::from_utf8(body.to_vec()).expect("utf-8")
+}
