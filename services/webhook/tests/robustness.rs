@@ -34,9 +34,11 @@ proptest! {
                 prop_assert_eq!(&response["kind"], "AdmissionReview");
                 prop_assert!(response["response"]["uid"].is_string());
                 prop_assert!(response["response"]["allowed"].is_boolean());
-                if let Some(patch) = support::patch_of(&response) {
-                    // Whatever survived the corruption, the patch applies to it.
-                    let req: Value = serde_json::from_slice(&body).expect("accepted body is JSON");
+                // Fields we never read are skipped without validating their
+                // string escapes, so a body a strict parser rejects may still
+                // be reviewed; whenever it is strict JSON, the patch must
+                // apply to the object it carries.
+                if let (Some(patch), Ok(req)) = (support::patch_of(&response), serde_json::from_slice::<Value>(&body)) {
                     let mut pod = req["request"]["object"].clone();
                     prop_assert!(json_patch::patch(&mut pod, &patch).is_ok());
                 }
