@@ -1,0 +1,23 @@
+//! Reads and writes HAMi-core `shared_region_t` files byte-exactly.
+//!
+//! libvgpu (HAMi-core) keeps one shared region per container, a file it
+//! mmaps and updates as the workload allocates GPU memory. This crate:
+//! - [`layout`]: the offsets of both layouts (legacy v0 and versioned v1),
+//!   as the table in DESIGN.md §4;
+//! - [`Region`]: a read-only mapping with validated, tear-tolerant snapshots;
+//! - [`writer`]: produces regions the real library would, for tests, the demo
+//!   and the simulator;
+//! - [`discovery`]: finds `<containers>/<podUID>_<container>/usage.cache`.
+//!
+//! No Kubernetes, no gRPC: just bytes.
+
+pub mod discovery;
+pub mod layout;
+mod map;
+mod reader;
+mod snapshot;
+pub mod writer;
+
+pub use layout::{Layout, LayoutVersion};
+pub use reader::{Region, RegionError, decode};
+pub use snapshot::{DeviceUsage, ProcessSlot, RegionSnapshot, SlotDevice};

@@ -1,0 +1,276 @@
+//! Validating decoder and the mapped-file reader.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::layout::{
+    self, Layout, LayoutVersion, MAGIC, MAX_DEVICES, MAX_PROCS, UUID_MAX, UUID_SLOT, V0, V1,
+};
+use crate::map::{Mapping, Source};
+use crate::snapshot::{DeviceUsage, ProcessSlot, RegionSnapshot, SlotDevice};
+
+/// Attempts to read one slot while its seqlock is stable.
+const SEQLOCK_ATTEMPTS: usize = 8;
+/// A v0 file is `sizeof + 1` bytes; allow a little slack, but not so much
+/// that a half-grown v1 file passes for v0.
+const V0_SLACK: usize = 8;
+
+/// Why a region could not be read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RegionError {
+    /// libvgpu has not finished creating it (empty, or magic not yet set).
+    /// Not an error worth a log line: retry later.
+    #[error("region not initialised yet")]
+    NotReady,
+    #[error("cannot open region: {0}")]
+    Io(String),
+    #[error("file is {len} bytes, shorter than any layout it claims (v1 needs {}, v0 {})", V1.size, V0.size)]
+    Truncated { len: usize },
+    #[error("bad magic {0} (expected {MAGIC})")]
+    BadMagic(i32),
+    #[error("unsupported layout major version {0}")]
+    UnsupportedVersion(u32),
+    #[error("device_num {0} out of range 0..=16")]
+    DeviceNum(u64),
+    #[error("proc_num {0} out of range 0..=1024")]
+    ProcNum(i32),
+    #[error("the file shrank below its mapping while being read")]
+    Shrunk,
+}
+
+impl RegionError {
+    /// Stable label for metrics; `None` for the quiet not-ready case.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::NotReady => "not_ready",
+            Self::Io(_) => "io",
+            Self::Truncated { .. } | Self::Shrunk => "truncated",
+            Self::BadMagic(_) => "bad_magic",
+            Self::UnsupportedVersion(_) => "unsupported_version",
+            Self::DeviceNum(_) => "device_num",
+            Self::ProcNum(_) => "proc_num",
+        }
+    }
+}
+
+/// Decodes a region image held in memory (a copy of a file, a fuzz input).
+pub fn decode(bytes: &[u8]) -> Result<RegionSnapshot, RegionError> {
+    decode_from(bytes)
+}
+
+fn detect(src: &(impl Source + ?Sized)) -> Result<(Layout, LayoutVersion), RegionError> {
+    let len = src.len();
+    let magic = src.i32_at(0).ok_or(RegionError::NotReady)?;
+    if magic == 0 {
+        return Err(RegionError::NotReady);
+    }
+    if magic != MAGIC {
+        return Err(RegionError::BadMagic(magic));
+    }
+    if len >= V1.size {
+        let major = src.u32_at(4).ok_or(RegionError::Truncated { len })?;
+        let minor = src.u32_at(8).ok_or(RegionError::Truncated { len })?;
+        return match major {
+            1 => Ok((V1, LayoutVersion::V1 { major, minor })),
+            other => Err(RegionError::UnsupportedVersion(other)),
+        };
+    }
+    if (V0.size..=V0.size + V0_SLACK).contains(&len) {
+        return Ok((V0, LayoutVersion::V0));
+    }
+    Err(RegionError::Truncated { len })
+}
+
+pub(crate) fn decode_from(src: &(impl Source + ?Sized)) -> Result<RegionSnapshot, RegionError> {
+    let (l, version) = detect(src)?;
+    let truncated = || RegionError::Truncated { len: src.len() };
+    let device_num = src.u64_at(l.device_num).ok_or_else(truncated)?;
+    if device_num > MAX_DEVICES as u64 {
+        return Err(RegionError::DeviceNum(device_num));
+    }
+    let proc_num_raw = src.i32_at(l.proc_num).ok_or_else(truncated)?;
+    if !(0..=MAX_PROCS as i32).contains(&proc_num_raw) {
+        return Err(RegionError::ProcNum(proc_num_raw));
+    }
+    let (device_num, proc_num) = (device_num as usize, proc_num_raw as usize);
+
+    // Devices with a readable UUID; the rest are not initialised yet.
+    let mut devices = Vec::with_capacity(device_num);
+    for i in 0..device_num {
+        let mut raw = [0u8; UUID_SLOT];
+        if !src.copy_at(l.uuids + i * UUID_SLOT, &mut raw) {
+            return Err(truncated());
+        }
+        let end = raw
+            .iter()
+            .take(UUID_MAX)
+            .position(|b| *b == 0)
+            .unwrap_or(UUID_MAX);
+        let Ok(uuid) = std::str::from_utf8(&raw[..end]) else {
+            continue;
+        };
+        if uuid.is_empty() {
+            continue;
+        }
+        devices.push(DeviceUsage {
+            index: i,
+            uuid: uuid.to_owned(),
+            limit: src.u64_at(l.limit + i * 8).ok_or_else(truncated)?,
+            sm_limit: src.u64_at(l.sm_limit + i * 8).ok_or_else(truncated)?,
+            ..DeviceUsage::default()
+        });
+    }
+
+    let mut processes = Vec::new();
+    let mut torn_slots = 0;
+    for s in 0..proc_num {
+        let (slot, stable) = read_slot(src, &l, s, &devices).ok_or_else(truncated)?;
+        torn_slots += usize::from(!stable);
+        let Some(slot) = slot else { continue };
+        for (dev, used) in devices.iter_mut().zip(&slot.devices) {
+            if slot.live {
+                dev.used += used.total;
+                dev.context += used.context;
+                dev.module += used.module;
+                dev.buffer += used.data;
+                dev.monitor_used += used.monitor_used;
+                dev.sm_util += used.sm_util;
+            } else {
+                dev.stale_used += used.total;
+            }
+        }
+        processes.push(slot);
+    }
+
+    let last_kernel_time = match l.last_kernel_time {
+        Some(off) => Some(src.u64_at(off).ok_or_else(truncated)?).filter(|t| *t != 0),
+        None => None,
+    };
+    Ok(RegionSnapshot {
+        layout: version,
+        owner_pid: src.u64_at(l.owner_pid).ok_or_else(truncated)?,
+        device_num,
+        devices,
+        processes,
+        proc_num,
+        last_kernel_time,
+        utilization_switch: src.i32_at(l.utilization_switch).ok_or_else(truncated)?,
+        recent_kernel: src.i32_at(l.recent_kernel).ok_or_else(truncated)?,
+        priority: src.i32_at(l.priority).ok_or_else(truncated)?,
+        torn_slots,
+    })
+}
+
+/// Reads slot `s`; `None` inside when it holds neither a process nor usage.
+/// The bool is false when the v1 seqlock never settled (the last read is used).
+fn read_slot(
+    src: &(impl Source + ?Sized),
+    l: &Layout,
+    s: usize,
+    devices: &[DeviceUsage],
+) -> Option<(Option<ProcessSlot>, bool)> {
+    let base = l.slot(s);
+    let seqlock = || l.slot_seqlock.and_then(|off| src.u64_at(base + off));
+    let mut stable = false;
+    let mut slot = None;
+    for _ in 0..SEQLOCK_ATTEMPTS {
+        let before = seqlock();
+        if before.is_some_and(|v| v % 2 == 1) {
+            continue; // writer inside its critical section
+        }
+        let mut per_device = Vec::with_capacity(devices.len());
+        for dev in devices {
+            let used = base + l.slot_used + dev.index * l.used_stride;
+            let util = base + l.slot_device_util + dev.index * l.util_stride;
+            per_device.push(SlotDevice {
+                total: src.u64_at(used + layout::used::TOTAL)?,
+                context: src.u64_at(used + layout::used::CONTEXT)?,
+                module: src.u64_at(used + layout::used::MODULE)?,
+                data: src.u64_at(used + layout::used::DATA)?,
+                monitor_used: src.u64_at(base + l.slot_monitorused + dev.index * 8)?,
+                sm_util: src.u64_at(util + layout::util::SM)?,
+            });
+        }
+        let pid = src.i32_at(base + l.slot_pid)?;
+        slot = Some(ProcessSlot {
+            slot: s,
+            pid,
+            hostpid: src.i32_at(base + l.slot_hostpid)?,
+            status: src.i32_at(base + l.slot_status)?,
+            live: pid != 0,
+            devices: per_device,
+        });
+        if seqlock() == before {
+            stable = true;
+            break;
+        }
+    }
+    let slot = slot.filter(|p| p.live || p.devices.iter().any(|d| d.total != 0));
+    Some((slot, stable || l.slot_seqlock.is_none()))
+}
+
+/// A region file, mapped read-only and re-mapped when libvgpu recreates it.
+pub struct Region {
+    path: PathBuf,
+    mapping: Option<(Mapping, (u64, u64))>,
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region").field("path", &self.path).finish()
+    }
+}
+
+impl Region {
+    /// Prepares to read `path`; nothing is mapped until the first snapshot.
+    pub fn new(path: &Path) -> Self {
+        Self {
+            path: path.to_owned(),
+            mapping: None,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Drops the mapping (the file went away, or we are told to let go).
+    pub fn unmap(&mut self) {
+        self.mapping = None;
+    }
+
+    /// Reads the region now. Remaps when the file was replaced or grew;
+    /// refuses to touch a mapping the file no longer covers.
+    pub fn snapshot(&mut self) -> Result<RegionSnapshot, RegionError> {
+        let meta = std::fs::metadata(&self.path).map_err(|e| {
+            self.mapping = None;
+            RegionError::Io(e.to_string())
+        })?;
+        let identity = (meta.dev(), meta.ino());
+        let len = meta.len();
+        if len == 0 {
+            self.mapping = None;
+            return Err(RegionError::NotReady);
+        }
+        let stale = match &self.mapping {
+            Some((map, id)) => *id != identity || map.len() as u64 != len,
+            None => true,
+        };
+        if stale {
+            let map = Mapping::open(&self.path).map_err(|e| RegionError::Io(e.to_string()))?;
+            let meta = map
+                .file()
+                .metadata()
+                .map_err(|e| RegionError::Io(e.to_string()))?;
+            self.mapping = Some((map, (meta.dev(), meta.ino())));
+        }
+        let Some((map, _)) = &self.mapping else {
+            return Err(RegionError::NotReady);
+        };
+        if !map.still_covers() {
+            self.mapping = None;
+            return Err(RegionError::Shrunk);
+        }
+        decode_from(map)
+    }
+}
