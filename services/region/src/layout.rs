@@ -171,15 +171,15 @@ const _: () = {
     assert!(V0.priority + 4 == V0.size);
     // 8-byte fields are 8-aligned (the mapping is page-aligned).
     assert!(
-        V1.limit % 8 == 0
-            && V1.procs % 8 == 0
-            && V1.proc_size % 8 == 0
-            && V1.slot_monitorused % 8 == 0
+        V1.limit.is_multiple_of(8)
+            && V1.procs.is_multiple_of(8)
+            && V1.proc_size.is_multiple_of(8)
+            && V1.slot_monitorused.is_multiple_of(8)
     );
     assert!(
-        V0.limit % 8 == 0
-            && V0.procs % 8 == 0
-            && V0.proc_size % 8 == 0
-            && V0.slot_monitorused % 8 == 0
+        V0.limit.is_multiple_of(8)
+            && V0.procs.is_multiple_of(8)
+            && V0.proc_size.is_multiple_of(8)
+            && V0.slot_monitorused.is_multiple_of(8)
     );
 };

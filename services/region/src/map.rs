@@ -95,7 +95,7 @@ impl Mapping {
     }
 
     fn ptr_at(&self, off: usize, size: usize) -> Option<*const u8> {
-        if off % size != 0 || off.checked_add(size)? > self.mmap.len() {
+        if !off.is_multiple_of(size) || off.checked_add(size)? > self.mmap.len() {
             return None;
         }
         // SAFETY: `off + size <= len`, so the pointer stays inside the mapping.

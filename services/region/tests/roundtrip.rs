@@ -292,7 +292,7 @@ fn concurrent_rewrites_never_tear_a_value() {
         std::thread::spawn(move || {
             let mut n = 0u32;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) && n < 2000 {
-                let r = if n % 2 == 0 { &b } else { &a };
+                let r = if n.is_multiple_of(2) { &b } else { &a };
                 r.write(&path).expect("rewrite");
                 n += 1;
             }
