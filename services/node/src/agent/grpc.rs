@@ -1,0 +1,195 @@
+//! `vgpu.v1.VgpuNode` over tonic.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::Stream;
+use kai_proto::v1 as pb;
+use kai_proto::v1::vgpu_node_server::VgpuNode;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use super::nvml::Devices;
+use super::state::{ContainerView, NodeState};
+
+/// The service; cheap to clone.
+#[derive(Clone)]
+pub struct Service {
+    pub state: watch::Receiver<Arc<NodeState>>,
+    pub devices: Arc<Devices>,
+    /// Heartbeat of `WatchContainers` when the client asks for none.
+    pub default_interval: Duration,
+}
+
+/// Smallest heartbeat a client may ask for.
+const MIN_INTERVAL: Duration = Duration::from_millis(100);
+
+fn matches(view: &ContainerView, namespace: &str, pod: &str) -> bool {
+    (namespace.is_empty() || view.namespace() == namespace)
+        && (pod.is_empty() || view.pod_name() == pod || view.key.pod_uid == pod)
+}
+
+/// Domain → wire.
+pub fn container_to_pb(view: &ContainerView, node: &str) -> pb::ContainerUsage {
+    let s = &view.snapshot;
+    pb::ContainerUsage {
+        namespace: view.namespace().to_owned(),
+        pod: view.pod_name().to_owned(),
+        pod_uid: view.key.pod_uid.clone(),
+        container: view.key.container.clone(),
+        node: node.to_owned(),
+        layout: s.layout.name(),
+        devices: s
+            .devices
+            .iter()
+            .map(|d| pb::DeviceUsage {
+                index: d.index as u32,
+                uuid: d.uuid.clone(),
+                limit_bytes: d.limit,
+                used_bytes: d.used,
+                context_bytes: d.context,
+                module_bytes: d.module,
+                buffer_bytes: d.buffer,
+                monitor_used_bytes: d.monitor_used,
+                sm_util_percent: d.sm_util.min(u64::from(u32::MAX)) as u32,
+                sm_limit: d.sm_limit,
+                stale_bytes: d.stale_used,
+            })
+            .collect(),
+        processes: s.live_processes() as u32,
+        last_kernel_time: s.last_kernel_time.unwrap_or(0),
+        pod_known: view.pod.is_some(),
+        process_slots: s
+            .processes
+            .iter()
+            .map(|p| pb::ProcessSlot {
+                slot: p.slot as u32,
+                pid: p.pid,
+                hostpid: p.hostpid,
+                live: p.live,
+                used_bytes: p.devices.iter().map(|d| d.total).collect(),
+            })
+            .collect(),
+        observed_at_unix_ms: view.observed_at_ms,
+    }
+}
+
+fn filtered(state: &NodeState, namespace: &str, pod: &str) -> Vec<pb::ContainerUsage> {
+    state
+        .containers
+        .iter()
+        .filter(|v| matches(v, namespace, pod))
+        .map(|v| container_to_pb(v, &state.node))
+        .collect()
+}
+
+/// Builds one `WatchContainers` message.
+pub fn update(state: &NodeState, namespace: &str, pod: &str) -> pb::ContainersUpdate {
+    pb::ContainersUpdate {
+        node: state.node.clone(),
+        revision: state.revision,
+        containers: filtered(state, namespace, pod),
+        sent_at_unix_ms: super::store::unix_ms(),
+    }
+}
+
+type UpdateStream = Pin<Box<dyn Stream<Item = Result<pb::ContainersUpdate, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl VgpuNode for Service {
+    async fn list_containers(
+        &self,
+        request: Request<pb::ListContainersRequest>,
+    ) -> Result<Response<pb::ListContainersResponse>, Status> {
+        let req = request.into_inner();
+        let state = self.state.borrow().clone();
+        Ok(Response::new(pb::ListContainersResponse {
+            node: state.node.clone(),
+            revision: state.revision,
+            containers: filtered(&state, &req.namespace, &req.pod),
+        }))
+    }
+
+    type WatchContainersStream = UpdateStream;
+
+    async fn watch_containers(
+        &self,
+        request: Request<pb::WatchContainersRequest>,
+    ) -> Result<Response<Self::WatchContainersStream>, Status> {
+        let req = request.into_inner();
+        let interval = match req.interval_ms {
+            0 => self.default_interval,
+            ms => Duration::from_millis(u64::from(ms)).max(MIN_INTERVAL),
+        };
+        let mut state = self.state.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            loop {
+                let current = state.borrow_and_update().clone();
+                if tx
+                    .send(Ok(update(&current, &req.namespace, &req.pod)))
+                    .await
+                    .is_err()
+                {
+                    break; // client went away
+                }
+                tokio::select! {
+                    changed = state.changed() => if changed.is_err() { break },
+                    () = tokio::time::sleep(interval) => {}
+                    () = tx.closed() => break,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn list_devices(
+        &self,
+        _request: Request<pb::ListDevicesRequest>,
+    ) -> Result<Response<pb::ListDevicesResponse>, Status> {
+        let devices = self.devices.clone();
+        let node = self.state.borrow().node.clone();
+        // NVML calls block; keep them off the async workers.
+        let (list, driver) =
+            tokio::task::spawn_blocking(move || (devices.list(), devices.driver_version()))
+                .await
+                .map_err(|e| Status::internal(format!("NVML task failed: {e}")))?;
+        Ok(Response::new(pb::ListDevicesResponse {
+            node,
+            devices: list
+                .into_iter()
+                .map(|d| pb::HostDevice {
+                    index: d.index,
+                    uuid: d.uuid,
+                    name: d.name,
+                    memory_total_bytes: d.memory_total,
+                    memory_used_bytes: d.memory_used,
+                    gpu_utilization_percent: d.gpu_util,
+                    memory_utilization_percent: d.memory_util,
+                })
+                .collect(),
+            nvml_status: self.devices.status().to_owned(),
+            driver_version: driver,
+        }))
+    }
+
+    async fn get_node(
+        &self,
+        _request: Request<pb::GetNodeRequest>,
+    ) -> Result<Response<pb::NodeInfo>, Status> {
+        let state = self.state.borrow().clone();
+        Ok(Response::new(pb::NodeInfo {
+            node: state.node.clone(),
+            agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+            layouts_seen: state.layouts_seen.iter().cloned().collect(),
+            containers: state.containers.len() as u32,
+            revision: state.revision,
+            kube_status: state.kube_status.clone(),
+            nvml_status: self.devices.status().to_owned(),
+            corrupt_regions: state.corrupt_regions,
+        }))
+    }
+}

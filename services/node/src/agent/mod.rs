@@ -1,0 +1,447 @@
+//! The node agent: regions → pods → gRPC and metrics.
+
+mod exposition;
+pub mod grpc;
+pub mod nvml;
+pub mod pods;
+pub mod state;
+pub mod store;
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kai_proto::v1::vgpu_node_server::VgpuNodeServer;
+use notify::{RecursiveMode, Watcher};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use warp::Filter;
+
+use self::nvml::Devices;
+use self::pods::{Lookup, PodSource};
+use self::state::{ContainerView, NodeState};
+use self::store::RegionStore;
+
+/// Flags of `kai-node agent`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// This node's name (from the downward API in the DaemonSet).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Where libvgpu writes `<podUID>_<container>/usage.cache`.
+    #[arg(
+        long,
+        env = "VGPU_CONTAINERS_DIR",
+        default_value = "/usr/local/vgpu/containers"
+    )]
+    pub containers_dir: PathBuf,
+    /// gRPC (VgpuNode, health, reflection) listen address.
+    #[arg(long, env = "GRPC_LISTEN", default_value = "0.0.0.0:50051")]
+    pub grpc_listen: SocketAddr,
+    /// Plain-HTTP `/metrics`, `/healthz`, `/readyz` listen address.
+    #[arg(long, env = "METRICS_LISTEN", default_value = "0.0.0.0:9395")]
+    pub metrics_listen: SocketAddr,
+    /// How often every region is re-read (directory events trigger a scan at once).
+    #[arg(long, env = "SCAN_INTERVAL_MS", default_value_t = 1000)]
+    pub scan_interval_ms: u64,
+    /// Default heartbeat of WatchContainers streams.
+    #[arg(long, env = "WATCH_INTERVAL_MS", default_value_t = 5000)]
+    pub watch_interval_ms: u64,
+    /// Do not talk to the API server; name pods from --static-pods or not at all.
+    #[arg(long, env = "NO_KUBE")]
+    pub no_kube: bool,
+    /// With --no-kube: JSON array of {uid, namespace, name} to name pods.
+    #[arg(long, env = "STATIC_PODS")]
+    pub static_pods: Option<PathBuf>,
+    /// NVML library to load.
+    #[arg(long, env = "NVML_LIBRARY", default_value = "libnvidia-ml.so.1")]
+    pub nvml_library: OsString,
+    /// Do not load NVML at all.
+    #[arg(long, env = "NO_NVML")]
+    pub no_nvml: bool,
+    /// Seconds before the directory of a pod gone from the node is removed.
+    #[arg(long, env = "ORPHAN_GRACE_SECONDS", default_value_t = 300)]
+    pub orphan_grace_seconds: u64,
+}
+
+/// Validated agent settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub node_name: String,
+    pub containers_dir: PathBuf,
+    pub grpc_listen: SocketAddr,
+    pub metrics_listen: SocketAddr,
+    pub scan_interval: Duration,
+    pub watch_interval: Duration,
+    pub pods: PodsConfig,
+    /// `None` = NVML off.
+    pub nvml_library: Option<OsString>,
+    pub orphan_grace: Duration,
+}
+
+/// Where pod names come from.
+#[derive(Clone, Debug)]
+pub enum PodsConfig {
+    None,
+    Static(PathBuf),
+    Kube,
+}
+
+/// Errors before the agent serves.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Pods(#[from] pods::PodSourceError),
+    #[error("a server task failed: {0}")]
+    Task(String),
+    #[error("gRPC server failed: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    #[error("reflection service: {0}")]
+    Reflection(String),
+}
+
+impl Args {
+    pub fn config(&self) -> Result<Config, AgentError> {
+        let node_name = self
+            .node_name
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| "unknown-node".to_owned());
+        let pods = match (&self.static_pods, self.no_kube) {
+            (Some(path), _) => PodsConfig::Static(path.clone()),
+            (None, true) => PodsConfig::None,
+            (None, false) => PodsConfig::Kube,
+        };
+        Ok(Config {
+            node_name,
+            containers_dir: self.containers_dir.clone(),
+            grpc_listen: self.grpc_listen,
+            metrics_listen: self.metrics_listen,
+            scan_interval: Duration::from_millis(self.scan_interval_ms.max(50)),
+            watch_interval: Duration::from_millis(self.watch_interval_ms.max(100)),
+            pods,
+            nvml_library: (!self.no_nvml).then(|| self.nvml_library.clone()),
+            orphan_grace: Duration::from_secs(self.orphan_grace_seconds),
+        })
+    }
+}
+
+/// A started agent.
+pub struct Running {
+    pub grpc_addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub state: watch::Receiver<Arc<NodeState>>,
+    tasks: Vec<JoinHandle<Result<(), AgentError>>>,
+}
+
+impl Running {
+    /// Waits until every server stopped (after shutdown).
+    pub async fn wait(self) -> Result<(), AgentError> {
+        for task in self.tasks {
+            task.await.map_err(|e| AgentError::Task(e.to_string()))??;
+        }
+        Ok(())
+    }
+}
+
+/// Starts scanning, gRPC and metrics; returns once both ports are bound.
+pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Running, AgentError> {
+    let pods = match &config.pods {
+        PodsConfig::None => PodSource::None,
+        PodsConfig::Static(path) => PodSource::from_static_file(path)?,
+        PodsConfig::Kube => match kube::Client::try_default().await {
+            Ok(client) => PodSource::watch_node(client, &config.node_name, shutdown.clone()),
+            Err(error) => {
+                // Keep serving what the regions say; pods stay unnamed.
+                tracing::error!(%error, "no Kubernetes client (use --no-kube outside a cluster); pods will not be joined");
+                PodSource::None
+            }
+        },
+    };
+    let devices = Arc::new(match &config.nvml_library {
+        Some(lib) => {
+            let lib = lib.clone();
+            tokio::task::spawn_blocking(move || Devices::load(Some(&lib)))
+                .await
+                .map_err(|e| AgentError::Task(e.to_string()))?
+        }
+        None => Devices::unavailable("disabled (--no-nvml)".to_owned()),
+    });
+
+    let initial = NodeState {
+        node: config.node_name.clone(),
+        kube_status: pods.status().to_owned(),
+        ..NodeState::default()
+    };
+    let (tx, rx) = watch::channel(Arc::new(initial));
+
+    let grpc_listener = bind(config.grpc_listen).await?;
+    let grpc_addr = local(&grpc_listener, config.grpc_listen)?;
+    let metrics_listener = bind(config.metrics_listen).await?;
+    let metrics_addr = local(&metrics_listener, config.metrics_listen)?;
+
+    let mut tasks = Vec::new();
+    let store = Arc::new(Mutex::new(RegionStore::new(&config.containers_dir)));
+    tasks.push(tokio::spawn(poll(
+        store,
+        pods,
+        tx,
+        config.clone(),
+        shutdown.clone(),
+    )));
+    tasks.push(tokio::spawn(serve_grpc(
+        grpc_listener,
+        grpc::Service {
+            state: rx.clone(),
+            devices: devices.clone(),
+            default_interval: config.watch_interval,
+        },
+        shutdown.clone(),
+    )));
+    tasks.push(tokio::spawn(serve_http(
+        metrics_listener,
+        rx.clone(),
+        devices,
+        shutdown,
+    )));
+    tracing::info!(node = %config.node_name, %grpc_addr, %metrics_addr, dir = %config.containers_dir.display(), "node agent serving");
+    Ok(Running {
+        grpc_addr,
+        metrics_addr,
+        state: rx,
+        tasks,
+    })
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, AgentError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| AgentError::Bind { addr, source })
+}
+
+fn local(listener: &TcpListener, addr: SocketAddr) -> Result<SocketAddr, AgentError> {
+    listener
+        .local_addr()
+        .map_err(|source| AgentError::Bind { addr, source })
+}
+
+/// Re-reads regions on every directory event and every scan interval and
+/// publishes a new revision when the content changed.
+async fn poll(
+    store: Arc<Mutex<RegionStore>>,
+    pods: PodSource,
+    tx: watch::Sender<Arc<NodeState>>,
+    config: Config,
+    shutdown: CancellationToken,
+) -> Result<(), AgentError> {
+    let changed = Arc::new(Notify::new());
+    let _watcher = watch_dir(&config.containers_dir, changed.clone());
+    let mut tick = tokio::time::interval(config.scan_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut orphans = Orphans::default();
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            _ = tick.tick() => {}
+            () = changed.notified() => {}
+        }
+        let scan_store = store.clone();
+        let (scan, corrupt) = tokio::task::spawn_blocking(move || {
+            let mut store = scan_store.lock().unwrap_or_else(|p| p.into_inner());
+            let scan = store.scan();
+            (scan, store.corrupt_total())
+        })
+        .await
+        .map_err(|e| AgentError::Task(e.to_string()))?;
+
+        let mut containers = Vec::with_capacity(scan.regions.len());
+        let mut layouts = tx.borrow().layouts_seen.clone();
+        for read in scan.regions {
+            layouts.insert(read.snapshot.layout.name());
+            let pod = match pods.lookup(&read.key.pod_uid) {
+                Lookup::Known(meta) if meta.sharing => Some(meta),
+                // Only GPU-sharing pods are reported; gone pods are orphans.
+                Lookup::Known(_) | Lookup::Absent => continue,
+                Lookup::Unknown => None,
+            };
+            containers.push(ContainerView {
+                key: read.key,
+                pod,
+                snapshot: read.snapshot,
+                observed_at_ms: read.observed_at_ms,
+            });
+        }
+        if pods.authoritative() {
+            orphans.sweep(&scan.dirs, &pods, config.orphan_grace);
+        }
+        let kube_status = pods.status().to_owned();
+        tx.send_if_modified(|state| {
+            let same = state.scanned
+                && state.containers.len() == containers.len()
+                && state
+                    .containers
+                    .iter()
+                    .zip(&containers)
+                    .all(|(a, b)| a.same_content(b))
+                && state.layouts_seen == layouts
+                && state.corrupt_regions == corrupt
+                && state.kube_status == kube_status;
+            if same {
+                return false;
+            }
+            let mut next = NodeState::clone(state);
+            next.revision += 1;
+            next.containers = std::mem::take(&mut containers);
+            next.layouts_seen = std::mem::take(&mut layouts);
+            next.corrupt_regions = corrupt;
+            next.kube_status = kube_status.clone();
+            next.scanned = true;
+            *state = Arc::new(next);
+            true
+        });
+    }
+    Ok(())
+}
+
+/// inotify on the containers directory (new/removed container directories);
+/// the periodic scan covers everything else. `None` (logged) when the
+/// directory cannot be watched yet.
+fn watch_dir(dir: &std::path::Path, changed: Arc<Notify>) -> Option<notify::RecommendedWatcher> {
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if event.is_ok() {
+            changed.notify_one();
+        }
+    })
+    .map_err(|error| tracing::warn!(%error, "inotify unavailable; relying on periodic scans"))
+    .ok()?;
+    match watcher.watch(dir, RecursiveMode::Recursive) {
+        Ok(()) => Some(watcher),
+        Err(error) => {
+            tracing::warn!(dir = %dir.display(), %error, "cannot watch the containers directory; relying on periodic scans");
+            None
+        }
+    }
+}
+
+/// Directories whose pod left the node, removed after a grace period.
+#[derive(Default)]
+struct Orphans {
+    since: std::collections::HashMap<PathBuf, std::time::Instant>,
+}
+
+impl Orphans {
+    fn sweep(
+        &mut self,
+        dirs: &[(kai_region::discovery::ContainerKey, PathBuf)],
+        pods: &PodSource,
+        grace: Duration,
+    ) {
+        let now = std::time::Instant::now();
+        let mut still = std::collections::HashMap::new();
+        for (key, dir) in dirs {
+            if pods.lookup(&key.pod_uid) != Lookup::Absent {
+                continue;
+            }
+            let since = self.since.get(dir).copied().unwrap_or(now);
+            if now.duration_since(since) >= grace {
+                match std::fs::remove_dir_all(dir) {
+                    Ok(()) => {
+                        tracing::info!(dir = %dir.display(), "removed the cache directory of a pod gone from this node")
+                    }
+                    Err(error) => {
+                        tracing::warn!(dir = %dir.display(), %error, "cannot remove orphan cache directory")
+                    }
+                }
+            } else {
+                still.insert(dir.clone(), since);
+            }
+        }
+        self.since = still;
+    }
+}
+
+async fn serve_grpc(
+    listener: TcpListener,
+    service: grpc::Service,
+    shutdown: CancellationToken,
+) -> Result<(), AgentError> {
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<VgpuNodeServer<grpc::Service>>()
+        .await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kai_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| AgentError::Reflection(e.to_string()))?;
+    // grpcurl 1.8 only speaks v1alpha reflection.
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kai_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(|e| AgentError::Reflection(e.to_string()))?;
+    tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(VgpuNodeServer::new(service))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown.cancelled_owned(),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn serve_http(
+    listener: TcpListener,
+    state: watch::Receiver<Arc<NodeState>>,
+    devices: Arc<Devices>,
+    shutdown: CancellationToken,
+) -> Result<(), AgentError> {
+    let metrics_state = state.clone();
+    let metrics = warp::path!("metrics").and(warp::get()).then(move || {
+        let state = metrics_state.borrow().clone();
+        let devices = devices.clone();
+        async move {
+            let host = tokio::task::spawn_blocking(move || devices.list())
+                .await
+                .unwrap_or_default();
+            let now = store::unix_ms() / 1000;
+            warp::reply::with_header(
+                exposition::render(&state, &host, now),
+                http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )
+        }
+    });
+    let healthz = warp::path!("healthz")
+        .and(warp::get())
+        .map(|| "ok".to_owned());
+    let readyz = warp::path!("readyz").and(warp::get()).map(move || {
+        if state.borrow().scanned {
+            warp::reply::with_status("ok".to_owned(), http::StatusCode::OK)
+        } else {
+            warp::reply::with_status(
+                "first scan pending".to_owned(),
+                http::StatusCode::SERVICE_UNAVAILABLE,
+            )
+        }
+    });
+    let routes = metrics.or(healthz).or(readyz);
+    warp::serve(routes)
+        .incoming(listener)
+        .graceful(shutdown.cancelled_owned())
+        .run()
+        .await;
+    Ok(())
+}

@@ -1,0 +1,100 @@
+//! Host GPUs through NVML, loaded at run time.
+//!
+//! Without a driver (or with `--no-nvml`) the agent still serves container
+//! data; devices are empty and the status says why, logged once.
+
+use std::ffi::OsStr;
+
+use nvml_wrapper::Nvml;
+
+/// One physical GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostDevice {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_total: u64,
+    pub memory_used: u64,
+    pub gpu_util: u32,
+    pub memory_util: u32,
+}
+
+/// NVML, or the reason it is unavailable.
+pub struct Devices {
+    nvml: Option<Nvml>,
+    status: String,
+}
+
+impl Devices {
+    /// Loads NVML from `library` (default `libnvidia-ml.so.1`).
+    pub fn load(library: Option<&OsStr>) -> Self {
+        let mut builder = Nvml::builder();
+        if let Some(path) = library {
+            builder.lib_path(path);
+        }
+        match builder.init() {
+            Ok(nvml) => {
+                tracing::info!(library = ?library, "NVML loaded");
+                Self {
+                    nvml: Some(nvml),
+                    status: "ok".to_owned(),
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, library = ?library, "NVML unavailable: host GPU devices will be empty; container usage still flows");
+                Self::unavailable(format!("unavailable: {error}"))
+            }
+        }
+    }
+
+    /// NVML turned off on purpose, or not loadable.
+    pub fn unavailable(status: String) -> Self {
+        Self { nvml: None, status }
+    }
+
+    pub fn status(&self) -> &str {
+        &self.status
+    }
+
+    pub fn driver_version(&self) -> String {
+        self.nvml
+            .as_ref()
+            .and_then(|n| n.sys_driver_version().ok())
+            .unwrap_or_default()
+    }
+
+    /// Reads every device; a device that fails to answer is skipped with a log line.
+    pub fn list(&self) -> Vec<HostDevice> {
+        let Some(nvml) = &self.nvml else {
+            return Vec::new();
+        };
+        let count = match nvml.device_count() {
+            Ok(n) => n,
+            Err(error) => {
+                tracing::warn!(%error, "NVML device count failed");
+                return Vec::new();
+            }
+        };
+        (0..count)
+            .filter_map(|index| {
+                let read = || -> Result<HostDevice, nvml_wrapper::error::NvmlError> {
+                    let device = nvml.device_by_index(index)?;
+                    let memory = device.memory_info()?;
+                    let util = device.utilization_rates().ok();
+                    Ok(HostDevice {
+                        index,
+                        uuid: device.uuid()?,
+                        name: device.name().unwrap_or_default(),
+                        memory_total: memory.total,
+                        memory_used: memory.used,
+                        gpu_util: util.as_ref().map_or(0, |u| u.gpu),
+                        memory_util: util.as_ref().map_or(0, |u| u.memory),
+                    })
+                };
+                read()
+                    .map_err(|error| tracing::warn!(index, %error, "cannot read NVML device"))
+                    .ok()
+            })
+            .collect()
+    }
+}

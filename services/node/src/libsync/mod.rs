@@ -1,0 +1,209 @@
+//! libsync: puts `libvgpu.so` and `ld.so.preload` on the host, atomically,
+//! and keeps them there (DESIGN.md §3).
+//!
+//! A container starting at any moment must never preload a half-written
+//! library, so every file is written to a temp file in the target
+//! directory, fsynced, chmod 0644, renamed over the old one, and the
+//! directory fsynced. Unchanged files (same SHA-256) are not rewritten.
+
+mod install;
+
+pub use install::{InstallError, Outcome, install_atomic};
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use warp::Filter;
+
+/// Flags of `kai-node libsync`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// Directory in this image holding `libvgpu.so`.
+    #[arg(long, env = "LIBSYNC_SOURCE_DIR", default_value = "/artifacts")]
+    pub source_dir: PathBuf,
+    /// Optional file whose content becomes `ld.so.preload` (e.g. a ConfigMap
+    /// key); by default the file names `<container-vgpu-mount>/libvgpu.so`.
+    #[arg(long, env = "LIBSYNC_PRELOAD_FILE")]
+    pub preload_file: Option<PathBuf>,
+    /// Where the host's `<mount>` directory is mounted in this container.
+    #[arg(
+        long,
+        env = "LIBSYNC_HOST_VGPU_DIR",
+        default_value = "/host/usr/local/vgpu"
+    )]
+    pub host_vgpu_dir: PathBuf,
+    /// Where the host's `/tmp/vgpulock` is mounted in this container.
+    #[arg(
+        long,
+        env = "LIBSYNC_HOST_VGPULOCK_DIR",
+        default_value = "/host/tmp/vgpulock"
+    )]
+    pub host_vgpulock_dir: PathBuf,
+    /// The directory as workloads see it (what ld.so.preload names).
+    #[arg(long, env = "CONTAINER_VGPU_MOUNT", default_value = "/usr/local/vgpu")]
+    pub container_vgpu_mount: String,
+    /// Re-check the installed files this often, besides file events.
+    #[arg(long, env = "LIBSYNC_CHECK_INTERVAL_SECONDS", default_value_t = 60)]
+    pub check_interval_seconds: u64,
+    /// Plain-HTTP `/healthz` and `/readyz` (ready after the first full sync).
+    #[arg(long, env = "LIBSYNC_HEALTH_LISTEN", default_value = "0.0.0.0:9396")]
+    pub health_listen: SocketAddr,
+}
+
+/// Validated settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub source_dir: PathBuf,
+    pub preload_file: Option<PathBuf>,
+    pub host_vgpu_dir: PathBuf,
+    pub host_vgpulock_dir: PathBuf,
+    pub container_vgpu_mount: String,
+    pub check_interval: Duration,
+    pub health_listen: SocketAddr,
+}
+
+impl Args {
+    pub fn config(&self) -> Config {
+        Config {
+            source_dir: self.source_dir.clone(),
+            preload_file: self.preload_file.clone(),
+            host_vgpu_dir: self.host_vgpu_dir.clone(),
+            host_vgpulock_dir: self.host_vgpulock_dir.clone(),
+            container_vgpu_mount: self.container_vgpu_mount.trim_end_matches('/').to_owned(),
+            check_interval: Duration::from_secs(self.check_interval_seconds.max(1)),
+            health_listen: self.health_listen,
+        }
+    }
+}
+
+/// The library's file name, in the source and on the host.
+pub const LIBRARY: &str = "libvgpu.so";
+/// The preload list's file name on the host (mounted with subPath).
+pub const PRELOAD: &str = "ld.so.preload";
+
+/// What one sync did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    pub written: Vec<PathBuf>,
+    pub unchanged: Vec<PathBuf>,
+}
+
+/// One full sync: directories and modes, then both files.
+pub fn sync_once(config: &Config) -> Result<Report, InstallError> {
+    for dir in [&config.host_vgpu_dir, &config.host_vgpulock_dir] {
+        install::require_dir(dir)?;
+    }
+    let containers = config.host_vgpu_dir.join("containers");
+    install::ensure_dir_mode(&containers, 0o1777)?;
+    install::ensure_dir_mode(&config.host_vgpulock_dir, 0o1777)?;
+
+    let preload = match &config.preload_file {
+        Some(path) => install::read(path)?,
+        None => format!("{}/{LIBRARY}\n", config.container_vgpu_mount).into_bytes(),
+    };
+    let library_src = config.source_dir.join(LIBRARY);
+    let library = install::read(&library_src)?;
+
+    let mut report = Report::default();
+    for (name, bytes) in [(LIBRARY, &library), (PRELOAD, &preload)] {
+        let dest = config.host_vgpu_dir.join(name);
+        match install_atomic(&dest, &mut bytes.as_slice(), 0o644)? {
+            Outcome::Written => report.written.push(dest),
+            Outcome::Unchanged => report.unchanged.push(dest),
+        }
+    }
+    Ok(report)
+}
+
+/// Syncs now, then on every change of the source or installed files and
+/// every check interval, until `shutdown`. Serves `/readyz` meanwhile.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), InstallError> {
+    let ready = Arc::new(AtomicBool::new(false));
+    let listener = tokio::net::TcpListener::bind(config.health_listen)
+        .await
+        .map_err(|e| InstallError::io(&PathBuf::from(config.health_listen.to_string()), e))?;
+    tokio::spawn(serve_health(listener, ready.clone(), shutdown.clone()));
+
+    let changed = Arc::new(Notify::new());
+    let _watcher = watch(&config, changed.clone());
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let cfg = config.clone();
+        let result = tokio::task::spawn_blocking(move || sync_once(&cfg))
+            .await
+            .unwrap_or_else(|e| Err(InstallError::Task(e.to_string())));
+        let wait = match result {
+            Ok(report) => {
+                for path in &report.written {
+                    tracing::info!(path = %path.display(), "installed");
+                }
+                if !ready.swap(true, Ordering::AcqRel) {
+                    tracing::info!(dir = %config.host_vgpu_dir.display(), "libvgpu installed; ready");
+                }
+                backoff = Duration::from_secs(1);
+                config.check_interval
+            }
+            Err(error) => {
+                // Keep what is installed (ready stays as it was) and retry.
+                tracing::error!(%error, retry_in = ?backoff, "libsync failed");
+                let wait = backoff;
+                backoff = (backoff * 2).min(Duration::from_secs(60));
+                wait
+            }
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = changed.notified() => {}
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+fn watch(config: &Config, changed: Arc<Notify>) -> Option<notify::RecommendedWatcher> {
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        // Our own writes also land here; the re-sync then finds nothing to do.
+        if event.is_ok() {
+            changed.notify_one();
+        }
+    })
+    .ok()?;
+    let mut dirs: Vec<&Path> = vec![&config.source_dir, &config.host_vgpu_dir];
+    if let Some(parent) = config.preload_file.as_deref().and_then(Path::parent) {
+        dirs.push(parent);
+    }
+    for dir in dirs {
+        if let Err(error) = watcher.watch(dir, RecursiveMode::NonRecursive) {
+            tracing::warn!(dir = %dir.display(), %error, "cannot watch; relying on periodic checks");
+        }
+    }
+    Some(watcher)
+}
+
+async fn serve_health(
+    listener: tokio::net::TcpListener,
+    ready: Arc<AtomicBool>,
+    shutdown: CancellationToken,
+) {
+    let healthz = warp::path!("healthz").map(|| "ok".to_owned());
+    let readyz = warp::path!("readyz").map(move || {
+        if ready.load(Ordering::Acquire) {
+            warp::reply::with_status("ok".to_owned(), http::StatusCode::OK)
+        } else {
+            warp::reply::with_status(
+                "not installed yet".to_owned(),
+                http::StatusCode::SERVICE_UNAVAILABLE,
+            )
+        }
+    });
+    warp::serve(healthz.or(readyz))
+        .incoming(listener)
+        .graceful(shutdown.cancelled_owned())
+        .run()
+        .await;
+}

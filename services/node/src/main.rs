@@ -1,0 +1,39 @@
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kai-node",
+    version,
+    about = "kai-resource-isolator node DaemonSet: libsync and the node agent"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    #[command(flatten)]
+    log: kai_runtime::telemetry::LogArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve per-container GPU memory usage over gRPC (vgpu.v1.VgpuNode).
+    Agent(kai_node::agent::Args),
+    /// Install libvgpu.so and ld.so.preload on the host and keep them in sync.
+    Libsync(kai_node::libsync::Args),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    kai_runtime::install_crypto_provider();
+    let cli = Cli::parse();
+    cli.log.init().context("cannot set up logging")?;
+    let shutdown = kai_runtime::shutdown::on_signal();
+    match cli.command {
+        Command::Agent(args) => {
+            let running = kai_node::agent::start(args.config()?, shutdown).await?;
+            running.wait().await?;
+        }
+        Command::Libsync(args) => kai_node::libsync::run(args.config(), shutdown).await?,
+    }
+    Ok(())
+}

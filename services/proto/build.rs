@@ -1,0 +1,21 @@
+//! Compiles proto/ with protox (pure Rust), so building needs no protoc.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
+    let file = root.join("vgpu/v1/vgpu.proto");
+    println!("cargo:rerun-if-changed={}", file.display());
+    let descriptors = protox::compile([&file], [&root])?;
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    // Kept for server reflection.
+    std::fs::write(
+        out.join("vgpu_descriptor.bin"),
+        prost::Message::encode_to_vec(&descriptors),
+    )?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(descriptors)?;
+    Ok(())
+}
