@@ -1,0 +1,168 @@
+//! libsync into a temp "host root".
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use kai_node::libsync::{self, Config, InstallError, Outcome, install_atomic};
+
+struct Host {
+    root: tempfile::TempDir,
+}
+
+impl Host {
+    fn new() -> Self {
+        let root = tempfile::tempdir().expect("tempdir");
+        for dir in ["artifacts", "host/usr/local/vgpu", "host/tmp/vgpulock"] {
+            std::fs::create_dir_all(root.path().join(dir)).expect("mkdir");
+        }
+        std::fs::write(
+            root.path().join("artifacts/libvgpu.so"),
+            b"\x7fELF version one",
+        )
+        .expect("lib");
+        Self { root }
+    }
+    fn path(&self, rel: &str) -> std::path::PathBuf {
+        self.root.path().join(rel)
+    }
+    fn config(&self) -> Config {
+        Config {
+            source_dir: self.path("artifacts"),
+            preload_file: None,
+            host_vgpu_dir: self.path("host/usr/local/vgpu"),
+            host_vgpulock_dir: self.path("host/tmp/vgpulock"),
+            container_vgpu_mount: "/usr/local/vgpu".into(),
+            check_interval: std::time::Duration::from_secs(60),
+            health_listen: "127.0.0.1:0".parse().expect("addr"),
+        }
+    }
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).expect("stat").permissions().mode() & 0o7777
+}
+
+#[test]
+fn installs_files_and_directories_with_their_modes() {
+    let host = Host::new();
+    let report = libsync::sync_once(&host.config()).expect("sync");
+    assert_eq!(report.written.len(), 2);
+    let lib = host.path("host/usr/local/vgpu/libvgpu.so");
+    let preload = host.path("host/usr/local/vgpu/ld.so.preload");
+    assert_eq!(std::fs::read(&lib).expect("lib"), b"\x7fELF version one");
+    assert_eq!(
+        std::fs::read_to_string(&preload).expect("preload"),
+        "/usr/local/vgpu/libvgpu.so\n"
+    );
+    assert_eq!((mode(&lib), mode(&preload)), (0o644, 0o644));
+    assert_eq!(mode(&host.path("host/usr/local/vgpu/containers")), 0o1777);
+    assert_eq!(mode(&host.path("host/tmp/vgpulock")), 0o1777);
+}
+
+#[test]
+fn rerun_is_idempotent_and_changes_are_picked_up() {
+    let host = Host::new();
+    libsync::sync_once(&host.config()).expect("first");
+    let lib = host.path("host/usr/local/vgpu/libvgpu.so");
+    let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&lib).expect("stat"));
+
+    let again = libsync::sync_once(&host.config()).expect("second");
+    assert!(again.written.is_empty(), "{again:?}");
+    assert_eq!(again.unchanged.len(), 2);
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&lib).expect("stat")),
+        inode,
+        "not rewritten"
+    );
+
+    std::fs::write(host.path("artifacts/libvgpu.so"), b"\x7fELF version two").expect("update");
+    let third = libsync::sync_once(&host.config()).expect("third");
+    assert_eq!(third.written, vec![lib.clone()]);
+    assert_eq!(std::fs::read(&lib).expect("lib"), b"\x7fELF version two");
+
+    // Someone loosened the mode on the host: restored.
+    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    assert_eq!(
+        libsync::sync_once(&host.config()).expect("fourth").written,
+        vec![lib.clone()]
+    );
+    assert_eq!(mode(&lib), 0o644);
+}
+
+#[test]
+fn a_preload_file_from_a_configmap_is_used_verbatim() {
+    let host = Host::new();
+    std::fs::write(host.path("artifacts/preload"), "/opt/vgpu/libvgpu.so\n").expect("preload");
+    let mut config = host.config();
+    config.preload_file = Some(host.path("artifacts/preload"));
+    libsync::sync_once(&config).expect("sync");
+    assert_eq!(
+        std::fs::read_to_string(host.path("host/usr/local/vgpu/ld.so.preload")).expect("read"),
+        "/opt/vgpu/libvgpu.so\n"
+    );
+}
+
+/// A reader that fails after some bytes, like a copy cut short.
+struct Failing(usize);
+
+impl std::io::Read for Failing {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.0 == 0 {
+            return Err(std::io::Error::other("source vanished mid-copy"));
+        }
+        let n = buf.len().min(self.0);
+        buf[..n].fill(b'x');
+        self.0 -= n;
+        Ok(n)
+    }
+}
+
+#[test]
+fn an_interrupted_install_leaves_the_old_file_intact() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dest = dir.path().join("libvgpu.so");
+    assert_eq!(
+        install_atomic(&dest, &mut &b"old library"[..], 0o644).expect("install"),
+        Outcome::Written
+    );
+    let error = install_atomic(&dest, &mut Failing(100_000), 0o644).expect_err("must fail");
+    assert!(error.to_string().contains("source vanished"), "{error}");
+    assert_eq!(std::fs::read(&dest).expect("read"), b"old library");
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("ls")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        leftovers,
+        vec![std::ffi::OsString::from("libvgpu.so")],
+        "no temp file left behind"
+    );
+}
+
+#[test]
+fn missing_host_paths_get_a_clear_error() {
+    let host = Host::new();
+    std::fs::remove_dir_all(host.path("host/tmp/vgpulock")).expect("rm");
+    let error = libsync::sync_once(&host.config()).expect_err("must fail");
+    assert!(matches!(error, InstallError::Missing { .. }), "{error:?}");
+    assert!(error.to_string().contains("hostPath volume"), "{error}");
+
+    let host = Host::new();
+    std::fs::remove_file(host.path("artifacts/libvgpu.so")).expect("rm");
+    let error = libsync::sync_once(&host.config()).expect_err("must fail");
+    assert!(error.to_string().contains("libvgpu.so"), "{error}");
+    assert!(!host.path("host/usr/local/vgpu/libvgpu.so").exists());
+}
+
+#[test]
+fn read_only_filesystems_are_named_as_such() {
+    let error = InstallError::io(
+        Path::new("/host/usr/local/vgpu"),
+        std::io::Error::from_raw_os_error(30),
+    );
+    assert!(
+        error.to_string().contains("read-only filesystem"),
+        "{error}"
+    );
+}
