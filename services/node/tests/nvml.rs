@@ -1,0 +1,218 @@
+//! The real `kai-node agent` binary loading the fake libnvidia-ml.so through
+//! nvml-wrapper's custom library path: ListDevices, GetNode and the host
+//! series come from what the "driver" reports.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use kai_fake_nvml::{Config, Device};
+use kai_proto::v1 as pb;
+use kai_proto::v1::vgpu_node_client::VgpuNodeClient;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// The cdylib of kai-fake-nvml, built beside this test as a dev-dependency
+/// (`target/<profile>/deps`, or `target/<profile>` when built directly).
+fn fake_nvml() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("target/<profile>/deps");
+    [deps.to_owned(), deps.join("..")]
+        .into_iter()
+        .map(|dir| dir.join("libkai_fake_nvml.so"))
+        .find(|lib| lib.is_file())
+        .unwrap_or_else(|| panic!("libkai_fake_nvml.so not found near {}", deps.display()))
+}
+
+struct Child {
+    child: tokio::process::Child,
+    grpc: String,
+    metrics: String,
+}
+
+/// Starts the agent binary and reads its bound addresses from the JSON log.
+async fn spawn_agent(containers: &std::path::Path, nvml_config: Option<&std::path::Path>) -> Child {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kai-node"));
+    cmd.args([
+        "--log-format",
+        "json",
+        "agent",
+        "--no-kube",
+        "--node-name",
+        "gpu-node-7",
+    ])
+    .arg("--containers-dir")
+    .arg(containers)
+    .args([
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ])
+    .arg("--nvml-library")
+    .arg(fake_nvml())
+    .env_remove("FAKE_NVML_CONFIG")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .kill_on_drop(true);
+    if let Some(path) = nvml_config {
+        cmd.env("FAKE_NVML_CONFIG", path);
+    }
+    let mut child = cmd.spawn().expect("agent binary starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let serving = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(line) = lines.next_line().await.expect("read log") {
+            let json: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+            if json["message"] == "node agent serving" {
+                return json;
+            }
+        }
+        panic!("agent exited before serving");
+    })
+    .await
+    .expect("agent serving within 20 s");
+    // Keep draining the log so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Child {
+        child,
+        grpc: serving["grpc_addr"].as_str().unwrap_or_default().to_owned(),
+        metrics: serving["metrics_addr"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_come_from_nvml_through_the_custom_library_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let containers = dir.path().join("containers");
+    std::fs::create_dir_all(&containers).expect("mkdir");
+    let config_path = dir.path().join("nvml.json");
+    let config = Config {
+        driver: "550.54.15".into(),
+        fail_init: false,
+        devices: vec![
+            Device {
+                uuid: "GPU-aaaaaaaa-1111-4000-8000-000000000000".into(),
+                name: "NVIDIA H100 80GB HBM3".into(),
+                total: 80 << 30,
+                used: 5 << 30,
+                gpu_util: 40,
+                memory_util: 12,
+            },
+            Device {
+                uuid: "GPU-bbbbbbbb-2222-4000-8000-000000000000".into(),
+                name: "NVIDIA H100 80GB HBM3".into(),
+                total: 80 << 30,
+                used: 0,
+                gpu_util: 0,
+                memory_util: 0,
+            },
+        ],
+    };
+    std::fs::write(&config_path, serde_json::to_vec(&config).expect("json")).expect("write config");
+
+    let mut agent = spawn_agent(&containers, Some(&config_path)).await;
+    let mut client = VgpuNodeClient::connect(format!("http://{}", agent.grpc))
+        .await
+        .expect("connect");
+    let devices = client
+        .list_devices(pb::ListDevicesRequest {})
+        .await
+        .expect("ListDevices")
+        .into_inner();
+    assert_eq!(devices.nvml_status, "ok");
+    assert_eq!(devices.driver_version, "550.54.15");
+    assert_eq!(devices.node, "gpu-node-7");
+    let first = &devices.devices[0];
+    assert_eq!(devices.devices.len(), 2);
+    assert_eq!(
+        (first.index, first.uuid.as_str(), first.name.as_str()),
+        (
+            0,
+            "GPU-aaaaaaaa-1111-4000-8000-000000000000",
+            "NVIDIA H100 80GB HBM3"
+        )
+    );
+    assert_eq!(
+        (first.memory_total_bytes, first.memory_used_bytes),
+        (80 << 30, 5 << 30)
+    );
+    assert_eq!(
+        (
+            first.gpu_utilization_percent,
+            first.memory_utilization_percent
+        ),
+        (40, 12)
+    );
+
+    // The fake re-reads its file: a changed "GPU" shows up on the next call.
+    let mut changed = config.clone();
+    changed.devices[1].used = 7 << 30;
+    std::fs::write(&config_path, serde_json::to_vec(&changed).expect("json")).expect("rewrite");
+    let devices = client
+        .list_devices(pb::ListDevicesRequest {})
+        .await
+        .expect("ListDevices")
+        .into_inner();
+    assert_eq!(devices.devices[1].memory_used_bytes, 7 << 30);
+
+    let metrics = reqwest_free_get(&agent.metrics, "/metrics").await;
+    assert!(
+        metrics.contains("hami_host_gpu_memory_used_bytes{device_index=\"1\",device_uuid=\"GPU-bbbbbbbb-2222-4000-8000-000000000000\",device_type=\"NVIDIA-NVIDIA H100 80GB HBM3\"} 7516192768"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("hami_host_gpu_utilization_ratio{device_index=\"0\",device_uuid=\"GPU-aaaaaaaa-1111-4000-8000-000000000000\",device_type=\"NVIDIA-NVIDIA H100 80GB HBM3\"} 0.4"));
+    let node = client
+        .get_node(pb::GetNodeRequest {})
+        .await
+        .expect("GetNode")
+        .into_inner();
+    assert_eq!(node.nvml_status, "ok");
+    agent.child.kill().await.expect("kill");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_driver_devices_are_empty_and_the_agent_still_serves() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let containers = dir.path().join("containers");
+    std::fs::create_dir_all(&containers).expect("mkdir");
+    // No FAKE_NVML_CONFIG: nvmlInit_v2 fails like a node without a driver.
+    let mut agent = spawn_agent(&containers, None).await;
+    let mut client = VgpuNodeClient::connect(format!("http://{}", agent.grpc))
+        .await
+        .expect("connect");
+    let devices = client
+        .list_devices(pb::ListDevicesRequest {})
+        .await
+        .expect("ListDevices")
+        .into_inner();
+    assert!(devices.devices.is_empty());
+    assert!(
+        devices.nvml_status.starts_with("unavailable"),
+        "{}",
+        devices.nvml_status
+    );
+    let list = client
+        .list_containers(pb::ListContainersRequest::default())
+        .await
+        .expect("container data still flows")
+        .into_inner();
+    assert_eq!(list.node, "gpu-node-7");
+    agent.child.kill().await.expect("kill");
+}
+
+/// GET over a plain TCP connection (the metrics port is plain HTTP).
+async fn reqwest_free_get(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    tcp.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .expect("write");
+    let mut out = String::new();
+    tcp.read_to_string(&mut out).await.expect("read");
+    out
+}
