@@ -3,6 +3,7 @@
 //! answers, prints where to look, and runs until Ctrl-C (or exits after the
 //! checks with `--check`).
 
+mod node;
 mod samples;
 
 use std::net::SocketAddr;
@@ -27,6 +28,12 @@ struct Args {
     /// Where the webhook listens (HTTPS, self-signed).
     #[arg(long, default_value = "127.0.0.1:8443")]
     webhook_listen: SocketAddr,
+    /// Node agent gRPC (VgpuNode, plaintext, with reflection).
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    agent_grpc_listen: SocketAddr,
+    /// Node agent Prometheus metrics (plain HTTP).
+    #[arg(long, default_value = "127.0.0.1:9395")]
+    agent_metrics_listen: SocketAddr,
     /// Run the checks, print the results and exit instead of serving until Ctrl-C.
     #[arg(long)]
     check: bool,
@@ -90,6 +97,15 @@ async fn main() -> anyhow::Result<()> {
     check_review(&mut client, "GPU-sharing pod (gpu-memory: 4096)", gpu, true).await?;
     check_review(&mut client, "plain pod", plain, false).await?;
 
+    let node = node::start(
+        work.path(),
+        args.agent_grpc_listen,
+        args.agent_metrics_listen,
+        shutdown.clone(),
+    )
+    .await?;
+    node::check(&node).await?;
+
     let port = webhook.addr.port();
     let ca = tls_dir.join("ca.crt");
     println!("\nTry it yourself:");
@@ -106,6 +122,19 @@ async fn main() -> anyhow::Result<()> {
         "  rotate the certificate: the webhook reloads {} on change",
         tls_dir.display()
     );
+    let grpc = node.agent.grpc_addr;
+    println!("  grpcurl -plaintext {grpc} vgpu.v1.VgpuNode/ListContainers");
+    println!(
+        "  grpcurl -plaintext -d '{{\"namespace\":\"team-a\"}}' {grpc} vgpu.v1.VgpuNode/WatchContainers   # trainer-0 allocates every 2 s"
+    );
+    println!(
+        "  curl -s http://{}/metrics | grep hami_vgpu_memory",
+        node.agent.metrics_addr
+    );
+    println!(
+        "  ls -la {}/usr/local/vgpu   # what libsync installed",
+        node.host.display()
+    );
 
     if args.check {
         shutdown.cancel();
@@ -116,6 +145,7 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     webhook.task.await?;
+    node.agent.wait().await?;
     Ok(())
 }
 
