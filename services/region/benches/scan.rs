@@ -1,1 +1,73 @@
-fn main() {}
+//! Scan + parse of 1024 container regions, as the agent does every scan.
+//! Regions are written sparsely (only pages with data), so the bench needs
+//! ~50 MB of disk instead of 2 GB; the reader sees the same bytes.
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use kai_region::discovery;
+use kai_region::writer::{RegionBuilder, UsageSpec};
+use kai_region::{Region, decode};
+
+const CONTAINERS: usize = 1024;
+
+fn write_sparse(path: &Path, bytes: &[u8]) {
+    let file = std::fs::File::create(path).expect("create");
+    file.set_len(bytes.len() as u64).expect("size");
+    for (i, page) in bytes.chunks(4096).enumerate() {
+        if page.iter().any(|b| *b != 0) {
+            file.write_all_at(page, (i * 4096) as u64).expect("write");
+        }
+    }
+}
+
+fn region(i: usize) -> RegionBuilder {
+    let mut b = RegionBuilder::v1().device(&format!("GPU-{i:08x}-0000-4000-8000-000000000000"), 4 << 30);
+    for p in 0..4 {
+        b = b.process(1000 + p, vec![UsageSpec::data((i as u64 + 1) << 20, (i as u64 + 2) << 20)]);
+    }
+    b.last_kernel_time = 1_796_000_000;
+    b
+}
+
+fn benches(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for i in 0..CONTAINERS {
+        let d = dir.path().join(format!("{:08x}-0000-4000-8000-000000000000_c{i}", i));
+        std::fs::create_dir(&d).expect("mkdir");
+        write_sparse(&d.join(discovery::CACHE_FILE), &region(i).to_bytes());
+    }
+    let mut group = c.benchmark_group("regions_1024");
+    group.sample_size(20);
+    group.bench_function("scan_directory", |b| b.iter(|| discovery::scan(dir.path()).expect("scan").len()));
+
+    // Steady state: mappings kept between scans (what the agent does).
+    let found = discovery::scan(dir.path()).expect("scan");
+    let mut regions: Vec<Region> = found.iter().filter_map(|f| f.cache.as_deref()).map(Region::new).collect();
+    group.bench_function("scan_and_read_mapped", |b| {
+        b.iter(|| {
+            let found = discovery::scan(dir.path()).expect("scan");
+            let read = regions.iter_mut().filter_map(|r| r.snapshot().ok()).count();
+            assert_eq!(read + found.len() - CONTAINERS, CONTAINERS);
+        })
+    });
+    // Cold: open and map every file each time.
+    group.bench_function("scan_and_read_cold", |b| {
+        b.iter(|| {
+            discovery::scan(dir.path())
+                .expect("scan")
+                .iter()
+                .filter_map(|f| f.cache.as_deref())
+                .filter_map(|p| Region::new(p).snapshot().ok())
+                .count()
+        })
+    });
+    group.finish();
+
+    let bytes = region(7).to_bytes();
+    c.bench_function("decode_one_region_4_procs", |b| b.iter(|| decode(std::hint::black_box(&bytes))));
+}
+
+criterion_group!(scan, benches);
+criterion_main!(scan);
