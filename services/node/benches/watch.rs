@@ -16,7 +16,10 @@ fn state(n: usize) -> NodeState {
     let containers = (0..n)
         .map(|i| {
             let bytes = RegionBuilder::v1()
-                .device(&format!("GPU-{:08x}-0000-4000-8000-000000000000", i % 8), 4 << 30)
+                .device(
+                    &format!("GPU-{:08x}-0000-4000-8000-000000000000", i % 8),
+                    4 << 30,
+                )
                 .process(100, vec![UsageSpec::data(512 << 20, 600 << 20)])
                 .process(101, vec![UsageSpec::data(64 << 20, 70 << 20)])
                 .to_bytes();
@@ -49,11 +52,20 @@ fn state(n: usize) -> NodeState {
 fn benches(c: &mut Criterion) {
     let state = state(100);
     let message = update(&state, "", "");
-    println!("one update with 100 containers: {} bytes encoded", message.encoded_len());
+    println!(
+        "one update with 100 containers: {} bytes encoded",
+        message.encoded_len()
+    );
     let mut group = c.benchmark_group("watch_update_100_containers");
-    group.bench_function("build", |b| b.iter(|| update(std::hint::black_box(&state), "", "")));
-    group.bench_function("build_and_encode", |b| b.iter(|| update(std::hint::black_box(&state), "", "").encode_to_vec()));
-    group.bench_function("build_filtered_one_namespace", |b| b.iter(|| update(std::hint::black_box(&state), "team-3", "")));
+    group.bench_function("build", |b| {
+        b.iter(|| update(std::hint::black_box(&state), "", ""))
+    });
+    group.bench_function("build_and_encode", |b| {
+        b.iter(|| update(std::hint::black_box(&state), "", "").encode_to_vec())
+    });
+    group.bench_function("build_filtered_one_namespace", |b| {
+        b.iter(|| update(std::hint::black_box(&state), "team-3", ""))
+    });
     group.finish();
 }
 

@@ -8,8 +8,10 @@ use kai_node::agent::{self, Config, PodsConfig};
 use kai_proto::v1 as pb;
 use kai_proto::v1::vgpu_node_client::VgpuNodeClient;
 use kai_region::writer::{RegionBuilder, UsageSpec};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
+
+mod support;
+use support::http_get;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -104,18 +106,6 @@ async fn client(agent: &Agent) -> VgpuNodeClient<tonic::transport::Channel> {
     VgpuNodeClient::connect(format!("http://{}", agent.running.grpc_addr))
         .await
         .expect("gRPC connects")
-}
-
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    tcp.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .expect("write");
-    let mut out = String::new();
-    tcp.read_to_string(&mut out).await.expect("read");
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,9 @@ use kai_proto::v1 as pb;
 use kai_proto::v1::vgpu_node_client::VgpuNodeClient;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+mod support;
+use support::http_get;
+
 /// The cdylib of kai-fake-nvml, built beside this test as a dev-dependency
 /// (`target/<profile>/deps`, or `target/<profile>` when built directly).
 fn fake_nvml() -> PathBuf {
@@ -158,7 +161,7 @@ async fn devices_come_from_nvml_through_the_custom_library_path() {
         .into_inner();
     assert_eq!(devices.devices[1].memory_used_bytes, 7 << 30);
 
-    let metrics = reqwest_free_get(&agent.metrics, "/metrics").await;
+    let metrics = http_get(agent.metrics.as_str(), "/metrics").await;
     assert!(
         metrics.contains("hami_host_gpu_memory_used_bytes{device_index=\"1\",device_uuid=\"GPU-bbbbbbbb-2222-4000-8000-000000000000\",device_type=\"NVIDIA-NVIDIA H100 80GB HBM3\"} 7516192768"),
         "{metrics}"
@@ -201,18 +204,4 @@ async fn without_a_driver_devices_are_empty_and_the_agent_still_serves() {
         .into_inner();
     assert_eq!(list.node, "gpu-node-7");
     agent.child.kill().await.expect("kill");
-}
-
-/// GET over a plain TCP connection (the metrics port is plain HTTP).
-async fn reqwest_free_get(addr: &str, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    tcp.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .expect("write");
-    let mut out = String::new();
-    tcp.read_to_string(&mut out).await.expect("read");
-    out
 }

@@ -23,9 +23,13 @@ fn write_sparse(path: &Path, bytes: &[u8]) {
 }
 
 fn region(i: usize) -> RegionBuilder {
-    let mut b = RegionBuilder::v1().device(&format!("GPU-{i:08x}-0000-4000-8000-000000000000"), 4 << 30);
+    let mut b =
+        RegionBuilder::v1().device(&format!("GPU-{i:08x}-0000-4000-8000-000000000000"), 4 << 30);
     for p in 0..4 {
-        b = b.process(1000 + p, vec![UsageSpec::data((i as u64 + 1) << 20, (i as u64 + 2) << 20)]);
+        b = b.process(
+            1000 + p,
+            vec![UsageSpec::data((i as u64 + 1) << 20, (i as u64 + 2) << 20)],
+        );
     }
     b.last_kernel_time = 1_796_000_000;
     b
@@ -34,17 +38,25 @@ fn region(i: usize) -> RegionBuilder {
 fn benches(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tempdir");
     for i in 0..CONTAINERS {
-        let d = dir.path().join(format!("{:08x}-0000-4000-8000-000000000000_c{i}", i));
+        let d = dir
+            .path()
+            .join(format!("{:08x}-0000-4000-8000-000000000000_c{i}", i));
         std::fs::create_dir(&d).expect("mkdir");
         write_sparse(&d.join(discovery::CACHE_FILE), &region(i).to_bytes());
     }
     let mut group = c.benchmark_group("regions_1024");
     group.sample_size(20);
-    group.bench_function("scan_directory", |b| b.iter(|| discovery::scan(dir.path()).expect("scan").len()));
+    group.bench_function("scan_directory", |b| {
+        b.iter(|| discovery::scan(dir.path()).expect("scan").len())
+    });
 
     // Steady state: mappings kept between scans (what the agent does).
     let found = discovery::scan(dir.path()).expect("scan");
-    let mut regions: Vec<Region> = found.iter().filter_map(|f| f.cache.as_deref()).map(Region::new).collect();
+    let mut regions: Vec<Region> = found
+        .iter()
+        .filter_map(|f| f.cache.as_deref())
+        .map(Region::new)
+        .collect();
     group.bench_function("scan_and_read_mapped", |b| {
         b.iter(|| {
             let found = discovery::scan(dir.path()).expect("scan");
@@ -66,7 +78,9 @@ fn benches(c: &mut Criterion) {
     group.finish();
 
     let bytes = region(7).to_bytes();
-    c.bench_function("decode_one_region_4_procs", |b| b.iter(|| decode(std::hint::black_box(&bytes))));
+    c.bench_function("decode_one_region_4_procs", |b| {
+        b.iter(|| decode(std::hint::black_box(&bytes)))
+    });
 }
 
 criterion_group!(scan, benches);
