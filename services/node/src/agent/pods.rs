@@ -7,7 +7,6 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -41,7 +40,7 @@ pub enum PodSource {
     /// A reflector of this node's pods.
     Kube {
         store: Store<Pod>,
-        synced: Arc<AtomicBool>,
+        synced: tokio::sync::watch::Receiver<bool>,
     },
 }
 
@@ -97,7 +96,10 @@ impl PodSource {
         let api: Api<Pod> = Api::all(client);
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         let (store, writer) = reflector::store();
-        let synced = Arc::new(AtomicBool::new(false));
+        // Readiness is taken from the event stream (InitDone) rather than
+        // `Store::wait_until_ready`, whose single waker slot loses all but
+        // one concurrent waiter.
+        let (synced_tx, synced) = tokio::sync::watch::channel(false);
         let stream = watcher(api, config)
             .default_backoff()
             .modify(|pod| {
@@ -106,30 +108,25 @@ impl PodSource {
                 pod.status = None;
                 pod.spec = None;
             })
-            .reflect(writer)
-            .applied_objects();
-        let flag = synced.clone();
-        let ready = store.clone();
+            .reflect(writer);
         let node = node.to_owned();
         tokio::spawn(async move {
-            let ready_task = tokio::spawn(async move {
-                if ready.wait_until_ready().await.is_ok() {
-                    flag.store(true, Ordering::Release);
-                    tracing::info!("pod list for this node synced");
-                }
-            });
             let mut stream = std::pin::pin!(stream);
             loop {
                 tokio::select! {
                     () = shutdown.cancelled() => break,
                     next = stream.next() => match next {
+                        Some(Ok(watcher::Event::InitDone)) => {
+                            if !synced_tx.send_replace(true) {
+                                tracing::info!(%node, "pod list for this node synced");
+                            }
+                        }
                         Some(Ok(_)) => {}
                         Some(Err(error)) => tracing::warn!(%node, %error, "pod watch error; retrying with backoff"),
                         None => break,
                     },
                 }
             }
-            ready_task.abort();
         });
         Self::Kube { store, synced }
     }
@@ -139,8 +136,16 @@ impl PodSource {
         match self {
             Self::None => "disabled",
             Self::Static(_) => "static",
-            Self::Kube { synced, .. } if synced.load(Ordering::Acquire) => "ready",
+            Self::Kube { synced, .. } if *synced.borrow() => "ready",
             Self::Kube { .. } => "syncing",
+        }
+    }
+
+    /// Resolves once a Kubernetes source has listed this node's pods
+    /// (immediately for the other sources).
+    pub async fn synced(&self) {
+        if let Self::Kube { synced, .. } = self {
+            let _ = synced.clone().wait_for(|ready| *ready).await;
         }
     }
 
@@ -160,7 +165,7 @@ impl PodSource {
                     .find(|p| p.metadata.uid.as_deref() == Some(uid));
                 match found {
                     Some(pod) => Lookup::Known(meta_of(&pod)),
-                    None if synced.load(Ordering::Acquire) => Lookup::Absent,
+                    None if *synced.borrow() => Lookup::Absent,
                     None => Lookup::Unknown,
                 }
             }
