@@ -137,6 +137,7 @@ pub async fn start(
             // No GPU here: NVML fails to load and says so once; container data still flows.
             nvml_library: Some("libnvidia-ml.so.1".into()),
             orphan_grace: Duration::from_secs(300),
+            grpc_tls: None,
         },
         shutdown.clone(),
     )

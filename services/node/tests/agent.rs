@@ -50,6 +50,10 @@ struct Agent {
 }
 
 async fn start_agent() -> Agent {
+    start_agent_with(|_| None).await
+}
+
+async fn start_agent_with(tls: impl FnOnce(&Path) -> Option<agent::GrpcTls>) -> Agent {
     let root = tempfile::tempdir().expect("tempdir");
     let containers = root.path().join("containers");
     std::fs::create_dir_all(&containers).expect("mkdir");
@@ -84,6 +88,7 @@ async fn start_agent() -> Agent {
             pods: PodsConfig::Static(pods),
             nvml_library: None,
             orphan_grace: Duration::from_secs(300),
+            grpc_tls: tls(root.path()),
         },
         shutdown.clone(),
     )
@@ -345,6 +350,84 @@ async fn grpcurl_lists_containers_through_reflection() {
         .await
         .expect("grpcurl runs");
     assert!(String::from_utf8_lossy(&health.stdout).contains("SERVING"));
+    agent.shutdown.cancel();
+    agent.running.wait().await.expect("stops cleanly");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_over_mutual_tls_requires_a_client_certificate() {
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+    kai_runtime::install_crypto_provider();
+    let bundle = kai_runtime::tls::generate("agent", &["localhost".to_owned()], 1).expect("certs");
+    let agent = start_agent_with(|root| {
+        let dir = root.join("tls");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        bundle.write_to(&dir).expect("write");
+        Some(agent::GrpcTls {
+            cert: dir.join("tls.crt"),
+            key: dir.join("tls.key"),
+            client_ca: Some(dir.join("ca.crt")),
+        })
+    })
+    .await;
+    let url = format!("https://localhost:{}", agent.running.grpc_addr.port());
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&bundle.ca_cert_pem))
+        .domain_name("localhost");
+
+    // With a certificate issued by the CA: served.
+    let channel = Channel::from_shared(url.clone())
+        .expect("url")
+        .tls_config(
+            tls.clone()
+                .identity(Identity::from_pem(&bundle.cert_pem, &bundle.key_pem)),
+        )
+        .expect("tls")
+        .connect()
+        .await
+        .expect("mTLS connects");
+    let list = VgpuNodeClient::new(channel)
+        .list_containers(pb::ListContainersRequest::default())
+        .await
+        .expect("ListContainers over mTLS")
+        .into_inner();
+    assert_eq!(list.containers.len(), 2);
+
+    // Without one: the handshake is refused.
+    let anonymous = async {
+        let channel = Channel::from_shared(url.clone())
+            .ok()?
+            .tls_config(tls.clone())
+            .ok()?
+            .connect()
+            .await
+            .ok()?;
+        VgpuNodeClient::new(channel)
+            .list_containers(pb::ListContainersRequest::default())
+            .await
+            .ok()
+    };
+    assert!(
+        anonymous.await.is_none(),
+        "a client without a certificate must not be served"
+    );
+
+    // Plaintext gRPC to the TLS port gets nothing either.
+    let plain = async {
+        let mut c = VgpuNodeClient::connect(format!("http://{}", agent.running.grpc_addr))
+            .await
+            .ok()?;
+        c.list_containers(pb::ListContainersRequest::default())
+            .await
+            .ok()
+    };
+    assert!(
+        tokio::time::timeout(Duration::from_secs(15), plain)
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+    );
     agent.shutdown.cancel();
     agent.running.wait().await.expect("stops cleanly");
 }

@@ -66,6 +66,24 @@ pub struct Args {
     /// Seconds before the directory of a pod gone from the node is removed.
     #[arg(long, env = "ORPHAN_GRACE_SECONDS", default_value_t = 300)]
     pub orphan_grace_seconds: u64,
+    /// PEM certificate for the gRPC port: serves TLS (reloaded on change).
+    #[arg(long, env = "GRPC_TLS_CERT_FILE", requires = "grpc_tls_key_file")]
+    pub grpc_tls_cert_file: Option<PathBuf>,
+    /// PEM private key for the gRPC port.
+    #[arg(long, env = "GRPC_TLS_KEY_FILE", requires = "grpc_tls_cert_file")]
+    pub grpc_tls_key_file: Option<PathBuf>,
+    /// CA bundle: require client certificates issued by it (mutual TLS).
+    #[arg(long, env = "GRPC_TLS_CLIENT_CA_FILE", requires = "grpc_tls_cert_file")]
+    pub grpc_tls_client_ca_file: Option<PathBuf>,
+}
+
+/// TLS for the gRPC port.
+#[derive(Clone, Debug)]
+pub struct GrpcTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Require client certificates issued by this CA.
+    pub client_ca: Option<PathBuf>,
 }
 
 /// Validated agent settings.
@@ -81,14 +99,30 @@ pub struct Config {
     /// `None` = NVML off.
     pub nvml_library: Option<OsString>,
     pub orphan_grace: Duration,
+    /// `None` = plaintext gRPC.
+    pub grpc_tls: Option<GrpcTls>,
 }
 
 /// Where pod names come from.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub enum PodsConfig {
     None,
     Static(PathBuf),
+    /// In-cluster or kubeconfig client.
     Kube,
+    /// A given client (tests, embedding).
+    KubeClient(kube::Client),
+}
+
+impl std::fmt::Debug for PodsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::None => f.write_str("None"),
+            Self::Static(path) => f.debug_tuple("Static").field(path).finish(),
+            Self::Kube => f.write_str("Kube"),
+            Self::KubeClient(_) => f.write_str("KubeClient"),
+        }
+    }
 }
 
 /// Errors before the agent serves.
@@ -107,6 +141,10 @@ pub enum AgentError {
     Grpc(#[from] tonic::transport::Error),
     #[error("reflection service: {0}")]
     Reflection(String),
+    #[error("gRPC TLS: {0}")]
+    Tls(#[from] kai_runtime::tls::TlsError),
+    #[error("gRPC TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
 }
 
 impl Args {
@@ -131,6 +169,14 @@ impl Args {
             pods,
             nvml_library: (!self.no_nvml).then(|| self.nvml_library.clone()),
             orphan_grace: Duration::from_secs(self.orphan_grace_seconds),
+            grpc_tls: match (&self.grpc_tls_cert_file, &self.grpc_tls_key_file) {
+                (Some(cert), Some(key)) => Some(GrpcTls {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: self.grpc_tls_client_ca_file.clone(),
+                }),
+                _ => None,
+            },
         })
     }
 }
@@ -158,6 +204,9 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     let pods = match &config.pods {
         PodsConfig::None => PodSource::None,
         PodsConfig::Static(path) => PodSource::from_static_file(path)?,
+        PodsConfig::KubeClient(client) => {
+            PodSource::watch_node(client.clone(), &config.node_name, shutdown.clone())
+        }
         PodsConfig::Kube => match kube::Client::try_default().await {
             Ok(client) => PodSource::watch_node(client, &config.node_name, shutdown.clone()),
             Err(error) => {
@@ -184,6 +233,10 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     };
     let (tx, rx) = watch::channel(Arc::new(initial));
 
+    let grpc_tls = match &config.grpc_tls {
+        Some(tls) => Some(grpc_tls_config(tls, shutdown.clone())?),
+        None => None,
+    };
     let grpc_listener = bind(config.grpc_listen).await?;
     let grpc_addr = local(&grpc_listener, config.grpc_listen)?;
     let metrics_listener = bind(config.metrics_listen).await?;
@@ -200,6 +253,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     )));
     tasks.push(tokio::spawn(serve_grpc(
         grpc_listener,
+        grpc_tls,
         grpc::Service {
             state: rx.clone(),
             devices: devices.clone(),
@@ -263,6 +317,9 @@ async fn poll(
         .await
         .map_err(|e| AgentError::Task(e.to_string()))?;
 
+        // One reading of the join state per scan, so what is published and
+        // whether orphans were swept always agree.
+        let kube_status = pods.status().to_owned();
         let mut containers = Vec::with_capacity(scan.regions.len());
         let mut layouts = tx.borrow().layouts_seen.clone();
         for read in scan.regions {
@@ -280,10 +337,9 @@ async fn poll(
                 observed_at_ms: read.observed_at_ms,
             });
         }
-        if pods.authoritative() {
+        if kube_status == "ready" {
             orphans.sweep(&scan.dirs, &pods, config.orphan_grace);
         }
-        let kube_status = pods.status().to_owned();
         tx.send_if_modified(|state| {
             let same = state.scanned
                 && state.containers.len() == containers.len()
@@ -369,8 +425,34 @@ impl Orphans {
     }
 }
 
+/// Loads the gRPC certificate (failing fast) and watches it for rotation.
+fn grpc_tls_config(
+    tls: &GrpcTls,
+    shutdown: CancellationToken,
+) -> Result<Arc<rustls::ServerConfig>, AgentError> {
+    let cert = kai_runtime::tls::ReloadingCert::load(&tls.cert, &tls.key)?;
+    cert.watch(shutdown, Duration::from_secs(60))?;
+    let client_ca = match &tls.client_ca {
+        Some(path) => {
+            Some(
+                std::fs::read(path).map_err(|source| kai_runtime::tls::TlsError::Read {
+                    path: path.clone(),
+                    source,
+                })?,
+            )
+        }
+        None => None,
+    };
+    Ok(Arc::new(kai_runtime::tls::server_config_with(
+        cert,
+        &[b"h2"],
+        client_ca.as_deref(),
+    )?))
+}
+
 async fn serve_grpc(
     listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
     service: grpc::Service,
     shutdown: CancellationToken,
 ) -> Result<(), AgentError> {
@@ -389,16 +471,30 @@ async fn serve_grpc(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .map_err(|e| AgentError::Reflection(e.to_string()))?;
-    tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(VgpuNodeServer::new(service))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            shutdown.cancelled_owned(),
-        )
-        .await?;
+        .add_service(VgpuNodeServer::new(service));
+    match tls {
+        Some(config) => {
+            let incoming = kai_runtime::tls::incoming(listener, config, shutdown.clone());
+            router
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::ReceiverStream::new(incoming),
+                    shutdown.cancelled_owned(),
+                )
+                .await?
+        }
+        None => {
+            router
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    shutdown.cancelled_owned(),
+                )
+                .await?
+        }
+    }
     Ok(())
 }
 

@@ -2,9 +2,12 @@
 //! that hot-reloads when the files change, and self-signed bundles for the
 //! demo, the tests and in-cluster bootstrap.
 
+mod incoming;
 mod pem;
 mod reload;
 mod selfsigned;
+
+pub use incoming::incoming;
 
 pub use pem::{PemPair, load_pair};
 pub use reload::ReloadingCert;
@@ -50,25 +53,55 @@ pub enum TlsError {
 pub fn server_config(
     resolver: Arc<dyn rustls::server::ResolvesServerCert>,
 ) -> Result<rustls::ServerConfig, rustls::Error> {
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
-    .with_no_client_auth()
-    .with_cert_resolver(resolver);
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    server_config_with(resolver, &[b"h2", b"http/1.1"], None)
+}
+
+/// Like [`server_config`] with the given ALPN protocols and, when
+/// `client_ca_pem` is given, a required client certificate issued by it.
+pub fn server_config_with(
+    resolver: Arc<dyn rustls::server::ResolvesServerCert>,
+    alpn: &[&[u8]],
+    client_ca_pem: Option<&[u8]>,
+) -> Result<rustls::ServerConfig, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
+    let builder = match client_ca_pem {
+        Some(pem) => {
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots(pem)?),
+                provider,
+            )
+            .build()
+            .map_err(|e| rustls::Error::General(format!("client CA: {e}")))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(resolver);
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(config)
 }
 
-/// A client config that trusts exactly the given PEM CA bundle (no system roots):
-/// used by the demo, tests and benches to talk to a server we started.
-pub fn client_config_trusting(ca_pem: &[u8]) -> Result<rustls::ClientConfig, rustls::Error> {
+fn roots(ca_pem: &[u8]) -> Result<rustls::RootCertStore, rustls::Error> {
     use rustls_pki_types::{CertificateDer, pem::PemObject};
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca_pem) {
         let cert = cert.map_err(|e| rustls::Error::General(format!("bad CA PEM: {e}")))?;
         roots.add(cert)?;
     }
+    if roots.is_empty() {
+        return Err(rustls::Error::General(
+            "CA bundle holds no certificate".to_owned(),
+        ));
+    }
+    Ok(roots)
+}
+
+/// A client config that trusts exactly the given PEM CA bundle (no system roots):
+/// used by the demo, tests and benches to talk to a server we started.
+pub fn client_config_trusting(ca_pem: &[u8]) -> Result<rustls::ClientConfig, rustls::Error> {
+    let roots = roots(ca_pem)?;
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))

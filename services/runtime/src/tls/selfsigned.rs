@@ -59,7 +59,12 @@ pub fn generate(
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,
     ];
-    leaf_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    // Server and client auth: the same pair serves a gRPC port and, for
+    // mutual TLS between aggregator and agents, authenticates a client.
+    leaf_params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
     leaf_params.not_before = not_before;
     leaf_params.not_after = not_after;
     let leaf = leaf_params.signed_by(&leaf_key, &issuer)?;
