@@ -16,6 +16,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // The aggregator serves the same messages as JSON over HTTP.
+        .type_attribute(".vgpu.v1", "#[derive(serde::Serialize)]")
+        .type_attribute(".vgpu.v1", "#[serde(rename_all = \"camelCase\")]")
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -138,6 +138,7 @@ pub async fn start(
             nvml_library: Some("libnvidia-ml.so.1".into()),
             orphan_grace: Duration::from_secs(300),
             grpc_tls: None,
+            legacy_metrics: false,
         },
         shutdown.clone(),
     )

@@ -53,6 +53,7 @@ async fn gone_pods_are_cleaned_up_and_only_sharing_pods_reported() {
             nvml_library: None,
             orphan_grace: Duration::ZERO,
             grpc_tls: None,
+            legacy_metrics: false,
         },
         shutdown.clone(),
     )

@@ -75,6 +75,19 @@ pub fn container_to_pb(view: &ContainerView, node: &str) -> pb::ContainerUsage {
     }
 }
 
+/// NVML device → wire.
+pub fn host_to_pb(d: super::nvml::HostDevice) -> pb::HostDevice {
+    pb::HostDevice {
+        index: d.index,
+        uuid: d.uuid,
+        name: d.name,
+        memory_total_bytes: d.memory_total,
+        memory_used_bytes: d.memory_used,
+        gpu_utilization_percent: d.gpu_util,
+        memory_utilization_percent: d.memory_util,
+    }
+}
+
 fn filtered(state: &NodeState, namespace: &str, pod: &str) -> Vec<pb::ContainerUsage> {
     state
         .containers
@@ -159,18 +172,7 @@ impl VgpuNode for Service {
                 .map_err(|e| Status::internal(format!("NVML task failed: {e}")))?;
         Ok(Response::new(pb::ListDevicesResponse {
             node,
-            devices: list
-                .into_iter()
-                .map(|d| pb::HostDevice {
-                    index: d.index,
-                    uuid: d.uuid,
-                    name: d.name,
-                    memory_total_bytes: d.memory_total,
-                    memory_used_bytes: d.memory_used,
-                    gpu_utilization_percent: d.gpu_util,
-                    memory_utilization_percent: d.memory_util,
-                })
-                .collect(),
+            devices: list.into_iter().map(host_to_pb).collect(),
             nvml_status: self.devices.status().to_owned(),
             driver_version: driver,
         }))

@@ -66,6 +66,9 @@ pub struct Args {
     /// Seconds before the directory of a pod gone from the node is removed.
     #[arg(long, env = "ORPHAN_GRACE_SECONDS", default_value_t = 300)]
     pub orphan_grace_seconds: u64,
+    /// Also serve the legacy metric names of older HAMi monitors.
+    #[arg(long, env = "LEGACY_METRICS")]
+    pub legacy_metrics: bool,
     /// PEM certificate for the gRPC port: serves TLS (reloaded on change).
     #[arg(long, env = "GRPC_TLS_CERT_FILE", requires = "grpc_tls_key_file")]
     pub grpc_tls_cert_file: Option<PathBuf>,
@@ -101,6 +104,8 @@ pub struct Config {
     pub orphan_grace: Duration,
     /// `None` = plaintext gRPC.
     pub grpc_tls: Option<GrpcTls>,
+    /// Also render legacy metric names.
+    pub legacy_metrics: bool,
 }
 
 /// Where pod names come from.
@@ -169,6 +174,7 @@ impl Args {
             pods,
             nvml_library: (!self.no_nvml).then(|| self.nvml_library.clone()),
             orphan_grace: Duration::from_secs(self.orphan_grace_seconds),
+            legacy_metrics: self.legacy_metrics,
             grpc_tls: match (&self.grpc_tls_cert_file, &self.grpc_tls_key_file) {
                 (Some(cert), Some(key)) => Some(GrpcTls {
                     cert: cert.clone(),
@@ -265,6 +271,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         metrics_listener,
         rx.clone(),
         devices,
+        config.legacy_metrics,
         shutdown,
     )));
     tracing::info!(node = %config.node_name, %grpc_addr, %metrics_addr, dir = %config.containers_dir.display(), "node agent serving");
@@ -502,6 +509,7 @@ async fn serve_http(
     listener: TcpListener,
     state: watch::Receiver<Arc<NodeState>>,
     devices: Arc<Devices>,
+    legacy: bool,
     shutdown: CancellationToken,
 ) -> Result<(), AgentError> {
     let metrics_state = state.clone();
@@ -514,7 +522,7 @@ async fn serve_http(
                 .unwrap_or_default();
             let now = store::unix_ms() / 1000;
             warp::reply::with_header(
-                exposition::render(&state, &host, now),
+                exposition::render(&state, &host, now, legacy),
                 http::header::CONTENT_TYPE,
                 "text/plain; version=0.0.4; charset=utf-8",
             )

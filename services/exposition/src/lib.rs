@@ -1,0 +1,222 @@
+//! Prometheus text exposition of per-container GPU memory.
+//!
+//! Both the node agent and the aggregator render from their current state
+//! on every scrape, so a series exists exactly while its container does:
+//! nothing to expire, nothing stale. Names and labels are the Go HAMi
+//! monitor's (DESIGN.md §5); the aggregator adds `node`. The legacy names of
+//! older HAMi monitors are available behind an option.
+
+mod text;
+
+pub use text::Family;
+
+use kai_proto::v1::{ContainerUsage, HostDevice};
+
+/// What to render.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Options {
+    /// Add a `node` label (the aggregator's view).
+    pub node_label: bool,
+    /// Also render the legacy names (`vGPU_device_memory_usage_in_bytes`, …).
+    pub legacy: bool,
+    /// Now, in unix seconds, for `hami_container_last_kernel_elapsed_seconds`.
+    pub now_secs: u64,
+}
+
+/// A node's physical GPUs.
+pub struct HostDevices<'a> {
+    pub node: &'a str,
+    pub devices: &'a [HostDevice],
+}
+
+/// Renders host and container families into `out`.
+pub fn render<'a>(
+    out: &mut String,
+    hosts: impl IntoIterator<Item = HostDevices<'a>>,
+    containers: impl IntoIterator<Item = &'a ContainerUsage>,
+    opts: Options,
+) {
+    let mut host_used = Family::gauge(
+        "hami_host_gpu_memory_used_bytes",
+        "GPU memory used on the host device, from NVML.",
+    );
+    let mut host_util = Family::gauge(
+        "hami_host_gpu_utilization_ratio",
+        "GPU utilization of the host device (0-1), from NVML.",
+    );
+    let mut legacy_host_used = Family::gauge(
+        "HostGPUMemoryUsage",
+        "Legacy: GPU memory used on the host device.",
+    );
+    let mut legacy_host_util = Family::gauge(
+        "HostCoreUtilization",
+        "Legacy: GPU core utilization of the host device.",
+    );
+    for host in hosts {
+        for d in host.devices {
+            let index = d.index.to_string();
+            let ty = format!("NVIDIA-{}", d.name);
+            let mut labels = vec![
+                ("device_index", index.as_str()),
+                ("device_uuid", d.uuid.as_str()),
+                ("device_type", ty.as_str()),
+            ];
+            if opts.node_label {
+                labels.push(("node", host.node));
+            }
+            host_used.sample(&labels, d.memory_used_bytes as f64);
+            host_util.sample(&labels, f64::from(d.gpu_utilization_percent) / 100.0);
+            if opts.legacy {
+                let mut old = vec![
+                    ("deviceidx", index.as_str()),
+                    ("deviceuuid", d.uuid.as_str()),
+                    ("devicetype", ty.as_str()),
+                ];
+                if opts.node_label {
+                    old.push(("node", host.node));
+                }
+                legacy_host_used.sample(&old, d.memory_used_bytes as f64);
+                legacy_host_util.sample(&old, f64::from(d.gpu_utilization_percent));
+            }
+        }
+    }
+
+    let mut used = Family::gauge(
+        "hami_vgpu_memory_used_bytes",
+        "GPU memory accounted by libvgpu for the container's live processes.",
+    );
+    let mut limit = Family::gauge(
+        "hami_vgpu_memory_limit_bytes",
+        "GPU memory cap libvgpu enforces for the container (0 = uncapped).",
+    );
+    let mut context = Family::gauge(
+        "hami_vgpu_memory_context_bytes",
+        "CUDA context memory of the container.",
+    );
+    let mut module = Family::gauge(
+        "hami_vgpu_memory_module_bytes",
+        "CUDA module memory of the container.",
+    );
+    let mut buffer = Family::gauge(
+        "hami_vgpu_memory_buffer_bytes",
+        "Allocated buffer memory of the container.",
+    );
+    let mut util = Family::gauge(
+        "hami_container_device_utilization_ratio",
+        "SM utilization of the container's processes (0-1).",
+    );
+    let mut elapsed = Family::gauge(
+        "hami_container_last_kernel_elapsed_seconds",
+        "Seconds since the container last launched a kernel.",
+    );
+    let mut breakdown = Family::gauge(
+        "hami_container_device_memory_bytes",
+        "GPU memory of the container with its breakdown as labels.",
+    );
+    let mut legacy_used = Family::gauge(
+        "vGPU_device_memory_usage_in_bytes",
+        "Legacy: vGPU memory used by the container.",
+    );
+    let mut legacy_limit = Family::gauge(
+        "vGPU_device_memory_limit_in_bytes",
+        "Legacy: vGPU memory limit of the container.",
+    );
+    let mut legacy_desc = Family::gauge(
+        "Device_memory_desc_of_container",
+        "Legacy: container GPU memory with its breakdown.",
+    );
+    let mut legacy_util = Family::gauge(
+        "Device_utilization_desc_of_container",
+        "Legacy: container SM utilization (percent).",
+    );
+    let mut legacy_kernel = Family::gauge(
+        "Device_last_kernel_of_container",
+        "Legacy: seconds since the container's last kernel.",
+    );
+
+    for c in containers {
+        for d in &c.devices {
+            let index = d.index.to_string();
+            let mut base = vec![
+                ("namespace", c.namespace.as_str()),
+                ("pod", c.pod.as_str()),
+                ("container", c.container.as_str()),
+                ("vdevice_index", index.as_str()),
+                ("device_uuid", d.uuid.as_str()),
+            ];
+            if opts.node_label {
+                base.push(("node", c.node.as_str()));
+            }
+            used.sample(&base, d.used_bytes as f64);
+            limit.sample(&base, d.limit_bytes as f64);
+            context.sample(&base, d.context_bytes as f64);
+            module.sample(&base, d.module_bytes as f64);
+            buffer.sample(&base, d.buffer_bytes as f64);
+            util.sample(&base, f64::from(d.sm_util_percent) / 100.0);
+            let since = (c.last_kernel_time != 0)
+                .then(|| opts.now_secs.saturating_sub(c.last_kernel_time) as f64);
+            if let Some(since) = since {
+                elapsed.sample(&base, since);
+            }
+            let (ctx, module_size, buf) = (
+                d.context_bytes.to_string(),
+                d.module_bytes.to_string(),
+                d.buffer_bytes.to_string(),
+            );
+            let mut with_breakdown = base.clone();
+            with_breakdown.extend([
+                ("context_size", ctx.as_str()),
+                ("module_size", module_size.as_str()),
+                ("buffer_size", buf.as_str()),
+                ("offset", "0"),
+            ]);
+            breakdown.sample(&with_breakdown, d.used_bytes as f64);
+
+            if opts.legacy {
+                let mut old = vec![
+                    ("podnamespace", c.namespace.as_str()),
+                    ("podname", c.pod.as_str()),
+                    ("ctrname", c.container.as_str()),
+                    ("vdeviceid", index.as_str()),
+                    ("deviceuuid", d.uuid.as_str()),
+                ];
+                if opts.node_label {
+                    old.push(("node", c.node.as_str()));
+                }
+                legacy_used.sample(&old, d.used_bytes as f64);
+                legacy_limit.sample(&old, d.limit_bytes as f64);
+                legacy_util.sample(&old, f64::from(d.sm_util_percent));
+                if let Some(since) = since {
+                    legacy_kernel.sample(&old, since);
+                }
+                old.extend([
+                    ("context", ctx.as_str()),
+                    ("module", module_size.as_str()),
+                    ("data", buf.as_str()),
+                    ("offset", "0"),
+                ]);
+                legacy_desc.sample(&old, d.used_bytes as f64);
+            }
+        }
+    }
+
+    for family in [
+        &host_used, &host_util, &used, &limit, &context, &module, &buffer, &util, &elapsed,
+        &breakdown,
+    ] {
+        family.render(out);
+    }
+    if opts.legacy {
+        for family in [
+            &legacy_host_used,
+            &legacy_host_util,
+            &legacy_used,
+            &legacy_limit,
+            &legacy_desc,
+            &legacy_util,
+            &legacy_kernel,
+        ] {
+            family.render(out);
+        }
+    }
+}
