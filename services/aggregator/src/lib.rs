@@ -1,0 +1,368 @@
+//! kai-aggregator: the cluster view of per-container GPU memory.
+//!
+//! [`discovery`] finds node agents, [`subscriber`] follows each one's
+//! `WatchContainers` stream into the [`cluster`] index, and the index is
+//! served as Prometheus text and JSON ([`http`], port 9394) and as gRPC
+//! `vgpu.v1.VgpuCluster` ([`grpc`]).
+
+pub mod cluster;
+pub mod discovery;
+pub mod grpc;
+pub mod http;
+pub mod metrics;
+pub mod query;
+pub mod subscriber;
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kai_proto::v1::vgpu_cluster_server::VgpuClusterServer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::Cluster;
+
+/// Flags of `kai-aggregator`.
+#[derive(Clone, Debug, clap::Parser)]
+#[command(
+    name = "kai-aggregator",
+    version,
+    about = "Cluster view of per-container GPU memory: Prometheus on :9394 and a query API"
+)]
+pub struct Args {
+    /// Static node-agent endpoints (`host:port`, comma-separated); without
+    /// them, agents are discovered through the API server.
+    #[arg(long = "node-agent", env = "NODE_AGENTS", value_delimiter = ',')]
+    pub node_agents: Vec<String>,
+    /// Namespace of the node-agent pods (discovery).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kai-resource-isolator")]
+    pub agent_namespace: String,
+    /// Label selector of the node-agent pods (discovery).
+    #[arg(
+        long,
+        env = "AGENT_SELECTOR",
+        default_value = "app.kubernetes.io/component=node-agent"
+    )]
+    pub agent_selector: String,
+    /// gRPC port of the node agents (discovery).
+    #[arg(long, env = "AGENT_PORT", default_value_t = 50051)]
+    pub agent_port: u16,
+    /// Metrics, JSON API and probes.
+    #[arg(long, env = "LISTEN", default_value = "0.0.0.0:9394")]
+    pub listen: SocketAddr,
+    /// gRPC `VgpuCluster` (with reflection and health).
+    #[arg(long, env = "GRPC_LISTEN", default_value = "0.0.0.0:50052")]
+    pub grpc_listen: SocketAddr,
+    /// A node whose stream is down keeps its series this long, then they go.
+    #[arg(long, env = "STALENESS_SECONDS", default_value_t = 120)]
+    pub staleness_seconds: u64,
+    /// Heartbeat asked of agents.
+    #[arg(long, env = "WATCH_INTERVAL_MS", default_value_t = 5000)]
+    pub watch_interval_ms: u64,
+    /// How often host GPUs are re-read from each agent.
+    #[arg(long, env = "DEVICES_INTERVAL_SECONDS", default_value_t = 30)]
+    pub devices_interval_seconds: u64,
+    /// Also serve the legacy metric names of older HAMi monitors.
+    #[arg(long, env = "LEGACY_METRICS")]
+    pub legacy_metrics: bool,
+    #[command(flatten)]
+    pub log: kai_runtime::telemetry::LogArgs,
+}
+
+/// Where agents come from.
+#[derive(Clone)]
+pub enum Discovery {
+    Static(Vec<String>),
+    /// In-cluster / kubeconfig client.
+    Kube {
+        namespace: String,
+        selector: String,
+        port: u16,
+    },
+    /// A given client (tests, embedding).
+    KubeClient {
+        client: kube::Client,
+        namespace: String,
+        selector: String,
+        port: u16,
+    },
+}
+
+impl std::fmt::Debug for Discovery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Static(list) => f.debug_tuple("Static").field(list).finish(),
+            Self::Kube {
+                namespace,
+                selector,
+                port,
+            }
+            | Self::KubeClient {
+                namespace,
+                selector,
+                port,
+                ..
+            } => f
+                .debug_struct("Kube")
+                .field("namespace", namespace)
+                .field("selector", selector)
+                .field("port", port)
+                .finish(),
+        }
+    }
+}
+
+/// Validated settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub discovery: Discovery,
+    pub listen: SocketAddr,
+    pub grpc_listen: SocketAddr,
+    pub staleness: Duration,
+    pub subscriber: subscriber::Settings,
+    pub legacy_metrics: bool,
+}
+
+impl Args {
+    pub fn config(&self) -> Config {
+        let discovery = if self.node_agents.is_empty() {
+            Discovery::Kube {
+                namespace: self.agent_namespace.clone(),
+                selector: self.agent_selector.clone(),
+                port: self.agent_port,
+            }
+        } else {
+            Discovery::Static(self.node_agents.clone())
+        };
+        Config {
+            discovery,
+            listen: self.listen,
+            grpc_listen: self.grpc_listen,
+            staleness: Duration::from_secs(self.staleness_seconds),
+            subscriber: subscriber::Settings {
+                watch_interval: Duration::from_millis(self.watch_interval_ms.max(100)),
+                devices_interval: Duration::from_secs(self.devices_interval_seconds.max(1)),
+                ..subscriber::Settings::default()
+            },
+            legacy_metrics: self.legacy_metrics,
+        }
+    }
+}
+
+/// Failures before serving.
+#[derive(Debug, thiserror::Error)]
+pub enum AggregatorError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(
+        "no Kubernetes client for node-agent discovery ({0}); pass --node-agent to list agents instead"
+    )]
+    Kube(String),
+    #[error("reflection service: {0}")]
+    Reflection(String),
+    #[error("gRPC server failed: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    #[error("a server task failed: {0}")]
+    Task(String),
+}
+
+/// A started aggregator.
+pub struct Running {
+    pub http_addr: SocketAddr,
+    pub grpc_addr: SocketAddr,
+    pub cluster: Arc<Cluster>,
+    pub synced: watch::Receiver<bool>,
+    tasks: Vec<JoinHandle<Result<(), AggregatorError>>>,
+}
+
+impl Running {
+    pub async fn wait(self) -> Result<(), AggregatorError> {
+        for task in self.tasks {
+            task.await
+                .map_err(|e| AggregatorError::Task(e.to_string()))??;
+        }
+        Ok(())
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), AggregatorError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| AggregatorError::Bind { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| AggregatorError::Bind { addr, source })?;
+    Ok((listener, local))
+}
+
+/// Starts discovery, subscriptions and both servers.
+pub async fn start(
+    config: Config,
+    shutdown: CancellationToken,
+) -> Result<Running, AggregatorError> {
+    let targets = match config.discovery.clone() {
+        Discovery::Static(list) => discovery::fixed(&list),
+        Discovery::Kube {
+            namespace,
+            selector,
+            port,
+        } => {
+            let client = kube::Client::try_default()
+                .await
+                .map_err(|e| AggregatorError::Kube(e.to_string()))?;
+            discovery::pods(client, &namespace, &selector, port, shutdown.clone())
+        }
+        Discovery::KubeClient {
+            client,
+            namespace,
+            selector,
+            port,
+        } => discovery::pods(client, &namespace, &selector, port, shutdown.clone()),
+    };
+    let (http_listener, http_addr) = bind(config.listen).await?;
+    let (grpc_listener, grpc_addr) = bind(config.grpc_listen).await?;
+    let cluster = Arc::new(Cluster::default());
+    let handle = metrics::install();
+    kai_runtime::prometheus::spawn_upkeep(handle.clone(), shutdown.clone());
+
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(supervise(
+        targets.endpoints,
+        cluster.clone(),
+        config.subscriber,
+        shutdown.clone(),
+    )));
+    tasks.push(tokio::spawn(prune(
+        cluster.clone(),
+        config.staleness,
+        shutdown.clone(),
+    )));
+    tasks.push(tokio::spawn(serve_grpc(
+        grpc_listener,
+        cluster.clone(),
+        shutdown.clone(),
+    )));
+    let state = http::State {
+        cluster: cluster.clone(),
+        handle,
+        legacy: config.legacy_metrics,
+        synced: targets.synced.clone(),
+    };
+    tasks.push(tokio::spawn(async move {
+        http::serve(http_listener, state, shutdown).await;
+        Ok(())
+    }));
+    tracing::info!(%http_addr, %grpc_addr, discovery = ?config.discovery, "aggregator serving");
+    Ok(Running {
+        http_addr,
+        grpc_addr,
+        cluster,
+        synced: targets.synced,
+        tasks,
+    })
+}
+
+/// One subscriber per discovered endpoint; endpoints that go away are
+/// unsubscribed and their series removed at once.
+async fn supervise(
+    mut targets: watch::Receiver<BTreeSet<String>>,
+    cluster: Arc<Cluster>,
+    settings: subscriber::Settings,
+    shutdown: CancellationToken,
+) -> Result<(), AggregatorError> {
+    let mut running: HashMap<String, CancellationToken> = HashMap::new();
+    let mut open = true;
+    loop {
+        let wanted = targets.borrow_and_update().clone();
+        running.retain(|endpoint, token| {
+            let keep = wanted.contains(endpoint);
+            if !keep {
+                tracing::info!(%endpoint, "node agent gone; unsubscribing");
+                token.cancel();
+                cluster.remove_endpoint(endpoint);
+            }
+            keep
+        });
+        let new: Vec<String> = wanted
+            .iter()
+            .filter(|e| !running.contains_key(*e))
+            .cloned()
+            .collect();
+        for endpoint in &new {
+            let token = shutdown.child_token();
+            cluster.add_endpoint(endpoint);
+            tokio::spawn(subscriber::run(
+                endpoint.clone(),
+                cluster.clone(),
+                settings,
+                token.clone(),
+            ));
+            running.insert(endpoint.clone(), token);
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            changed = targets.changed(), if open => open = changed.is_ok(),
+        }
+        if !open {
+            // A fixed list: nothing more will change.
+            shutdown.cancelled().await;
+            break;
+        }
+    }
+    Ok(())
+}
+
+async fn prune(
+    cluster: Arc<Cluster>,
+    staleness: Duration,
+    shutdown: CancellationToken,
+) -> Result<(), AggregatorError> {
+    let mut tick = tokio::time::interval((staleness / 4).max(Duration::from_millis(100)));
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            _ = tick.tick() => { cluster.prune(staleness); }
+        }
+    }
+    Ok(())
+}
+
+async fn serve_grpc(
+    listener: TcpListener,
+    cluster: Arc<Cluster>,
+    shutdown: CancellationToken,
+) -> Result<(), AggregatorError> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_serving::<VgpuClusterServer<grpc::Service>>()
+        .await;
+    let v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kai_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| AggregatorError::Reflection(e.to_string()))?;
+    // grpcurl 1.8 only speaks v1alpha reflection.
+    let v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kai_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(|e| AggregatorError::Reflection(e.to_string()))?;
+    tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(v1)
+        .add_service(v1alpha)
+        .add_service(VgpuClusterServer::new(grpc::Service { cluster }))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown.cancelled_owned(),
+        )
+        .await?;
+    Ok(())
+}

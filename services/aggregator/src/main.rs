@@ -1,0 +1,13 @@
+use anyhow::Context;
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    kai_runtime::install_crypto_provider();
+    let args = kai_aggregator::Args::parse();
+    args.log.init().context("cannot set up logging")?;
+    let shutdown = kai_runtime::shutdown::on_signal();
+    let running = kai_aggregator::start(args.config(), shutdown).await?;
+    running.wait().await?;
+    Ok(())
+}

@@ -1,0 +1,135 @@
+//! One subscription per node agent: `WatchContainers` for containers, a
+//! periodic `ListDevices` for the host GPUs, and reconnection with
+//! exponential backoff and jitter when the stream fails.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kai_proto::v1 as pb;
+use kai_proto::v1::vgpu_node_client::VgpuNodeClient;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::cluster::{Cluster, unix_ms};
+use crate::metrics;
+
+/// Timing of subscriptions.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// Heartbeat asked of agents.
+    pub watch_interval: Duration,
+    /// How often host devices are re-read.
+    pub devices_interval: Duration,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            watch_interval: Duration::from_secs(5),
+            devices_interval: Duration::from_secs(30),
+            backoff_base: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Backoff before retry `attempt` (0-based): base·2^attempt capped at max,
+/// with ±20 % jitter so agents restarted together are not hit in lockstep.
+pub fn backoff(settings: &Settings, attempt: u32) -> Duration {
+    let exp = settings
+        .backoff_base
+        .saturating_mul(2u32.saturating_pow(attempt.min(16)))
+        .min(settings.backoff_max);
+    // Cheap jitter source: the clock's sub-millisecond digits.
+    let noise = (unix_nanos() % 401) as f64 / 1000.0; // 0.0 ..= 0.4
+    exp.mul_f64(0.8 + noise)
+}
+
+fn unix_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+/// Runs until `cancel`, keeping `endpoint`'s data in `cluster` current.
+pub async fn run(
+    endpoint: String,
+    cluster: Arc<Cluster>,
+    settings: Settings,
+    cancel: CancellationToken,
+) {
+    let mut attempt = 0u32;
+    loop {
+        let result = tokio::select! {
+            () = cancel.cancelled() => return,
+            result = stream_once(&endpoint, &cluster, &settings, &mut attempt) => result,
+        };
+        let error = match result {
+            Ok(()) => "stream ended".to_owned(),
+            Err(error) => error,
+        };
+        cluster.set_down(&endpoint, &error);
+        metrics::record_reconnect();
+        let wait = backoff(&settings, attempt);
+        tracing::warn!(%endpoint, %error, retry_in = ?wait, "node agent stream down");
+        attempt = attempt.saturating_add(1);
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// Connects and follows the stream until it fails. A received update
+/// resets the backoff.
+async fn stream_once(
+    endpoint: &str,
+    cluster: &Cluster,
+    settings: &Settings,
+    attempt: &mut u32,
+) -> Result<(), String> {
+    let channel: Channel = Endpoint::from_shared(format!("http://{endpoint}"))
+        .map_err(|e| format!("bad endpoint: {e}"))?
+        .connect_timeout(settings.connect_timeout)
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut client = VgpuNodeClient::new(channel);
+    let mut stream = client
+        .watch_containers(pb::WatchContainersRequest {
+            interval_ms: settings
+                .watch_interval
+                .as_millis()
+                .min(u128::from(u32::MAX)) as u32,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("WatchContainers: {}", e.message()))?
+        .into_inner();
+    let mut devices_tick = tokio::time::interval(settings.devices_interval);
+    loop {
+        tokio::select! {
+            message = stream.message() => match message {
+                Ok(Some(update)) => {
+                    *attempt = 0;
+                    let lag_ms = unix_ms().saturating_sub(update.sent_at_unix_ms);
+                    metrics::record_update(lag_ms);
+                    cluster.apply_update(endpoint, update);
+                }
+                Ok(None) => return Ok(()),
+                Err(status) => return Err(format!("stream: {}", status.message())),
+            },
+            _ = devices_tick.tick() => {
+                match client.list_devices(pb::ListDevicesRequest {}).await {
+                    Ok(response) => cluster.set_devices(endpoint, response.into_inner().devices),
+                    Err(status) => tracing::debug!(%endpoint, error = %status.message(), "ListDevices failed"),
+                }
+            }
+        }
+    }
+}
