@@ -3,6 +3,7 @@
 //! answers, prints where to look, and runs until Ctrl-C (or exits after the
 //! checks with `--check`).
 
+mod aggregator;
 mod node;
 mod samples;
 
@@ -34,6 +35,12 @@ struct Args {
     /// Node agent Prometheus metrics (plain HTTP).
     #[arg(long, default_value = "127.0.0.1:9395")]
     agent_metrics_listen: SocketAddr,
+    /// Aggregator Prometheus metrics and JSON API (plain HTTP).
+    #[arg(long, default_value = "127.0.0.1:9394")]
+    aggregator_listen: SocketAddr,
+    /// Aggregator gRPC VgpuCluster.
+    #[arg(long, default_value = "127.0.0.1:50052")]
+    aggregator_grpc_listen: SocketAddr,
     /// Run the checks, print the results and exit instead of serving until Ctrl-C.
     #[arg(long)]
     check: bool,
@@ -105,6 +112,13 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     node::check(&node).await?;
+    let aggregator = aggregator::start(
+        node.agent.grpc_addr,
+        args.aggregator_listen,
+        args.aggregator_grpc_listen,
+        shutdown.clone(),
+    )
+    .await?;
 
     let port = webhook.addr.port();
     let ca = tls_dir.join("ca.crt");
@@ -146,6 +160,7 @@ async fn main() -> anyhow::Result<()> {
     }
     webhook.task.await?;
     node.agent.wait().await?;
+    aggregator.wait().await?;
     Ok(())
 }
 

@@ -8,7 +8,7 @@
 
 mod text;
 
-pub use text::Family;
+pub use text::{Family, Labels};
 
 use kai_proto::v1::{ContainerUsage, HostDevice};
 
@@ -134,80 +134,84 @@ pub fn render<'a>(
         "Legacy: seconds since the container's last kernel.",
     );
 
+    let containers: Vec<&ContainerUsage> = containers.into_iter().collect();
+    let samples: usize = containers.iter().map(|c| c.devices.len()).sum();
+    for family in [
+        &mut used,
+        &mut limit,
+        &mut context,
+        &mut module,
+        &mut buffer,
+        &mut util,
+        &mut elapsed,
+    ] {
+        family.reserve(samples, 200);
+    }
+    breakdown.reserve(samples, 290);
+    let (mut base, mut extended) = (Labels::default(), Labels::default());
+    let (mut old, mut old_extended) = (Labels::default(), Labels::default());
     for c in containers {
         for d in &c.devices {
-            let index = d.index.to_string();
-            let mut base = vec![
-                ("namespace", c.namespace.as_str()),
-                ("pod", c.pod.as_str()),
-                ("container", c.container.as_str()),
-                ("vdevice_index", index.as_str()),
-                ("device_uuid", d.uuid.as_str()),
-            ];
+            // One escaped label set per container device, reused by every family.
+            base.clear();
+            base.push("namespace", &c.namespace);
+            base.push("pod", &c.pod);
+            base.push("container", &c.container);
+            base.push_u64("vdevice_index", u64::from(d.index));
+            base.push("device_uuid", &d.uuid);
             if opts.node_label {
-                base.push(("node", c.node.as_str()));
+                base.push("node", &c.node);
             }
-            used.sample(&base, d.used_bytes as f64);
-            limit.sample(&base, d.limit_bytes as f64);
-            context.sample(&base, d.context_bytes as f64);
-            module.sample(&base, d.module_bytes as f64);
-            buffer.sample(&base, d.buffer_bytes as f64);
-            util.sample(&base, f64::from(d.sm_util_percent) / 100.0);
+            used.sample_with(&base, d.used_bytes as f64);
+            limit.sample_with(&base, d.limit_bytes as f64);
+            context.sample_with(&base, d.context_bytes as f64);
+            module.sample_with(&base, d.module_bytes as f64);
+            buffer.sample_with(&base, d.buffer_bytes as f64);
+            util.sample_with(&base, f64::from(d.sm_util_percent) / 100.0);
             let since = (c.last_kernel_time != 0)
                 .then(|| opts.now_secs.saturating_sub(c.last_kernel_time) as f64);
             if let Some(since) = since {
-                elapsed.sample(&base, since);
+                elapsed.sample_with(&base, since);
             }
-            let (ctx, module_size, buf) = (
-                d.context_bytes.to_string(),
-                d.module_bytes.to_string(),
-                d.buffer_bytes.to_string(),
-            );
-            let mut with_breakdown = base.clone();
-            with_breakdown.extend([
-                ("context_size", ctx.as_str()),
-                ("module_size", module_size.as_str()),
-                ("buffer_size", buf.as_str()),
-                ("offset", "0"),
-            ]);
-            breakdown.sample(&with_breakdown, d.used_bytes as f64);
+            extended.copy_from(&base);
+            extended.push_u64("context_size", d.context_bytes);
+            extended.push_u64("module_size", d.module_bytes);
+            extended.push_u64("buffer_size", d.buffer_bytes);
+            extended.push("offset", "0");
+            breakdown.sample_with(&extended, d.used_bytes as f64);
 
             if opts.legacy {
-                let mut old = vec![
-                    ("podnamespace", c.namespace.as_str()),
-                    ("podname", c.pod.as_str()),
-                    ("ctrname", c.container.as_str()),
-                    ("vdeviceid", index.as_str()),
-                    ("deviceuuid", d.uuid.as_str()),
-                ];
+                old.clear();
+                old.push("podnamespace", &c.namespace);
+                old.push("podname", &c.pod);
+                old.push("ctrname", &c.container);
+                old.push_u64("vdeviceid", u64::from(d.index));
+                old.push("deviceuuid", &d.uuid);
                 if opts.node_label {
-                    old.push(("node", c.node.as_str()));
+                    old.push("node", &c.node);
                 }
-                legacy_used.sample(&old, d.used_bytes as f64);
-                legacy_limit.sample(&old, d.limit_bytes as f64);
-                legacy_util.sample(&old, f64::from(d.sm_util_percent));
+                legacy_used.sample_with(&old, d.used_bytes as f64);
+                legacy_limit.sample_with(&old, d.limit_bytes as f64);
+                legacy_util.sample_with(&old, f64::from(d.sm_util_percent));
                 if let Some(since) = since {
-                    legacy_kernel.sample(&old, since);
+                    legacy_kernel.sample_with(&old, since);
                 }
-                old.extend([
-                    ("context", ctx.as_str()),
-                    ("module", module_size.as_str()),
-                    ("data", buf.as_str()),
-                    ("offset", "0"),
-                ]);
-                legacy_desc.sample(&old, d.used_bytes as f64);
+                old_extended.copy_from(&old);
+                old_extended.push_u64("context", d.context_bytes);
+                old_extended.push_u64("module", d.module_bytes);
+                old_extended.push_u64("data", d.buffer_bytes);
+                old_extended.push("offset", "0");
+                legacy_desc.sample_with(&old_extended, d.used_bytes as f64);
             }
         }
     }
 
-    for family in [
+    let mut families = vec![
         &host_used, &host_util, &used, &limit, &context, &module, &buffer, &util, &elapsed,
         &breakdown,
-    ] {
-        family.render(out);
-    }
+    ];
     if opts.legacy {
-        for family in [
+        families.extend([
             &legacy_host_used,
             &legacy_host_util,
             &legacy_used,
@@ -215,8 +219,10 @@ pub fn render<'a>(
             &legacy_desc,
             &legacy_util,
             &legacy_kernel,
-        ] {
-            family.render(out);
-        }
+        ]);
+    }
+    out.reserve(families.iter().map(|f| f.rendered_len()).sum());
+    for family in families {
+        family.render(out);
     }
 }
