@@ -213,6 +213,11 @@ async fn aggregates_follows_changes_and_drops_dead_nodes() {
     })
     .await;
 
+    // Static discovery is synced at once: probes answer 200.
+    assert!(*agg.synced.borrow());
+    assert_eq!(http_get(agg.http_addr, "/readyz").await, "ok");
+    assert_eq!(http_get(agg.http_addr, "/healthz").await, "ok");
+
     // Prometheus text: exact values, HAMi names plus the node label.
     let metrics = parse(&http_get(agg.http_addr, "/metrics").await);
     let series = |pod: &str, uuid: &str, node: &str| {
