@@ -1,0 +1,19 @@
+# Everything the flake exposes, assembled from one file per concern.
+{ pkgs, crane, src, hamiCoreSrc }:
+let
+  rust = import ./rust.nix { inherit pkgs crane src; };
+  hami-core = import ./hami-core.nix { inherit pkgs; src = hamiCoreSrc; };
+  image = import ./image.nix { inherit pkgs hami-core; inherit (rust) kai-webhook kai-node kai-aggregator; };
+in
+{
+  packages = {
+    inherit (rust) kai-webhook kai-node kai-aggregator kai-demo;
+    inherit hami-core image;
+    default = image;
+  };
+  checks = rust.checks // {
+    inherit hami-core; # its install check enforces the glibc ceiling and NEEDED set
+    chart = import ./chart-check.nix { inherit pkgs src; };
+  };
+  devShell = import ./devshell.nix { inherit pkgs; };
+}
