@@ -7,3 +7,4 @@
 
 pub mod agent;
 pub mod libsync;
+pub mod write_region;

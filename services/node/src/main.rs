@@ -20,6 +20,9 @@ enum Command {
     Agent(kai_node::agent::Args),
     /// Install libvgpu.so and ld.so.preload on the host and keep them in sync.
     Libsync(kai_node::libsync::Args),
+    /// Write a libvgpu region as HAMi-core would, to test the monitoring path
+    /// on nodes without a GPU (e2e tests, diagnostics).
+    WriteRegion(kai_node::write_region::Args),
 }
 
 #[tokio::main]
@@ -34,6 +37,10 @@ async fn main() -> anyhow::Result<()> {
             running.wait().await?;
         }
         Command::Libsync(args) => kai_node::libsync::run(args.config(), shutdown).await?,
+        Command::WriteRegion(args) => {
+            let path = kai_node::write_region::write(&args)?;
+            println!("{}", path.display());
+        }
     }
     Ok(())
 }

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The kind suite's assertions against the real binaries started locally, as
+# separate processes on 127.0.0.1, without Kubernetes (run by .ci/run):
+#   libsync installs into a temp "host"; the webhook (TLS, openssl-made
+#   certificate) mutates a GPU-sharing pod and leaves a plain one alone; a
+#   region written like libvgpu's is served by the agent (grpcurl) and by the
+#   aggregator's :9394 metrics.
+# Usage: kind-tests/local.sh [BIN_DIR]   (default target/debug; needs
+# curl, openssl, python3, grpcurl on PATH or $GRPCURL)
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+bin="${1:-$root/target/debug}"
+grpcurl="${GRPCURL:-grpcurl}"
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+passed=0 failed=0
+ok() { passed=$((passed + 1)); echo "ok   $*"; }
+bad() { failed=$((failed + 1)); echo "FAIL $*"; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# wait_for URL [curl args]: bounded poll until the URL answers 200.
+wait_for() {
+  local url="$1"; shift
+  for _ in $(seq 1 100); do
+    curl -fsS "$@" "$url" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "timed out waiting for $url"; return 1
+}
+
+# --- libsync into a temp host ------------------------------------------------
+mkdir -p "$work/artifacts" "$work/host/usr/local/vgpu" "$work/host/tmp/vgpulock"
+printf 'stand-in for HAMi-core libvgpu.so\n' > "$work/artifacts/libvgpu.so"
+ls_port=$(free_port)
+"$bin/kai-node" --log-level warn libsync --source-dir "$work/artifacts" \
+  --host-vgpu-dir "$work/host/usr/local/vgpu" --host-vgpulock-dir "$work/host/tmp/vgpulock" \
+  --health-listen "127.0.0.1:$ls_port" & pids+=($!)
+wait_for "http://127.0.0.1:$ls_port/readyz"
+[ "$(cat "$work/host/usr/local/vgpu/ld.so.preload")" = "/usr/local/vgpu/libvgpu.so" ] \
+  && cmp -s "$work/artifacts/libvgpu.so" "$work/host/usr/local/vgpu/libvgpu.so" \
+  && ok "libsync installed libvgpu.so and ld.so.preload" || bad "libsync files"
+[ "$(stat -c %a "$work/host/usr/local/vgpu/containers")" = 1777 ] && [ "$(stat -c %a "$work/host/tmp/vgpulock")" = 1777 ] \
+  && ok "containers/ and /tmp/vgpulock are 1777" || bad "directory modes"
+
+# --- webhook over TLS ----------------------------------------------------------
+openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost \
+  -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
+  -keyout "$work/tls.key" -out "$work/tls.crt" >/dev/null 2>&1
+wh_port=$(free_port)
+"$bin/kai-webhook" --listen "127.0.0.1:$wh_port" --tls-cert-file "$work/tls.crt" \
+  --tls-private-key-file "$work/tls.key" --log-level warn & pids+=($!)
+wait_for "https://localhost:$wh_port/readyz" --cacert "$work/tls.crt"
+review() { # review NAME ANNOTATIONS-JSON
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+name, annotations = sys.argv[1], json.loads(sys.argv[2])
+print(json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+  "uid": "uid-" + name, "kind": {"group": "", "version": "v1", "kind": "Pod"},
+  "resource": {"group": "", "version": "v1", "resource": "pods"}, "name": name, "namespace": "e2e",
+  "operation": "CREATE", "userInfo": {"username": "e2e"},
+  "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "e2e", "annotations": annotations},
+             "spec": {"containers": [{"name": "main", "image": "cuda"}]}}}}))
+PY
+}
+mutate() { curl -fsS --cacert "$work/tls.crt" -H 'Content-Type: application/json' --data "$1" "https://localhost:$wh_port/mutate"; }
+gpu=$(mutate "$(review e2e-gpu '{"gpu-memory":"1024"}')")
+echo "$gpu" | python3 -c '
+import base64, json, sys
+r = json.load(sys.stdin)["response"]
+ops = json.loads(base64.b64decode(r["patch"]))
+mounts = [m["mountPath"] for o in ops if o["path"].endswith("volumeMounts") for m in o["value"]]
+assert r["allowed"] and r["uid"] == "uid-e2e-gpu" and "/etc/ld.so.preload" in mounts, (r, mounts)
+' && ok "webhook mutates a gpu-memory pod (ld.so.preload mounted)" || bad "webhook mutation"
+plain=$(mutate "$(review e2e-plain '{}')")
+echo "$plain" | python3 -c '
+import json, sys
+r = json.load(sys.stdin)["response"]
+assert r["allowed"] and "patch" not in r, r
+' && ok "webhook leaves a plain pod untouched" || bad "plain pod"
+code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$wh_port/healthz" || true)
+[ "$code" = 400 ] && ok "plain HTTP to the webhook is refused (400)" || bad "plain HTTP got $code"
+
+# --- a region, the agent and the aggregator -----------------------------------
+uid=6f1c2d3e-0000-4000-8000-0000000000e2
+"$bin/kai-node" write-region --containers-dir "$work/host/usr/local/vgpu/containers" \
+  --pod-uid "$uid" --container main --gpu-uuid GPU-e2e00000-0000-4000-8000-000000000000 \
+  --limit-mib 1024 --used-mib 512 >/dev/null
+printf '[{"uid":"%s","namespace":"e2e","name":"e2e-gpu"}]' "$uid" > "$work/pods.json"
+ag_grpc=$(free_port); ag_metrics=$(free_port)
+"$bin/kai-node" --log-level warn agent --no-kube --no-nvml --static-pods "$work/pods.json" \
+  --containers-dir "$work/host/usr/local/vgpu/containers" \
+  --grpc-listen "127.0.0.1:$ag_grpc" --metrics-listen "127.0.0.1:$ag_metrics" --node-name e2e-node & pids+=($!)
+wait_for "http://127.0.0.1:$ag_metrics/readyz"
+listed=$("$grpcurl" -plaintext -d '{"namespace":"e2e"}' "127.0.0.1:$ag_grpc" vgpu.v1.VgpuNode/ListContainers)
+echo "$listed" | python3 -c '
+import json, sys
+c = json.load(sys.stdin)["containers"]
+assert [x["pod"] for x in c] == ["e2e-gpu"] and c[0]["devices"][0]["usedBytes"] == str(512 << 20), c
+' && ok "grpcurl VgpuNode/ListContainers shows the container" || bad "agent ListContainers: $listed"
+
+agg_http=$(free_port); agg_grpc=$(free_port)
+"$bin/kai-aggregator" --node-agent "127.0.0.1:$ag_grpc" --listen "127.0.0.1:$agg_http" \
+  --grpc-listen "127.0.0.1:$agg_grpc" --log-level warn & pids+=($!)
+wait_for "http://127.0.0.1:$agg_http/readyz"
+series='hami_vgpu_memory_used_bytes{namespace="e2e",pod="e2e-gpu",container="main",vdevice_index="0",device_uuid="GPU-e2e00000-0000-4000-8000-000000000000",node="e2e-node"} 536870912'
+found=no
+for _ in $(seq 1 100); do
+  if curl -fsS "http://127.0.0.1:$agg_http/metrics" | grep -qF "$series"; then found=yes; break; fi
+  sleep 0.1
+done
+[ "$found" = yes ] && ok "aggregator :9394 shows the container's series" || bad "aggregator series missing"
+limit=$(curl -fsS "http://127.0.0.1:$agg_http/api/v1/devices" | python3 -c 'import json,sys; print(json.load(sys.stdin)["devices"][0]["allocatedBytes"])')
+[ "$limit" = $((1024 << 20)) ] && ok "aggregator /api/v1/devices: 1 GiB allocated" || bad "devices: $limit"
+
+echo; echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
