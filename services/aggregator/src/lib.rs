@@ -343,21 +343,8 @@ async fn serve_grpc(
     reporter
         .set_serving::<VgpuClusterServer<grpc::Service>>()
         .await;
-    let v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(kai_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| AggregatorError::Reflection(e.to_string()))?;
-    // grpcurl 1.8 only speaks v1alpha reflection.
-    let v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(kai_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()
-        .map_err(|e| AggregatorError::Reflection(e.to_string()))?;
-    tonic::transport::Server::builder()
-        .add_service(health)
-        .add_service(v1)
-        .add_service(v1alpha)
+    kai_proto::add_reflection(tonic::transport::Server::builder().add_service(health))
+        .map_err(|e| AggregatorError::Reflection(e.to_string()))?
         .add_service(VgpuClusterServer::new(grpc::Service { cluster }))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),

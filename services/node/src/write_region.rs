@@ -38,7 +38,9 @@ pub fn write(args: &Args) -> std::io::Result<PathBuf> {
         pod_uid: args.pod_uid.clone(),
         container: args.container.clone(),
     };
-    if ContainerKey::from_dir_name(&key.dir_name()).as_ref() != Some(&key) || args.pod_uid.contains('/') {
+    if ContainerKey::from_dir_name(&key.dir_name()).as_ref() != Some(&key)
+        || args.pod_uid.contains('/')
+    {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             "pod UID must be non-empty without '_' or '/'; container non-empty",
@@ -49,7 +51,13 @@ pub fn write(args: &Args) -> std::io::Result<PathBuf> {
     let path = dir.join(CACHE_FILE);
     let mut region = RegionBuilder::v1()
         .device(&args.gpu_uuid, args.limit_mib * MIB)
-        .process(args.pid, vec![UsageSpec::data(args.used_mib * MIB, args.used_mib * MIB + 64 * MIB)]);
+        .process(
+            args.pid,
+            vec![UsageSpec::data(
+                args.used_mib * MIB,
+                args.used_mib * MIB + 64 * MIB,
+            )],
+        );
     region.last_kernel_time = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

@@ -50,17 +50,8 @@ pub async fn serve<S, B>(
     let acceptor = TlsAcceptor::from(tls);
     let graceful = GracefulShutdown::new();
     loop {
-        let (stream, peer) = tokio::select! {
-            () = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(error) => {
-                    // EMFILE and friends: back off briefly instead of spinning.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+        let Some((stream, peer)) = crate::net::accept(&listener, &shutdown).await else {
+            break;
         };
         let acceptor = acceptor.clone();
         let service = service.clone();

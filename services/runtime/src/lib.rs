@@ -5,6 +5,7 @@
 //! rotates the Secret behind them.
 
 pub mod https;
+pub mod net;
 pub mod prometheus;
 pub mod shutdown;
 pub mod telemetry;

@@ -467,21 +467,8 @@ async fn serve_grpc(
     health_reporter
         .set_serving::<VgpuNodeServer<grpc::Service>>()
         .await;
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(kai_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| AgentError::Reflection(e.to_string()))?;
-    // grpcurl 1.8 only speaks v1alpha reflection.
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(kai_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()
-        .map_err(|e| AgentError::Reflection(e.to_string()))?;
-    let router = tonic::transport::Server::builder()
-        .add_service(health)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
+    let router = kai_proto::add_reflection(tonic::transport::Server::builder().add_service(health))
+        .map_err(|e| AgentError::Reflection(e.to_string()))?
         .add_service(VgpuNodeServer::new(service));
     match tls {
         Some(config) => {

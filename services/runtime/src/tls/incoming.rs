@@ -22,16 +22,8 @@ pub fn incoming(
     let acceptor = TlsAcceptor::from(config);
     tokio::spawn(async move {
         loop {
-            let (tcp, peer) = tokio::select! {
-                () = shutdown.cancelled() => break,
-                accepted = listener.accept() => match accepted {
-                    Ok(conn) => conn,
-                    Err(error) => {
-                        tracing::warn!(%error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
+            let Some((tcp, peer)) = crate::net::accept(&listener, &shutdown).await else {
+                break;
             };
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
