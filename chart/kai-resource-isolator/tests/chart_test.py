@@ -324,6 +324,33 @@ check("aggregator discovers the DaemonSet's agent pods on their port", aggregato
 check("global.imageRegistry, image.tag and pullSecrets", images)
 
 
+def grpc_mutual_tls():
+    docs = render("grpc-tls-values.yaml")
+    secret = one(docs, "Secret", "-grpc-tls")
+    assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    ds = one(docs, "DaemonSet", "-node")
+    agent = containers(ds)["agent"]
+    dep = one(docs, "Deployment", "-aggregator")
+    agg = containers(dep)["aggregator"]
+    for spec, c in ((pod_spec(ds), agent), (pod_spec(dep), agg)):
+        vols = {v["name"]: v for v in spec["volumes"]}
+        assert vols["grpc-tls"]["secret"]["secretName"] == secret["metadata"]["name"]
+        mounts = {m["name"]: m for m in c["volumeMounts"]}
+        assert mounts["grpc-tls"]["mountPath"] == "/etc/kai/grpc-tls" and mounts["grpc-tls"]["readOnly"] is True
+    assert arg(agent, "--grpc-tls-cert-file") == "/etc/kai/grpc-tls/tls.crt"
+    assert arg(agent, "--grpc-tls-client-ca-file") == "/etc/kai/grpc-tls/ca.crt", "agents require client certificates"
+    assert arg(agg, "--agent-tls-ca-file") == "/etc/kai/grpc-tls/ca.crt"
+    assert arg(agg, "--agent-tls-cert-file") == "/etc/kai/grpc-tls/tls.crt"
+    assert arg(agg, "--agent-tls-server-name") == "kai-node-agent"
+    assert "httpGet" in agent["livenessProbe"], "kubelet gRPC probes cannot speak TLS"
+    plain = render()
+    assert not [d for d in plain if d["metadata"]["name"].endswith("-grpc-tls")]
+    assert arg(containers(one(plain, "DaemonSet", "-node"))["agent"], "--grpc-tls-cert-file") is None
+
+
+check("monitor.grpcTls: agents serve mTLS, the aggregator presents the same CA's certificate", grpc_mutual_tls)
+
+
 # --- the schema rejects bad values ------------------------------------------
 
 def rejects(*sets):

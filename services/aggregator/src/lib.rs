@@ -69,6 +69,22 @@ pub struct Args {
     /// Also serve the legacy metric names of older HAMi monitors.
     #[arg(long, env = "LEGACY_METRICS")]
     pub legacy_metrics: bool,
+    /// CA bundle of the agents' gRPC certificates: connect with TLS.
+    #[arg(long, env = "AGENT_TLS_CA_FILE")]
+    pub agent_tls_ca_file: Option<std::path::PathBuf>,
+    /// Client certificate for agents that require one (mutual TLS).
+    #[arg(
+        long,
+        env = "AGENT_TLS_CERT_FILE",
+        requires = "agent_tls_key_file",
+        requires = "agent_tls_ca_file"
+    )]
+    pub agent_tls_cert_file: Option<std::path::PathBuf>,
+    #[arg(long, env = "AGENT_TLS_KEY_FILE", requires = "agent_tls_cert_file")]
+    pub agent_tls_key_file: Option<std::path::PathBuf>,
+    /// Name verified in the agents' certificates.
+    #[arg(long, env = "AGENT_TLS_SERVER_NAME", default_value = "kai-node-agent")]
+    pub agent_tls_server_name: String,
     #[command(flatten)]
     pub log: kai_runtime::telemetry::LogArgs,
 }
@@ -128,7 +144,27 @@ pub struct Config {
 }
 
 impl Args {
-    pub fn config(&self) -> Config {
+    /// Validated settings; reads the TLS files named by the flags.
+    pub fn config(&self) -> Result<Config, AggregatorError> {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path)
+                .map_err(|e| AggregatorError::Tls(format!("{}: {e}", path.display())))
+        };
+        let tls = match &self.agent_tls_ca_file {
+            Some(ca) => Some(subscriber::AgentTls {
+                ca_pem: read(ca)?,
+                identity: match (&self.agent_tls_cert_file, &self.agent_tls_key_file) {
+                    (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+                    _ => None,
+                },
+                server_name: self.agent_tls_server_name.clone(),
+            }),
+            None => None,
+        };
+        Ok(self.config_with(tls))
+    }
+
+    fn config_with(&self, tls: Option<subscriber::AgentTls>) -> Config {
         let discovery = if self.node_agents.is_empty() {
             Discovery::Kube {
                 namespace: self.agent_namespace.clone(),
@@ -146,6 +182,7 @@ impl Args {
             subscriber: subscriber::Settings {
                 watch_interval: Duration::from_millis(self.watch_interval_ms.max(100)),
                 devices_interval: Duration::from_secs(self.devices_interval_seconds.max(1)),
+                tls,
                 ..subscriber::Settings::default()
             },
             legacy_metrics: self.legacy_metrics,
@@ -171,6 +208,8 @@ pub enum AggregatorError {
     Grpc(#[from] tonic::transport::Error),
     #[error("a server task failed: {0}")]
     Task(String),
+    #[error("agent TLS: {0}")]
+    Tls(String),
 }
 
 /// A started aggregator.
@@ -236,7 +275,7 @@ pub async fn start(
     tasks.push(tokio::spawn(supervise(
         targets.endpoints,
         cluster.clone(),
-        config.subscriber,
+        Arc::new(config.subscriber.clone()),
         shutdown.clone(),
     )));
     tasks.push(tokio::spawn(prune(
@@ -274,7 +313,7 @@ pub async fn start(
 async fn supervise(
     mut targets: watch::Receiver<BTreeSet<String>>,
     cluster: Arc<Cluster>,
-    settings: subscriber::Settings,
+    settings: Arc<subscriber::Settings>,
     shutdown: CancellationToken,
 ) -> Result<(), AggregatorError> {
     let mut running: HashMap<String, CancellationToken> = HashMap::new();
@@ -301,7 +340,7 @@ async fn supervise(
             tokio::spawn(subscriber::run(
                 endpoint.clone(),
                 cluster.clone(),
-                settings,
+                settings.clone(),
                 token.clone(),
             ));
             running.insert(endpoint.clone(), token);

@@ -13,8 +13,32 @@ use tonic::transport::{Channel, Endpoint};
 use crate::cluster::{Cluster, unix_ms};
 use crate::metrics;
 
+/// TLS towards the agents: their CA, and our client certificate when they
+/// require one (mutual TLS).
+#[derive(Clone, Debug)]
+pub struct AgentTls {
+    pub ca_pem: Vec<u8>,
+    /// (certificate, key) PEM.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// Name verified in the agents' certificates (pod IPs are not known in
+    /// advance, so agents share one DNS name).
+    pub server_name: String,
+}
+
+impl AgentTls {
+    fn client_config(&self) -> tonic::transport::ClientTlsConfig {
+        let config = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&self.ca_pem))
+            .domain_name(self.server_name.clone());
+        match &self.identity {
+            Some((cert, key)) => config.identity(tonic::transport::Identity::from_pem(cert, key)),
+            None => config,
+        }
+    }
+}
+
 /// Timing of subscriptions.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Settings {
     /// Heartbeat asked of agents.
     pub watch_interval: Duration,
@@ -23,6 +47,8 @@ pub struct Settings {
     pub backoff_base: Duration,
     pub backoff_max: Duration,
     pub connect_timeout: Duration,
+    /// `None` = plaintext gRPC.
+    pub tls: Option<AgentTls>,
 }
 
 impl Default for Settings {
@@ -33,6 +59,7 @@ impl Default for Settings {
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
+            tls: None,
         }
     }
 }
@@ -59,7 +86,7 @@ fn unix_nanos() -> u128 {
 pub async fn run(
     endpoint: String,
     cluster: Arc<Cluster>,
-    settings: Settings,
+    settings: Arc<Settings>,
     cancel: CancellationToken,
 ) {
     let mut attempt = 0u32;
@@ -92,8 +119,19 @@ async fn stream_once(
     settings: &Settings,
     attempt: &mut u32,
 ) -> Result<(), String> {
-    let channel: Channel = Endpoint::from_shared(format!("http://{endpoint}"))
-        .map_err(|e| format!("bad endpoint: {e}"))?
+    let scheme = if settings.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let mut builder = Endpoint::from_shared(format!("{scheme}://{endpoint}"))
+        .map_err(|e| format!("bad endpoint: {e}"))?;
+    if let Some(tls) = &settings.tls {
+        builder = builder
+            .tls_config(tls.client_config())
+            .map_err(|e| format!("TLS: {e}"))?;
+    }
+    let channel: Channel = builder
         .connect_timeout(settings.connect_timeout)
         .tcp_nodelay(true)
         .connect()

@@ -197,6 +197,7 @@ async fn aggregates_follows_changes_and_drops_dead_nodes() {
                 backoff_base: Duration::from_millis(50),
                 backoff_max: Duration::from_millis(200),
                 connect_timeout: Duration::from_secs(2),
+                tls: None,
             },
             legacy_metrics: true,
         },
