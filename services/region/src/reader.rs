@@ -16,7 +16,7 @@ const SEQLOCK_ATTEMPTS: usize = 8;
 const V0_SLACK: usize = 8;
 
 /// Why a region could not be read.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RegionError {
     /// libvgpu has not finished creating it (empty, or magic not yet set).
     /// Not an error worth a log line: retry later.
@@ -36,6 +36,9 @@ pub enum RegionError {
     ProcNum(i32),
     #[error("the file shrank below its mapping while being read")]
     Shrunk,
+    /// Usage that sums past 2^64 bytes: a corrupt region, not a big GPU.
+    #[error("usage of device {device} overflows when summed over process slots")]
+    Overflow { device: usize },
 }
 
 impl RegionError {
@@ -49,6 +52,7 @@ impl RegionError {
             Self::UnsupportedVersion(_) => "unsupported_version",
             Self::DeviceNum(_) => "device_num",
             Self::ProcNum(_) => "proc_num",
+            Self::Overflow { .. } => "overflow",
         }
     }
 }
@@ -128,15 +132,22 @@ pub(crate) fn decode_from(src: &(impl Source + ?Sized)) -> Result<RegionSnapshot
         torn_slots += usize::from(!stable);
         let Some(slot) = slot else { continue };
         for (dev, used) in devices.iter_mut().zip(&slot.devices) {
-            if slot.live {
-                dev.used += used.total;
-                dev.context += used.context;
-                dev.module += used.module;
-                dev.buffer += used.data;
-                dev.monitor_used += used.monitor_used;
-                dev.sm_util += used.sm_util;
+            // Checked: a corrupt slot must not wrap into a plausible number.
+            let overflow = RegionError::Overflow { device: dev.index };
+            let sums: &mut [(&mut u64, u64)] = if slot.live {
+                &mut [
+                    (&mut dev.used, used.total),
+                    (&mut dev.context, used.context),
+                    (&mut dev.module, used.module),
+                    (&mut dev.buffer, used.data),
+                    (&mut dev.monitor_used, used.monitor_used),
+                    (&mut dev.sm_util, used.sm_util),
+                ]
             } else {
-                dev.stale_used += used.total;
+                &mut [(&mut dev.stale_used, used.total)]
+            };
+            for (sum, value) in sums.iter_mut() {
+                **sum = sum.checked_add(*value).ok_or_else(|| overflow.clone())?;
             }
         }
         processes.push(slot);

@@ -318,3 +318,26 @@ fn magic_constant_matches_the_library() {
     assert_eq!(MAGIC, 19_920_718);
     assert_eq!((V1.size, V0.size), (2_008_952, 1_197_896));
 }
+
+/// Found by the region fuzz target: two live slots whose usage sums past
+/// u64::MAX panicked in debug builds and would wrap in release builds.
+#[test]
+fn usage_that_overflows_when_summed_is_rejected() {
+    let huge = UsageSpec {
+        data: u64::MAX / 2 + 1,
+        ..UsageSpec::default()
+    };
+    let region = RegionBuilder::v1()
+        .device("GPU-1", GIB)
+        .process(1, vec![huge])
+        .process(2, vec![huge]);
+    assert_eq!(
+        decode(&region.to_bytes()),
+        Err(RegionError::Overflow { device: 0 })
+    );
+    // One such slot alone still fits in u64 and decodes.
+    let single = RegionBuilder::v1()
+        .device("GPU-1", GIB)
+        .process(1, vec![huge]);
+    assert!(decode(&single.to_bytes()).is_ok());
+}
