@@ -245,11 +245,6 @@ impl Region {
         &self.path
     }
 
-    /// Drops the mapping (the file went away, or we are told to let go).
-    pub fn unmap(&mut self) {
-        self.mapping = None;
-    }
-
     /// Reads the region now. Remaps when the file was replaced or grew;
     /// refuses to touch a mapping the file no longer covers.
     pub fn snapshot(&mut self) -> Result<RegionSnapshot, RegionError> {

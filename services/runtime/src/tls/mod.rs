@@ -9,7 +9,7 @@ mod selfsigned;
 
 pub use incoming::incoming;
 
-pub use pem::{PemPair, load_pair};
+pub use pem::PemPair;
 pub use reload::ReloadingCert;
 pub use selfsigned::{SelfSigned, generate};
 

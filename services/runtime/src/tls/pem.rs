@@ -55,11 +55,6 @@ impl PemPair {
     }
 }
 
-/// Reads and parses a certificate/key pair in one step.
-pub fn load_pair(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, TlsError> {
-    PemPair::read(cert, key)?.certified_key(cert, key)
-}
-
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|source| TlsError::Read {
         path: PathBuf::from(path),
