@@ -19,6 +19,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // The aggregator serves the same messages as JSON over HTTP.
         .type_attribute(".vgpu.v1", "#[derive(serde::Serialize)]")
         .type_attribute(".vgpu.v1", "#[serde(rename_all = \"camelCase\")]")
+        // The JSON API shows the state's name, as proto3 JSON does.
+        .field_attribute(
+            ".vgpu.v1.ContainerUsage.isolation_state",
+            "#[serde(serialize_with = \"crate::serialize_isolation_state\")]",
+        )
         .compile_fds(descriptors)?;
     Ok(())
 }

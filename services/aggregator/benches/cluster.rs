@@ -61,8 +61,15 @@ fn update(node: usize, containers: usize, round: u64) -> pb::ContainersUpdate {
                 pod_known: true,
                 process_slots: Vec::new(),
                 observed_at_unix_ms: 0,
+                isolation_state: pb::IsolationState::Capped.into(),
+                ..pb::ContainerUsage::default()
             })
             .collect(),
+        escaped_processes: Vec::new(),
+        checks: Some(pb::IsolationChecks {
+            escaped_processes: "ok".into(),
+            host_pids: "ok".into(),
+        }),
     }
 }
 

@@ -41,6 +41,10 @@ pub struct NodeEntry {
     pub revision: u64,
     pub containers: Arc<Vec<pb::ContainerUsage>>,
     pub devices: Arc<Vec<pb::HostDevice>>,
+    /// GPU processes on the node that no region accounts for.
+    pub escaped: Arc<Vec<pb::EscapedProcess>>,
+    /// Which isolation checks the agent can run; `None` until it says.
+    pub checks: Option<pb::IsolationChecks>,
     pub last_update_ms: u64,
     pub reconnects: u64,
     pub last_error: String,
@@ -55,6 +59,8 @@ impl NodeEntry {
             revision: 0,
             containers: Arc::default(),
             devices: Arc::default(),
+            escaped: Arc::default(),
+            checks: None,
             last_update_ms: 0,
             reconnects: 0,
             last_error: String::new(),
@@ -134,6 +140,8 @@ impl Cluster {
             entry.link = Link::Connected;
             entry.revision = update.revision;
             entry.containers = Arc::new(update.containers);
+            entry.escaped = Arc::new(update.escaped_processes);
+            entry.checks = update.checks;
             entry.last_update_ms = unix_ms();
         });
     }
@@ -166,7 +174,10 @@ impl Cluster {
         let now = Instant::now();
         let expired = |e: &NodeEntry| {
             matches!(e.link, Link::Down(since) if now.duration_since(since) >= staleness)
-                && (!e.containers.is_empty() || !e.devices.is_empty())
+                && (!e.containers.is_empty()
+                    || !e.devices.is_empty()
+                    || !e.escaped.is_empty()
+                    || e.checks.is_some())
         };
         let any = self
             .nodes
@@ -183,6 +194,8 @@ impl Cluster {
                 tracing::info!(node = %entry.node, endpoint = %entry.endpoint, "node down past the staleness window; dropping its series");
                 entry.containers = Arc::default();
                 entry.devices = Arc::default();
+                entry.escaped = Arc::default();
+                entry.checks = None;
                 dropped += 1;
             }
             dropped

@@ -22,9 +22,12 @@ impl VgpuCluster for Service {
     ) -> Result<Response<pb::ClusterContainersResponse>, Status> {
         let r = request.into_inner();
         let nodes = self.cluster.snapshot();
-        Ok(Response::new(pb::ClusterContainersResponse {
-            containers: query::containers(&nodes, &r.namespace, &r.pod, &r.node),
-        }))
+        Ok(Response::new(query::list_containers(
+            &nodes,
+            &r.namespace,
+            &r.pod,
+            &r.node,
+        )))
     }
 
     async fn list_nodes(

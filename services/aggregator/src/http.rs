@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kai_exposition::{HostDevices, Options};
+use kai_exposition::{HostDevices, NodeIsolation, Options};
 use kai_proto::v1 as pb;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
@@ -28,7 +28,12 @@ pub struct State {
 pub fn render_metrics(nodes: &[NodeEntry], handle: &PrometheusHandle, legacy: bool) -> String {
     metrics::record_view(nodes);
     let containers: usize = nodes.iter().map(|n| n.containers.len()).sum();
-    let mut out = String::with_capacity(4096 + containers * 2200);
+    let mut out = String::with_capacity(4096 + containers * 2400);
+    let opts = Options {
+        node_label: true,
+        legacy,
+        now_secs: unix_ms() / 1000,
+    };
     kai_exposition::render(
         &mut out,
         nodes.iter().map(|n| HostDevices {
@@ -36,11 +41,17 @@ pub fn render_metrics(nodes: &[NodeEntry], handle: &PrometheusHandle, legacy: bo
             devices: &n.devices,
         }),
         nodes.iter().flat_map(|n| n.containers.iter()),
-        Options {
-            node_label: true,
-            legacy,
-            now_secs: unix_ms() / 1000,
-        },
+        opts,
+    );
+    kai_exposition::render_isolation(
+        &mut out,
+        nodes.iter().flat_map(|n| n.containers.iter()),
+        nodes.iter().map(|n| NodeIsolation {
+            node: &n.node,
+            escaped: &n.escaped,
+            checks: n.checks.as_ref(),
+        }),
+        opts,
     );
     out.push_str(&handle.render());
     out
@@ -77,14 +88,12 @@ pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationTo
         .and(query_params)
         .and(with.clone())
         .map(|q: HashMap<String, String>, s: State| {
-            json(&pb::ClusterContainersResponse {
-                containers: query::containers(
-                    &s.cluster.snapshot(),
-                    param(&q, "namespace"),
-                    param(&q, "pod"),
-                    param(&q, "node"),
-                ),
-            })
+            json(&query::list_containers(
+                &s.cluster.snapshot(),
+                param(&q, "namespace"),
+                param(&q, "pod"),
+                param(&q, "node"),
+            ))
         });
     let nodes = warp::path!("api" / "v1" / "nodes")
         .and(warp::get())

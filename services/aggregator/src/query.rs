@@ -7,6 +7,19 @@ use kai_proto::v1 as pb;
 
 use crate::cluster::NodeEntry;
 
+/// `ListContainers` / `/api/v1/containers`: containers and escaped processes.
+pub fn list_containers(
+    nodes: &[NodeEntry],
+    namespace: &str,
+    pod: &str,
+    node: &str,
+) -> pb::ClusterContainersResponse {
+    pb::ClusterContainersResponse {
+        containers: containers(nodes, namespace, pod, node),
+        escaped_processes: escaped(nodes, namespace, pod, node),
+    }
+}
+
 /// Containers across nodes; empty filters match all (`pod` matches name or UID).
 pub fn containers(
     nodes: &[NodeEntry],
@@ -20,6 +33,24 @@ pub fn containers(
         .flat_map(|n| n.containers.iter())
         .filter(|c| namespace.is_empty() || c.namespace == namespace)
         .filter(|c| pod.is_empty() || c.pod == pod || c.pod_uid == pod)
+        .cloned()
+        .collect()
+}
+
+/// Escaped processes on the matching nodes; namespace / pod filter on the
+/// owner when the agent could resolve it.
+pub fn escaped(
+    nodes: &[NodeEntry],
+    namespace: &str,
+    pod: &str,
+    node: &str,
+) -> Vec<pb::EscapedProcess> {
+    nodes
+        .iter()
+        .filter(|n| node.is_empty() || n.node == node)
+        .flat_map(|n| n.escaped.iter())
+        .filter(|e| namespace.is_empty() || e.namespace == namespace)
+        .filter(|e| pod.is_empty() || e.pod == pod || e.pod_uid == pod)
         .cloned()
         .collect()
 }

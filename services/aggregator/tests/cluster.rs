@@ -52,17 +52,14 @@ async fn start_agent(
     let shutdown = CancellationToken::new();
     let running = agent::start(
         agent::Config {
-            node_name: name.into(),
-            containers_dir: containers_dir(dir),
             grpc_listen: grpc,
-            metrics_listen: "127.0.0.1:0".parse().expect("addr"),
             scan_interval: Duration::from_millis(50),
             watch_interval: Duration::from_millis(200),
-            pods: PodsConfig::Static(dir.join("pods.json")),
-            nvml_library: None,
-            orphan_grace: Duration::from_secs(300),
-            grpc_tls: None,
-            legacy_metrics: false,
+            ..agent::Config::local(
+                name,
+                containers_dir(dir),
+                PodsConfig::Static(dir.join("pods.json")),
+            )
         },
         shutdown.clone(),
     )

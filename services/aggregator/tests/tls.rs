@@ -65,21 +65,14 @@ async fn subscribes_over_mutual_tls_and_is_refused_without_a_certificate() {
     let shutdown = CancellationToken::new();
     let node = agent::start(
         agent::Config {
-            node_name: "tls-node".into(),
-            containers_dir: dir.path().join("containers"),
-            grpc_listen: "127.0.0.1:0".parse().expect("addr"),
-            metrics_listen: "127.0.0.1:0".parse().expect("addr"),
             scan_interval: Duration::from_millis(100),
             watch_interval: Duration::from_millis(200),
-            pods: PodsConfig::None,
-            nvml_library: None,
-            orphan_grace: Duration::from_secs(300),
             grpc_tls: Some(GrpcTls {
                 cert: dir.path().join("tls.crt"),
                 key: dir.path().join("tls.key"),
                 client_ca: Some(dir.path().join("ca.crt")),
             }),
-            legacy_metrics: false,
+            ..agent::Config::local("tls-node", dir.path().join("containers"), PodsConfig::None)
         },
         shutdown.clone(),
     )

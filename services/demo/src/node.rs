@@ -127,18 +127,11 @@ pub async fn start(
 
     let agent = agent::start(
         agent::Config {
-            node_name: "demo-node".into(),
-            containers_dir: containers.clone(),
             grpc_listen: grpc,
             metrics_listen: metrics,
-            scan_interval: Duration::from_secs(1),
-            watch_interval: Duration::from_secs(5),
-            pods: PodsConfig::Static(pods),
             // No GPU here: NVML fails to load and says so once; container data still flows.
             nvml_library: Some("libnvidia-ml.so.1".into()),
-            orphan_grace: Duration::from_secs(300),
-            grpc_tls: None,
-            legacy_metrics: false,
+            ..agent::Config::local("demo-node", containers.clone(), PodsConfig::Static(pods))
         },
         shutdown.clone(),
     )

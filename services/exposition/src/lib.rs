@@ -6,8 +6,10 @@
 //! monitor's (DESIGN.md §5); the aggregator adds `node`. The legacy names of
 //! older HAMi monitors are available behind an option.
 
+mod isolation;
 mod text;
 
+pub use isolation::{NodeIsolation, render_isolation};
 pub use text::{Family, Labels};
 
 use kai_proto::v1::{ContainerUsage, HostDevice};

@@ -34,6 +34,18 @@ pub struct Utilization {
     memory: c_uint,
 }
 
+/// `nvmlProcessInfo_t` (v2/v3 layout).
+#[repr(C)]
+pub struct ProcessInfo {
+    pid: c_uint,
+    used_gpu_memory: c_ulonglong,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+}
+
+/// MIG ids are "not applicable" outside MIG mode.
+const NO_ID: c_uint = 0xFFFF_FFFF;
+
 fn device(handle: Handle) -> Option<super::Device> {
     let index = (handle as usize).checked_sub(1)?;
     current()?.devices.get(index).cloned()
@@ -175,6 +187,51 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     unsafe {
         (*utilization).gpu = d.gpu_util;
         (*utilization).memory = d.memory_util;
+    }
+    SUCCESS
+}
+
+/// Follows NVML's two-call protocol: with `*count` smaller than the number
+/// of processes, sets `*count` and returns `INSUFFICIENT_SIZE`.
+///
+/// # Safety
+/// `count` must be a valid in/out pointer; `infos`, when `*count > 0`,
+/// must be valid for `*count` elements.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    handle: Handle,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+) -> NvmlReturn {
+    let Some(d) = device(handle) else {
+        return ERROR_INVALID_ARGUMENT;
+    };
+    if count.is_null() {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null in/out pointer from the caller.
+    let room = unsafe { *count } as usize;
+    // SAFETY: as above.
+    unsafe { *count = d.processes.len() as c_uint };
+    if room < d.processes.len() {
+        return ERROR_INSUFFICIENT_SIZE;
+    }
+    if d.processes.is_empty() {
+        return SUCCESS;
+    }
+    if infos.is_null() {
+        return ERROR_INVALID_ARGUMENT;
+    }
+    for (i, p) in d.processes.iter().enumerate() {
+        // SAFETY: i < processes.len() <= room, the caller's buffer length.
+        unsafe {
+            infos.add(i).write(ProcessInfo {
+                pid: p.pid,
+                used_gpu_memory: p.used,
+                gpu_instance_id: NO_ID,
+                compute_instance_id: NO_ID,
+            });
+        }
     }
     SUCCESS
 }

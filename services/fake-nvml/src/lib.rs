@@ -6,7 +6,8 @@
 //! {"driver": "550.54.15",
 //!  "devices": [{"uuid": "GPU-…", "name": "NVIDIA H100 80GB HBM3",
 //!               "total": 85899345920, "used": 1073741824,
-//!               "gpu_util": 40, "memory_util": 12}]}
+//!               "gpu_util": 40, "memory_util": 12,
+//!               "processes": [{"pid": 4242, "used": 536870912}]}]}
 //! ```
 //! Without the variable, or with `"fail_init": true`, `nvmlInit_v2` fails
 //! as it does on a node without a driver.
@@ -37,6 +38,18 @@ pub struct Device {
     pub gpu_util: u32,
     #[serde(default)]
     pub memory_util: u32,
+    /// Compute processes (`nvmlDeviceGetComputeRunningProcesses_v3`).
+    #[serde(default)]
+    pub processes: Vec<Process>,
+}
+
+/// One compute process on a fake GPU.
+#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize, PartialEq, Eq)]
+pub struct Process {
+    /// Host PID.
+    pub pid: u32,
+    /// Used GPU memory in bytes.
+    pub used: u64,
 }
 
 /// Environment variable naming the JSON file.

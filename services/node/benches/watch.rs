@@ -6,7 +6,9 @@ use std::collections::BTreeSet;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use kai_node::agent::grpc::update;
+use kai_node::agent::isolation::Isolation;
 use kai_node::agent::state::{ContainerView, NodeState, PodMeta};
+use kai_proto::v1::IsolationState;
 use kai_region::decode;
 use kai_region::discovery::ContainerKey;
 use kai_region::writer::{RegionBuilder, UsageSpec};
@@ -32,9 +34,15 @@ fn state(n: usize) -> NodeState {
                     namespace: format!("team-{}", i % 10),
                     name: format!("job-{i}-0"),
                     sharing: true,
+                    gpu_container: Some("main".into()),
+                    running: Vec::new(),
                 }),
                 snapshot: decode(&bytes).expect("decodes"),
                 observed_at_ms: 1,
+                isolation: Isolation {
+                    state: IsolationState::Capped,
+                    ..Isolation::default()
+                },
             }
         })
         .collect();
@@ -46,6 +54,7 @@ fn state(n: usize) -> NodeState {
         corrupt_regions: 0,
         kube_status: "ready".into(),
         scanned: true,
+        ..NodeState::default()
     }
 }
 

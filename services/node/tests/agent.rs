@@ -79,17 +79,11 @@ async fn start_agent_with(tls: impl FnOnce(&Path) -> Option<agent::GrpcTls>) -> 
     let shutdown = CancellationToken::new();
     let running = agent::start(
         Config {
-            node_name: "gpu-node-1".into(),
-            containers_dir: containers.clone(),
-            grpc_listen: "127.0.0.1:0".parse().expect("addr"),
-            metrics_listen: "127.0.0.1:0".parse().expect("addr"),
             scan_interval: Duration::from_millis(100),
             watch_interval: Duration::from_secs(30),
-            pods: PodsConfig::Static(pods),
-            nvml_library: None,
-            orphan_grace: Duration::from_secs(300),
             grpc_tls: tls(root.path()),
             legacy_metrics: true,
+            ..Config::local("gpu-node-1", containers.clone(), PodsConfig::Static(pods))
         },
         shutdown.clone(),
     )

@@ -103,6 +103,7 @@ async fn devices_come_from_nvml_through_the_custom_library_path() {
                 used: 5 << 30,
                 gpu_util: 40,
                 memory_util: 12,
+                processes: Vec::new(),
             },
             Device {
                 uuid: "GPU-bbbbbbbb-2222-4000-8000-000000000000".into(),
@@ -111,6 +112,7 @@ async fn devices_come_from_nvml_through_the_custom_library_path() {
                 used: 0,
                 gpu_util: 0,
                 memory_util: 0,
+                processes: Vec::new(),
             },
         ],
     };

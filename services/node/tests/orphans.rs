@@ -43,17 +43,14 @@ async fn gone_pods_are_cleaned_up_and_only_sharing_pods_reported() {
     let shutdown = CancellationToken::new();
     let running = agent::start(
         Config {
-            node_name: "gpu-node-3".into(),
-            containers_dir: containers.clone(),
-            grpc_listen: "127.0.0.1:0".parse().expect("addr"),
-            metrics_listen: "127.0.0.1:0".parse().expect("addr"),
             scan_interval: Duration::from_millis(50),
             watch_interval: Duration::from_secs(30),
-            pods: PodsConfig::KubeClient(client),
-            nvml_library: None,
             orphan_grace: Duration::ZERO,
-            grpc_tls: None,
-            legacy_metrics: false,
+            ..Config::local(
+                "gpu-node-3",
+                containers.clone(),
+                PodsConfig::KubeClient(client),
+            )
         },
         shutdown.clone(),
     )

@@ -7,12 +7,13 @@ mod support;
 use std::time::Duration;
 
 use kai_node::agent::pods::{Lookup, PodSource};
-use kai_node::agent::state::PodMeta;
+use kai_node::agent::state::{PodMeta, RunningContainer};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 const SHARING: &str = "11111111-0000-4000-8000-000000000001";
 const PLAIN: &str = "11111111-0000-4000-8000-000000000002";
+const NAMED: &str = "11111111-0000-4000-8000-000000000003";
 
 #[tokio::test]
 async fn node_scoped_reflector_resolves_pods_by_uid() {
@@ -24,6 +25,12 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
                 "trainer-0",
                 "gpu-node-1",
                 json!({"gpu-memory": "4096"}),
+            ),
+            support::pod(
+                NAMED,
+                "named-0",
+                "gpu-node-1",
+                json!({"gpu-fraction-container-name": "sidecar"}),
             ),
             support::pod(
                 PLAIN,
@@ -52,13 +59,38 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
         Lookup::Known(PodMeta {
             namespace: "team-a".into(),
             name: "trainer-0".into(),
-            sharing: true
+            sharing: true,
+            // No gpu-fraction-container-name annotation: KAI's default.
+            gpu_container: Some("main".into()),
+            // The waiting sidecar is not running.
+            running: vec![RunningContainer {
+                name: "main".into(),
+                id: support::container_id(SHARING),
+                started_at: Some(support::MAIN_STARTED_AT),
+            }],
         })
     );
     assert!(matches!(
         source.lookup(PLAIN),
         Lookup::Known(PodMeta { sharing: false, .. })
     ));
+    let sharing: Vec<String> = source
+        .sharing_pods()
+        .into_iter()
+        .map(|(uid, _)| uid)
+        .collect();
+    assert_eq!(
+        sharing,
+        [SHARING],
+        "only GPU-sharing pods are checked for regions"
+    );
+    assert!(
+        matches!(
+            source.lookup(NAMED),
+            Lookup::Known(PodMeta { gpu_container: Some(ref c), .. }) if c == "sidecar"
+        ),
+        "KAI's gpu-fraction-container-name picks the GPU container"
+    );
     assert_eq!(
         source.lookup("22222222-0000-4000-8000-00000000dead"),
         Lookup::Absent,

@@ -3,22 +3,25 @@
 
 use std::fmt::Write;
 
-use kai_exposition::{HostDevices, Options};
+use kai_exposition::{HostDevices, NodeIsolation, Options};
 
-use super::grpc::{container_to_pb, host_to_pb};
+use super::grpc::{checks_to_pb, escaped_to_pb, filtered, host_to_pb};
 use super::nvml::HostDevice;
 use super::state::NodeState;
 
 /// Renders host and per-container series. `now_secs` is used for
 /// `hami_container_last_kernel_elapsed_seconds`.
 pub fn render(state: &NodeState, host: &[HostDevice], now_secs: u64, legacy: bool) -> String {
-    let containers: Vec<_> = state
-        .containers
-        .iter()
-        .map(|c| container_to_pb(c, &state.node))
-        .collect();
+    let containers = filtered(state, "", "");
+    let escaped: Vec<_> = state.escaped.iter().map(escaped_to_pb).collect();
+    let checks = checks_to_pb(&state.checks);
     let devices: Vec<_> = host.iter().cloned().map(host_to_pb).collect();
     let mut out = String::with_capacity(1024 + containers.len() * 2048);
+    let opts = Options {
+        node_label: false,
+        legacy,
+        now_secs,
+    };
     kai_exposition::render(
         &mut out,
         [HostDevices {
@@ -26,11 +29,17 @@ pub fn render(state: &NodeState, host: &[HostDevice], now_secs: u64, legacy: boo
             devices: &devices,
         }],
         &containers,
-        Options {
-            node_label: false,
-            legacy,
-            now_secs,
-        },
+        opts,
+    );
+    kai_exposition::render_isolation(
+        &mut out,
+        &containers,
+        [NodeIsolation {
+            node: &state.node,
+            escaped: &escaped,
+            checks: Some(&checks),
+        }],
+        opts,
     );
     let _ = writeln!(
         out,

@@ -10,6 +10,7 @@ use kai_proto::v1::vgpu_node_server::VgpuNode;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+use super::isolation::{Checks, Escaped, MissingRegion};
 use super::nvml::Devices;
 use super::state::{ContainerView, NodeState};
 
@@ -72,6 +73,48 @@ pub fn container_to_pb(view: &ContainerView, node: &str) -> pb::ContainerUsage {
             })
             .collect(),
         observed_at_unix_ms: view.observed_at_ms,
+        isolation_state: view.isolation.state.into(),
+        isolation_reason: view.isolation.reason.clone(),
+        near_cap_devices: view.isolation.near_cap.clone(),
+        stale_slots: view.isolation.stale_slots,
+    }
+}
+
+/// A sharing container without a region: a usage entry with no devices,
+/// so clients see it beside the others.
+pub fn missing_to_pb(m: &MissingRegion, node: &str) -> pb::ContainerUsage {
+    pb::ContainerUsage {
+        namespace: m.namespace.clone(),
+        pod: m.pod.clone(),
+        pod_uid: m.pod_uid.clone(),
+        container: m.container.clone(),
+        node: node.to_owned(),
+        pod_known: true,
+        isolation_state: pb::IsolationState::NoRegion.into(),
+        isolation_reason: m.reason.clone(),
+        ..pb::ContainerUsage::default()
+    }
+}
+
+pub fn escaped_to_pb(e: &Escaped) -> pb::EscapedProcess {
+    let owner = e.owner.clone().unwrap_or_default();
+    pb::EscapedProcess {
+        gpu_uuid: e.gpu_uuid.clone(),
+        host_pid: e.pid,
+        used_bytes: e.used.unwrap_or(0),
+        namespace: owner.namespace,
+        pod: owner.pod,
+        pod_uid: owner.pod_uid,
+        container: owner.container,
+        reason: e.reason.clone(),
+        first_seen_unix_ms: e.first_seen_ms,
+    }
+}
+
+pub fn checks_to_pb(c: &Checks) -> pb::IsolationChecks {
+    pb::IsolationChecks {
+        escaped_processes: Checks::describe(&c.escaped_processes),
+        host_pids: Checks::describe(&c.host_pids),
     }
 }
 
@@ -88,13 +131,23 @@ pub fn host_to_pb(d: super::nvml::HostDevice) -> pb::HostDevice {
     }
 }
 
-fn filtered(state: &NodeState, namespace: &str, pod: &str) -> Vec<pb::ContainerUsage> {
+/// Containers with a region, then those missing one, filtered.
+pub fn filtered(state: &NodeState, namespace: &str, pod: &str) -> Vec<pb::ContainerUsage> {
+    let missing = state.missing.iter().filter(|m| {
+        (namespace.is_empty() || m.namespace == namespace)
+            && (pod.is_empty() || m.pod == pod || m.pod_uid == pod)
+    });
     state
         .containers
         .iter()
         .filter(|v| matches(v, namespace, pod))
         .map(|v| container_to_pb(v, &state.node))
+        .chain(missing.map(|m| missing_to_pb(m, &state.node)))
         .collect()
+}
+
+fn escaped(state: &NodeState) -> Vec<pb::EscapedProcess> {
+    state.escaped.iter().map(escaped_to_pb).collect()
 }
 
 /// Builds one `WatchContainers` message.
@@ -104,6 +157,8 @@ pub fn update(state: &NodeState, namespace: &str, pod: &str) -> pb::ContainersUp
         revision: state.revision,
         containers: filtered(state, namespace, pod),
         sent_at_unix_ms: super::store::unix_ms(),
+        escaped_processes: escaped(state),
+        checks: Some(checks_to_pb(&state.checks)),
     }
 }
 
@@ -121,6 +176,8 @@ impl VgpuNode for Service {
             node: state.node.clone(),
             revision: state.revision,
             containers: filtered(&state, &req.namespace, &req.pod),
+            escaped_processes: escaped(&state),
+            checks: Some(checks_to_pb(&state.checks)),
         }))
     }
 

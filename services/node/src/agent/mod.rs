@@ -2,6 +2,7 @@
 
 mod exposition;
 pub mod grpc;
+pub mod isolation;
 pub mod nvml;
 pub mod pods;
 pub mod state;
@@ -78,6 +79,30 @@ pub struct Args {
     /// CA bundle: require client certificates issued by it (mutual TLS).
     #[arg(long, env = "GRPC_TLS_CLIENT_CA_FILE", requires = "grpc_tls_cert_file")]
     pub grpc_tls_client_ca_file: Option<PathBuf>,
+    /// The host's /proc (hostPath-mounted), to check that slot host PIDs are
+    /// alive and to name the pod of an escaped GPU process. Unset: those
+    /// checks are reported unavailable.
+    #[arg(long, env = "HOST_PROC")]
+    pub host_proc: Option<PathBuf>,
+    /// Seconds a GPU-sharing container may run without a region before it is NO_REGION.
+    #[arg(long, env = "NO_REGION_GRACE_SECONDS", default_value_t = 60)]
+    pub no_region_grace_seconds: u64,
+    /// Usage at or above this percent of the cap emits a near-cap Event.
+    #[arg(long, env = "NEAR_CAP_PERCENT", default_value_t = 95,
+          value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub near_cap_percent: u64,
+    /// MiB NVML may measure above the cap (driver overhead) before OVER_CAP.
+    #[arg(long, env = "OVER_CAP_MARGIN_MIB", default_value_t = 512)]
+    pub over_cap_margin_mib: u64,
+    /// Seconds an unaccounted GPU process must persist before it is reported.
+    #[arg(long, env = "ESCAPE_GRACE_SECONDS", default_value_t = 10)]
+    pub escape_grace_seconds: u64,
+    /// Do not write Kubernetes Events (isolation findings are still logged and exported).
+    #[arg(long, env = "NO_EVENTS")]
+    pub no_events: bool,
+    /// This agent's pod name, the Events' reporting instance.
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
 }
 
 /// TLS for the gRPC port.
@@ -106,6 +131,12 @@ pub struct Config {
     pub grpc_tls: Option<GrpcTls>,
     /// Also render legacy metric names.
     pub legacy_metrics: bool,
+    pub isolation: isolation::Settings,
+    /// The host's /proc; `None` = host-PID checks unavailable.
+    pub host_proc: Option<PathBuf>,
+    /// Write Kubernetes Events (needs an API server).
+    pub events: bool,
+    pub pod_name: Option<String>,
 }
 
 /// Where pod names come from.
@@ -152,6 +183,32 @@ pub enum AgentError {
     Rustls(#[from] rustls::Error),
 }
 
+impl Config {
+    /// Settings for embedding (demo, tests): ephemeral loopback ports,
+    /// 1 s scans, no NVML, no TLS, no Events, no host /proc; override fields
+    /// with struct-update syntax.
+    pub fn local(node_name: &str, containers_dir: PathBuf, pods: PodsConfig) -> Self {
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        Self {
+            node_name: node_name.to_owned(),
+            containers_dir,
+            grpc_listen: loopback,
+            metrics_listen: loopback,
+            scan_interval: Duration::from_secs(1),
+            watch_interval: Duration::from_secs(5),
+            pods,
+            nvml_library: None,
+            orphan_grace: Duration::from_secs(300),
+            grpc_tls: None,
+            legacy_metrics: false,
+            isolation: isolation::Settings::default(),
+            host_proc: None,
+            events: false,
+            pod_name: None,
+        }
+    }
+}
+
 impl Args {
     pub fn config(&self) -> Result<Config, AgentError> {
         let node_name = self
@@ -175,6 +232,15 @@ impl Args {
             nvml_library: (!self.no_nvml).then(|| self.nvml_library.clone()),
             orphan_grace: Duration::from_secs(self.orphan_grace_seconds),
             legacy_metrics: self.legacy_metrics,
+            isolation: isolation::Settings {
+                no_region_grace: Duration::from_secs(self.no_region_grace_seconds),
+                monitor_margin_bytes: self.over_cap_margin_mib.saturating_mul(1 << 20),
+                near_cap_percent: self.near_cap_percent,
+                escape_grace: Duration::from_secs(self.escape_grace_seconds),
+            },
+            host_proc: self.host_proc.clone(),
+            events: !self.no_events,
+            pod_name: self.pod_name.clone(),
             grpc_tls: match (&self.grpc_tls_cert_file, &self.grpc_tls_key_file) {
                 (Some(cert), Some(key)) => Some(GrpcTls {
                     cert: cert.clone(),
@@ -207,20 +273,33 @@ impl Running {
 
 /// Starts scanning, gRPC and metrics; returns once both ports are bound.
 pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Running, AgentError> {
-    let pods = match &config.pods {
-        PodsConfig::None => PodSource::None,
-        PodsConfig::Static(path) => PodSource::from_static_file(path)?,
-        PodsConfig::KubeClient(client) => {
-            PodSource::watch_node(client.clone(), &config.node_name, shutdown.clone())
-        }
+    let client = match &config.pods {
+        PodsConfig::None | PodsConfig::Static(_) => None,
+        PodsConfig::KubeClient(client) => Some(client.clone()),
         PodsConfig::Kube => match kube::Client::try_default().await {
-            Ok(client) => PodSource::watch_node(client, &config.node_name, shutdown.clone()),
+            Ok(client) => Some(client),
             Err(error) => {
                 // Keep serving what the regions say; pods stay unnamed.
                 tracing::error!(%error, "no Kubernetes client (use --no-kube outside a cluster); pods will not be joined");
-                PodSource::None
+                None
             }
         },
+    };
+    let pods = match (&config.pods, &client) {
+        (PodsConfig::Static(path), _) => PodSource::from_static_file(path)?,
+        (_, Some(client)) => {
+            PodSource::watch_node(client.clone(), &config.node_name, shutdown.clone())
+        }
+        (_, None) => PodSource::None,
+    };
+    let notifier = match (&client, config.events) {
+        (Some(client), true) => isolation::events::Notifier::spawn(
+            client.clone(),
+            &config.node_name,
+            config.pod_name.clone(),
+            shutdown.clone(),
+        ),
+        _ => isolation::events::Notifier::disabled(),
     };
     let devices = Arc::new(match &config.nvml_library {
         Some(lib) => {
@@ -251,8 +330,12 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     let mut tasks = Vec::new();
     let store = Arc::new(Mutex::new(RegionStore::new(&config.containers_dir)));
     tasks.push(tokio::spawn(poll(
-        store,
-        pods,
+        Scanner {
+            store,
+            pods,
+            devices: devices.clone(),
+            notifier,
+        },
         tx,
         config.clone(),
         shutdown.clone(),
@@ -295,20 +378,38 @@ fn local(listener: &TcpListener, addr: SocketAddr) -> Result<SocketAddr, AgentEr
         .map_err(|source| AgentError::Bind { addr, source })
 }
 
+/// What the scan loop reads from.
+struct Scanner {
+    store: Arc<Mutex<RegionStore>>,
+    pods: PodSource,
+    devices: Arc<Devices>,
+    notifier: isolation::events::Notifier,
+}
+
 /// Re-reads regions on every directory event and every scan interval and
 /// publishes a new revision when the content changed.
 async fn poll(
-    store: Arc<Mutex<RegionStore>>,
-    pods: PodSource,
+    scanner: Scanner,
     tx: watch::Sender<Arc<NodeState>>,
     config: Config,
     shutdown: CancellationToken,
 ) -> Result<(), AgentError> {
+    let Scanner {
+        store,
+        pods,
+        devices,
+        notifier,
+    } = scanner;
     let changed = Arc::new(Notify::new());
     let _watcher = watch_dir(&config.containers_dir, changed.clone());
     let mut tick = tokio::time::interval(config.scan_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut orphans = Orphans::default();
+    let mut assessor = isolation::Assessor::new(config.isolation.clone());
+    let host = config
+        .host_proc
+        .as_deref()
+        .map(isolation::hostproc::HostProc::new);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -316,10 +417,13 @@ async fn poll(
             () = changed.notified() => {}
         }
         let scan_store = store.clone();
-        let (scan, corrupt) = tokio::task::spawn_blocking(move || {
+        let scan_devices = devices.clone();
+        let (scan, corrupt, gpu_processes) = tokio::task::spawn_blocking(move || {
             let mut store = scan_store.lock().unwrap_or_else(|p| p.into_inner());
             let scan = store.scan();
-            (scan, store.corrupt_total())
+            // NVML blocks too; read the processes right after the regions so
+            // both describe the same moment.
+            (scan, store.corrupt_total(), scan_devices.processes())
         })
         .await
         .map_err(|e| AgentError::Task(e.to_string()))?;
@@ -342,33 +446,47 @@ async fn poll(
                 pod,
                 snapshot: read.snapshot,
                 observed_at_ms: read.observed_at_ms,
+                isolation: isolation::Isolation::default(),
             });
         }
+        // Missing regions can only be told from an authoritative pod list.
+        let sharing_pods = match kube_status.as_str() {
+            "ready" | "static" => pods.sharing_pods(),
+            _ => Vec::new(),
+        };
+        let lookup = |uid: &str| pods.lookup(uid);
+        let assessed = assessor.assess(
+            &mut containers,
+            &isolation::Input {
+                sharing_pods: &sharing_pods,
+                lookup: &lookup,
+                gpu_processes: gpu_processes.as_deref().map_err(String::as_str),
+                host: host.as_ref(),
+                now_ms: store::unix_ms(),
+            },
+        );
+        notifier.send(assessed.notices);
         if kube_status == "ready" {
             orphans.sweep(&scan.dirs, &pods, config.orphan_grace);
         }
+        let mut next = NodeState {
+            node: config.node_name.clone(),
+            revision: 0,
+            containers,
+            layouts_seen: layouts,
+            corrupt_regions: corrupt,
+            kube_status,
+            scanned: true,
+            missing: assessed.missing,
+            escaped: assessed.escaped,
+            checks: assessed.checks,
+        };
         tx.send_if_modified(|state| {
-            let same = state.scanned
-                && state.containers.len() == containers.len()
-                && state
-                    .containers
-                    .iter()
-                    .zip(&containers)
-                    .all(|(a, b)| a.same_content(b))
-                && state.layouts_seen == layouts
-                && state.corrupt_regions == corrupt
-                && state.kube_status == kube_status;
-            if same {
+            if state.same_content(&next) {
                 return false;
             }
-            let mut next = NodeState::clone(state);
-            next.revision += 1;
-            next.containers = std::mem::take(&mut containers);
-            next.layouts_seen = std::mem::take(&mut layouts);
-            next.corrupt_regions = corrupt;
-            next.kube_status = kube_status.clone();
-            next.scanned = true;
-            *state = Arc::new(next);
+            next.revision = state.revision + 1;
+            *state = Arc::new(std::mem::take(&mut next));
             true
         });
     }

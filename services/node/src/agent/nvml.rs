@@ -19,6 +19,16 @@ pub struct HostDevice {
     pub memory_util: u32,
 }
 
+/// A compute process on one GPU, as NVML lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuProcess {
+    pub gpu_uuid: String,
+    /// Host PID.
+    pub pid: u32,
+    /// `None` when NVML cannot say (e.g. WDDM, some vGPU hosts).
+    pub used: Option<u64>,
+}
+
 /// NVML, or the reason it is unavailable.
 pub struct Devices {
     nvml: Option<Nvml>,
@@ -61,6 +71,39 @@ impl Devices {
             .as_ref()
             .and_then(|n| n.sys_driver_version().ok())
             .unwrap_or_default()
+    }
+
+    /// Compute processes on every GPU. `Err` says why the list cannot be
+    /// trusted as complete (NVML off, or a device that would not answer):
+    /// a partial list must not make the escaped-process check look passing.
+    pub fn processes(&self) -> Result<Vec<GpuProcess>, String> {
+        let Some(nvml) = &self.nvml else {
+            return Err(format!("NVML {}", self.status));
+        };
+        let count = nvml
+            .device_count()
+            .map_err(|e| format!("NVML device count failed: {e}"))?;
+        let mut out = Vec::new();
+        for index in 0..count {
+            let device = nvml
+                .device_by_index(index)
+                .map_err(|e| format!("NVML device {index}: {e}"))?;
+            let uuid = device
+                .uuid()
+                .map_err(|e| format!("NVML device {index} uuid: {e}"))?;
+            let processes = device
+                .running_compute_processes()
+                .map_err(|e| format!("NVML compute processes of {uuid}: {e}"))?;
+            out.extend(processes.into_iter().map(|p| GpuProcess {
+                gpu_uuid: uuid.clone(),
+                pid: p.pid,
+                used: match p.used_gpu_memory {
+                    nvml_wrapper::enums::device::UsedGpuMemory::Used(bytes) => Some(bytes),
+                    nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
+                },
+            }));
+        }
+        Ok(out)
     }
 
     /// Reads every device; a device that fails to answer is skipped with a log line.

@@ -15,10 +15,12 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
-use super::state::PodMeta;
+use super::state::{PodMeta, RunningContainer};
 
 /// Annotations that mark a KAI GPU-sharing pod.
 const SHARING_ANNOTATIONS: [&str; 2] = ["gpu-fraction", "gpu-memory"];
+/// KAI's annotation naming the container that gets the GPU share.
+const CONTAINER_ANNOTATION: &str = "gpu-fraction-container-name";
 
 /// What is known about a pod UID.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,6 +54,10 @@ struct StaticPod {
     name: String,
     #[serde(default = "yes")]
     sharing: bool,
+    #[serde(default)]
+    gpu_container: Option<String>,
+    #[serde(default)]
+    running: Vec<RunningContainer>,
 }
 
 fn yes() -> bool {
@@ -66,7 +72,8 @@ pub enum PodSourceError {
 }
 
 impl PodSource {
-    /// Loads a JSON array of `{uid, namespace, name[, sharing]}`.
+    /// Loads a JSON array of `{uid, namespace, name[, sharing,
+    /// gpu_container, running: [{name, id, started_at}]]}`.
     pub fn from_static_file(path: &Path) -> Result<Self, PodSourceError> {
         let err = |detail: String| PodSourceError::StaticFile {
             path: path.display().to_string(),
@@ -83,6 +90,8 @@ impl PodSource {
                             namespace: p.namespace,
                             name: p.name,
                             sharing: p.sharing,
+                            gpu_container: p.gpu_container,
+                            running: p.running,
                         },
                     )
                 })
@@ -102,12 +111,7 @@ impl PodSource {
         let (synced_tx, synced) = tokio::sync::watch::channel(false);
         let stream = watcher(api, config)
             .default_backoff()
-            .modify(|pod| {
-                // Only metadata is read; drop what costs memory.
-                pod.metadata.managed_fields = None;
-                pod.status = None;
-                pod.spec = None;
-            })
+            .modify(trim)
             .reflect(writer);
         let node = node.to_owned();
         tokio::spawn(async move {
@@ -154,6 +158,27 @@ impl PodSource {
         self.status() == "ready"
     }
 
+    /// Every GPU-sharing pod the source knows, by UID (empty without a
+    /// source). Used to find sharing containers that have no region.
+    pub fn sharing_pods(&self) -> Vec<(String, PodMeta)> {
+        match self {
+            Self::None => Vec::new(),
+            Self::Static(pods) => pods
+                .iter()
+                .filter(|(_, p)| p.sharing)
+                .map(|(uid, p)| (uid.clone(), p.clone()))
+                .collect(),
+            Self::Kube { store, .. } => store
+                .state()
+                .iter()
+                .filter_map(|pod| {
+                    let meta = meta_of(pod);
+                    Some((pod.metadata.uid.clone()?, meta)).filter(|(_, m)| m.sharing)
+                })
+                .collect(),
+        }
+    }
+
     pub fn lookup(&self, uid: &str) -> Lookup {
         match self {
             Self::None => Lookup::Unknown,
@@ -173,13 +198,81 @@ impl PodSource {
     }
 }
 
+/// Keeps only what [`meta_of`] reads, so the cache of a busy node stays
+/// small: metadata without managed fields, container names, and the
+/// running state of each container.
+fn trim(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    pod.metadata.labels = None;
+    pod.metadata.owner_references = None;
+    if let Some(spec) = pod.spec.take() {
+        pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            containers: spec
+                .containers
+                .into_iter()
+                .map(|c| k8s_openapi::api::core::v1::Container {
+                    name: c.name,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        });
+    }
+    if let Some(status) = pod.status.take() {
+        pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            container_statuses: status.container_statuses.map(|all| {
+                all.into_iter()
+                    .map(|c| k8s_openapi::api::core::v1::ContainerStatus {
+                        name: c.name,
+                        container_id: c.container_id,
+                        state: c.state.map(|s| k8s_openapi::api::core::v1::ContainerState {
+                            running: s.running,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    })
+                    .collect()
+            }),
+            ..Default::default()
+        });
+    }
+}
+
 fn meta_of(pod: &Pod) -> PodMeta {
     let annotations = pod.metadata.annotations.as_ref();
+    let annotation = |key: &str| annotations.and_then(|m| m.get(key)).cloned();
+    let first = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .map(|c| c.name.clone());
     PodMeta {
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),
         name: pod.metadata.name.clone().unwrap_or_default(),
         sharing: SHARING_ANNOTATIONS
             .iter()
             .any(|a| annotations.is_some_and(|m| m.contains_key(*a))),
+        gpu_container: annotation(CONTAINER_ANNOTATION).or(first),
+        running: pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .map(|all| {
+                all.iter()
+                    .filter_map(|c| {
+                        let running = c.state.as_ref()?.running.as_ref()?;
+                        Some(RunningContainer {
+                            name: c.name.clone(),
+                            id: c
+                                .container_id
+                                .as_deref()
+                                .map(|id| id.rsplit("://").next().unwrap_or(id).to_owned())
+                                .unwrap_or_default(),
+                            started_at: running.started_at.as_ref().map(|t| t.0.as_second()),
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
     }
 }

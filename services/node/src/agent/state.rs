@@ -5,6 +5,8 @@ use std::collections::BTreeSet;
 use kai_region::RegionSnapshot;
 use kai_region::discovery::ContainerKey;
 
+use super::isolation::{Checks, Escaped, Isolation, MissingRegion};
+
 /// The pod a region belongs to, as the API server (or a static file) says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodMeta {
@@ -12,6 +14,23 @@ pub struct PodMeta {
     pub name: String,
     /// Has KAI's `gpu-fraction` or `gpu-memory` annotation.
     pub sharing: bool,
+    /// The container KAI gives the GPU share to: the
+    /// `gpu-fraction-container-name` annotation, else the first container.
+    pub gpu_container: Option<String>,
+    /// Containers that are running, from the pod status.
+    pub running: Vec<RunningContainer>,
+}
+
+/// A running container of a pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+pub struct RunningContainer {
+    pub name: String,
+    /// Runtime ID without the `containerd://` scheme; empty when unknown.
+    #[serde(default)]
+    pub id: String,
+    /// `state.running.startedAt`, unix seconds.
+    #[serde(default)]
+    pub started_at: Option<i64>,
 }
 
 /// One container's region, joined with its pod.
@@ -23,12 +42,17 @@ pub struct ContainerView {
     pub snapshot: RegionSnapshot,
     /// When this content was read (unix milliseconds).
     pub observed_at_ms: u64,
+    /// Whether the cap holds (filled by the isolation assessment).
+    pub isolation: Isolation,
 }
 
 impl ContainerView {
     /// Same content, ignoring when it was read.
     pub fn same_content(&self, other: &Self) -> bool {
-        self.key == other.key && self.pod == other.pod && self.snapshot == other.snapshot
+        self.key == other.key
+            && self.pod == other.pod
+            && self.snapshot == other.snapshot
+            && self.isolation == other.isolation
     }
 
     pub fn namespace(&self) -> &str {
@@ -55,4 +79,28 @@ pub struct NodeState {
     pub kube_status: String,
     /// At least one scan has completed.
     pub scanned: bool,
+    /// Sharing containers that should have a region and have none.
+    pub missing: Vec<MissingRegion>,
+    /// GPU processes no region accounts for.
+    pub escaped: Vec<Escaped>,
+    pub checks: Checks,
+}
+
+impl NodeState {
+    /// Same published content (revision and read times aside).
+    pub fn same_content(&self, other: &Self) -> bool {
+        self.scanned == other.scanned
+            && self.containers.len() == other.containers.len()
+            && self
+                .containers
+                .iter()
+                .zip(&other.containers)
+                .all(|(a, b)| a.same_content(b))
+            && self.layouts_seen == other.layouts_seen
+            && self.corrupt_regions == other.corrupt_regions
+            && self.kube_status == other.kube_status
+            && self.missing == other.missing
+            && self.escaped == other.escaped
+            && self.checks == other.checks
+    }
 }

@@ -26,10 +26,26 @@ pub fn pod(uid: &str, name: &str, node: &str, annotations: serde_json::Value) ->
         "metadata": {"name": name, "namespace": "team-a", "uid": uid, "resourceVersion": "10",
                      "annotations": annotations,
                      "managedFields": [{"manager": "kubelet", "operation": "Update"}]},
-        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "cuda"}]},
-        "status": {"phase": "Running"}
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "cuda"}, {"name": "sidecar", "image": "envoy"}]},
+        "status": {"phase": "Running", "containerStatuses": [
+            {"name": "main", "image": "cuda", "imageID": "", "ready": true, "restartCount": 0,
+             "containerID": format!("containerd://{}", container_id(uid)),
+             "state": {"running": {"startedAt": "2026-12-02T10:00:00Z"}}},
+            {"name": "sidecar", "image": "envoy", "imageID": "", "ready": false, "restartCount": 0,
+             "state": {"waiting": {"reason": "ContainerCreating"}}}
+        ]}
     })
 }
+
+/// The runtime ID [`pod`] gives the pod's `main` container: 64 hex digits
+/// derived from the UID.
+pub fn container_id(uid: &str) -> String {
+    let hex: String = uid.chars().filter(char::is_ascii_hexdigit).collect();
+    hex.repeat(2)[..64].to_owned()
+}
+
+/// `startedAt` of [`pod`]'s `main` container, unix seconds.
+pub const MAIN_STARTED_AT: i64 = 1_796_205_600;
 
 /// A kube client backed by a mocked API server (tower-test) that answers
 /// the node-scoped pod list with `pods`, then holds the watch open like a

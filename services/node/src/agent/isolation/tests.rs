@@ -1,0 +1,536 @@
+//! Every state and notice of the assessment, on regions encoded by the
+//! region writer (the byte layout libvgpu writes) and decoded by the real
+//! reader, and on the real-library fixture.
+
+use std::io::Read;
+use std::path::Path;
+
+use kai_region::discovery::ContainerKey;
+use kai_region::writer::{ProcSpec, RegionBuilder, UsageSpec};
+
+use super::*;
+use crate::agent::state::RunningContainer;
+
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+const GPU: &str = "GPU-aaaaaaaa-1111-4000-8000-000000000000";
+const OTHER_GPU: &str = "GPU-bbbbbbbb-2222-4000-8000-000000000000";
+const UID: &str = "0d4f5e6a-1b2c-4d3e-8f90-a1b2c3d4e5f6";
+const NOW_MS: u64 = 1_796_205_600_000;
+
+fn meta(name: &str) -> PodMeta {
+    PodMeta {
+        namespace: "team-a".into(),
+        name: name.into(),
+        sharing: true,
+        gpu_container: Some("main".into()),
+        running: Vec::new(),
+    }
+}
+
+fn view_of(uid: &str, builder: &RegionBuilder) -> ContainerView {
+    ContainerView {
+        key: ContainerKey {
+            pod_uid: uid.into(),
+            container: "main".into(),
+        },
+        pod: Some(meta("trainer-0")),
+        snapshot: kai_region::decode(&builder.to_bytes()).expect("writer output decodes"),
+        observed_at_ms: NOW_MS,
+        isolation: Isolation::default(),
+    }
+}
+
+/// One process using `used` bytes of `GPU` under `limit`.
+fn using(limit: u64, used: u64) -> RegionBuilder {
+    RegionBuilder::v1()
+        .device(GPU, limit)
+        .process(4000, vec![UsageSpec::data(used, used + 300 * MIB)])
+}
+
+fn no_lookup(_: &str) -> Lookup {
+    Lookup::Unknown
+}
+
+fn input<'a>(now_ms: u64) -> Input<'a> {
+    Input {
+        sharing_pods: &[],
+        lookup: &no_lookup,
+        gpu_processes: Err("NVML disabled (--no-nvml)"),
+        host: None,
+        now_ms,
+    }
+}
+
+fn reasons(notices: &[Notice]) -> Vec<&'static str> {
+    notices.iter().map(|n| n.reason).collect()
+}
+
+#[test]
+fn the_real_library_fixture_is_capped() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../region/tests/fixtures/hami-core-v1.2-ctxcreate-512MiB-of-1GiB.cache.gz");
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path).expect("fixture"))
+        .read_to_end(&mut bytes)
+        .expect("gunzip");
+    let mut views = vec![ContainerView {
+        snapshot: kai_region::decode(&bytes).expect("fixture decodes"),
+        ..view_of(UID, &using(GIB, 0))
+    }];
+    let out = Assessor::default().assess(&mut views, &input(NOW_MS));
+    assert_eq!(views[0].isolation.state, IsolationState::Capped);
+    assert_eq!(views[0].isolation.reason, "");
+    assert!(views[0].isolation.near_cap.is_empty(), "512 MiB of 1 GiB");
+    assert_eq!(views[0].isolation.stale_slots, 0);
+    assert!(out.notices.is_empty(), "a capped container is not news");
+}
+
+#[test]
+fn limit_zero_is_uncapped_and_reported_once() {
+    let mut assessor = Assessor::default();
+    let region = using(0, GIB);
+    let mut views = vec![view_of(UID, &region)];
+    let out = assessor.assess(&mut views, &input(NOW_MS));
+    assert_eq!(views[0].isolation.state, IsolationState::UncappedNoLimit);
+    assert!(
+        views[0].isolation.reason.contains(GPU),
+        "{}",
+        views[0].isolation.reason
+    );
+    assert_eq!(reasons(&out.notices), ["GpuMemoryUncapped"]);
+    assert!(out.notices[0].warning);
+    assert_eq!(
+        out.notices[0].subject,
+        Subject::Pod {
+            namespace: "team-a".into(),
+            name: "trainer-0".into(),
+            uid: UID.into()
+        }
+    );
+
+    let mut again = vec![view_of(UID, &region)];
+    let out = assessor.assess(&mut again, &input(NOW_MS + 1000));
+    assert_eq!(again[0].isolation.state, IsolationState::UncappedNoLimit);
+    assert!(
+        out.notices.is_empty(),
+        "a persisting state is not re-announced"
+    );
+
+    // Fixed (pod recreated with a limit): one Normal notice.
+    let mut fixed = vec![view_of(UID, &using(4 * GIB, GIB))];
+    let out = assessor.assess(&mut fixed, &input(NOW_MS + 2000));
+    assert_eq!(fixed[0].isolation.state, IsolationState::Capped);
+    assert_eq!(reasons(&out.notices), ["GpuMemoryCapVerified"]);
+    assert!(!out.notices[0].warning);
+}
+
+#[test]
+fn over_cap_by_accounting_beyond_the_tolerance_or_by_nvml_beyond_the_margin() {
+    let settings = Settings::default();
+    let within =
+        kai_region::decode(&using(4 * GIB, 4 * GIB + 200 * MIB).to_bytes()).expect("decode");
+    assert_eq!(
+        classify(&within, &settings).0,
+        IsolationState::Capped,
+        "inside libvgpu's 10 %"
+    );
+
+    let over = kai_region::decode(&using(4 * GIB, 4 * GIB + GIB).to_bytes()).expect("decode");
+    let (state, reason) = classify(&over, &settings);
+    assert_eq!(state, IsolationState::OverCap);
+    assert!(reason.contains("libvgpu accounts 5 GiB"), "{reason}");
+
+    // libvgpu's own count is fine, NVML sees far more than cap + margin.
+    let hidden = RegionBuilder::v1()
+        .device(GPU, 4 * GIB)
+        .process(4000, vec![UsageSpec::data(GIB, 5 * GIB)]);
+    let hidden = kai_region::decode(&hidden.to_bytes()).expect("decode");
+    let (state, reason) = classify(&hidden, &settings);
+    assert_eq!(state, IsolationState::OverCap);
+    assert!(reason.contains("NVML measures 5 GiB"), "{reason}");
+    let lenient = Settings {
+        monitor_margin_bytes: 2 * GIB,
+        ..Settings::default()
+    };
+    assert_eq!(
+        classify(&hidden, &lenient).0,
+        IsolationState::Capped,
+        "margin is configurable"
+    );
+}
+
+#[test]
+fn a_region_without_devices_is_pending() {
+    let empty = kai_region::decode(&RegionBuilder::v1().to_bytes()).expect("decode");
+    assert_eq!(
+        classify(&empty, &Settings::default()).0,
+        IsolationState::Pending
+    );
+}
+
+/// Exactly `p` percent of 4 GiB, rounded up so integer percent is `p`.
+fn percent_of_4gib(p: u64) -> u64 {
+    (4 * GIB * p).div_ceil(100)
+}
+
+#[test]
+fn near_cap_crossings_emit_one_notice_each_way() {
+    let mut assessor = Assessor::default();
+    let mut at = |used: u64, t: u64| {
+        let mut views = vec![view_of(UID, &using(4 * GIB, used))];
+        let out = assessor.assess(&mut views, &input(NOW_MS + t));
+        (views.remove(0).isolation.near_cap, out.notices)
+    };
+    let (near, notices) = at(percent_of_4gib(90), 0);
+    assert!(near.is_empty());
+    assert!(notices.is_empty());
+
+    let (near, notices) = at(percent_of_4gib(97), 1);
+    assert_eq!(near, [GPU]);
+    assert_eq!(reasons(&notices), ["GpuMemoryNearCap"]);
+    assert_eq!(
+        notices[0].message,
+        format!("container main: GPU memory at 97% of its 4 GiB cap on {GPU}")
+    );
+
+    let (near, notices) = at(percent_of_4gib(98), 2);
+    assert_eq!(near, [GPU]);
+    assert!(notices.is_empty(), "still above: no second notice");
+
+    // Hovering just under the threshold stays "near" (hysteresis).
+    let (near, notices) = at(percent_of_4gib(94), 3);
+    assert_eq!(near, [GPU]);
+    assert!(notices.is_empty());
+
+    let (near, notices) = at(percent_of_4gib(80), 4);
+    assert!(near.is_empty());
+    assert_eq!(reasons(&notices), ["GpuMemoryBelowCap"]);
+    assert!(!notices[0].warning);
+    assert!(
+        notices[0].message.contains("back to 80%"),
+        "{}",
+        notices[0].message
+    );
+
+    let (_, notices) = at(percent_of_4gib(96), 5);
+    assert_eq!(
+        reasons(&notices),
+        ["GpuMemoryNearCap"],
+        "a new crossing is news again"
+    );
+}
+
+#[test]
+fn a_sharing_container_without_a_region_after_the_grace_is_no_region() {
+    let mut assessor = Assessor::default();
+    let now_secs = (NOW_MS / 1000) as i64;
+    let started = |ago: i64| PodMeta {
+        running: vec![RunningContainer {
+            name: "main".into(),
+            id: String::new(),
+            started_at: Some(now_secs - ago),
+        }],
+        ..meta("late-0")
+    };
+    let pods = vec![
+        (
+            "11111111-0000-4000-8000-000000000001".to_owned(),
+            started(120),
+        ),
+        // Within the 60 s grace: CUDA may not be initialised yet.
+        (
+            "11111111-0000-4000-8000-000000000002".to_owned(),
+            started(10),
+        ),
+        // Has its region.
+        (UID.to_owned(), started(600)),
+        // Not running yet.
+        (
+            "11111111-0000-4000-8000-000000000004".to_owned(),
+            meta("pending-0"),
+        ),
+    ];
+    let mut views = vec![view_of(UID, &using(4 * GIB, GIB))];
+    let out = assessor.assess(
+        &mut views,
+        &Input {
+            sharing_pods: &pods,
+            ..input(NOW_MS)
+        },
+    );
+    assert_eq!(out.missing.len(), 1, "{:?}", out.missing);
+    let missing = &out.missing[0];
+    assert_eq!(missing.pod_uid, "11111111-0000-4000-8000-000000000001");
+    assert_eq!(missing.container, "main");
+    assert!(missing.reason.contains("120 s"), "{}", missing.reason);
+    assert_eq!(reasons(&out.notices), ["GpuRegionMissing"]);
+
+    let out = assessor.assess(
+        &mut views,
+        &Input {
+            sharing_pods: &pods,
+            ..input(NOW_MS + 1000)
+        },
+    );
+    assert_eq!(out.missing.len(), 1);
+    assert!(out.notices.is_empty(), "reported once");
+}
+
+#[test]
+fn stale_slots_are_counted_and_not_summed_into_live_usage() {
+    let proc_dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(proc_dir.path().join("5000")).expect("alive pid");
+    let host = HostProc::new(proc_dir.path());
+    let mut region = RegionBuilder::v1()
+        .device(GPU, 4 * GIB)
+        .process(5000, vec![UsageSpec::data(GIB, GIB)]);
+    // Exited (pid 0) but its usage was never released.
+    region.procs.push(ProcSpec {
+        slot: 1,
+        pid: 0,
+        hostpid: 5001,
+        status: 1,
+        seqlock: 0,
+        usage: vec![UsageSpec::data(512 * MIB, 0)],
+    });
+    // Killed: the slot still says pid 42, but host PID 5002 is gone.
+    region.procs.push(ProcSpec {
+        slot: 2,
+        pid: 42,
+        hostpid: 5002,
+        status: 1,
+        seqlock: 0,
+        usage: vec![UsageSpec::data(256 * MIB, 256 * MIB)],
+    });
+    let mut views = vec![view_of(UID, &region)];
+    let before = views[0].snapshot.devices[0].clone();
+    assert_eq!(
+        before.used,
+        GIB + 256 * MIB,
+        "the reader alone trusts pid 42"
+    );
+
+    Assessor::default().assess(
+        &mut views,
+        &Input {
+            host: Some(&host),
+            ..input(NOW_MS)
+        },
+    );
+    let device = &views[0].snapshot.devices[0];
+    assert_eq!(device.used, GIB, "only the live process counts");
+    assert_eq!(device.stale_used, 512 * MIB + 256 * MIB);
+    assert_eq!(views[0].isolation.stale_slots, 2);
+    assert_eq!(views[0].snapshot.live_processes(), 1);
+
+    // Without the host's /proc, liveness cannot be checked: said so.
+    let mut views = vec![view_of(UID, &region)];
+    let out = Assessor::default().assess(&mut views, &input(NOW_MS));
+    assert_eq!(
+        views[0].isolation.stale_slots, 1,
+        "only the pid-0 slot is known stale"
+    );
+    assert!(out.checks.host_pids.is_err());
+}
+
+/// A fake host /proc: `<pid>/cgroup` files.
+fn fake_proc(entries: &[(u32, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (pid, cgroup) in entries {
+        let d = dir.path().join(pid.to_string());
+        std::fs::create_dir(&d).expect("mkdir");
+        std::fs::write(d.join("cgroup"), cgroup).expect("write cgroup");
+    }
+    dir
+}
+
+#[test]
+fn gpu_processes_without_a_slot_are_escaped_after_the_grace() {
+    const LEAKER_UID: &str = "22222222-0000-4000-8000-000000000001";
+    const LEAKER_CID: &str = "3f1c9a2b4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8";
+    let cgroup = format!(
+        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{LEAKER_CID}.scope\n",
+        LEAKER_UID.replace('-', "_")
+    );
+    let proc_dir = fake_proc(&[
+        (4000, "0::/kubepods/x\n"),
+        (777, &cgroup),
+        (888, "0::/system.slice/x.service\n"),
+    ]);
+    let host = HostProc::new(proc_dir.path());
+    let lookup = |uid: &str| match uid {
+        LEAKER_UID => Lookup::Known(PodMeta {
+            running: vec![RunningContainer {
+                name: "main".into(),
+                id: LEAKER_CID.into(),
+                started_at: None,
+            }],
+            ..meta("musl-0")
+        }),
+        _ => Lookup::Absent,
+    };
+    let processes = vec![
+        // Accounted by the region (slot hostpid 4000).
+        GpuProcess {
+            gpu_uuid: GPU.into(),
+            pid: 4000,
+            used: Some(GIB),
+        },
+        // A sharing pod's static binary: no slot anywhere.
+        GpuProcess {
+            gpu_uuid: GPU.into(),
+            pid: 777,
+            used: Some(3 * GIB),
+        },
+        // Something outside pods on the shared GPU.
+        GpuProcess {
+            gpu_uuid: GPU.into(),
+            pid: 888,
+            used: None,
+        },
+        // A whole-GPU job on a GPU nobody shares: fine.
+        GpuProcess {
+            gpu_uuid: OTHER_GPU.into(),
+            pid: 999,
+            used: Some(40 * GIB),
+        },
+    ];
+    let mut assessor = Assessor::default();
+    let region = using(8 * GIB, GIB);
+    let run = |assessor: &mut Assessor, t: u64| {
+        let mut views = vec![view_of(UID, &region)];
+        assessor.assess(
+            &mut views,
+            &Input {
+                lookup: &lookup,
+                gpu_processes: Ok(&processes),
+                host: Some(&host),
+                ..input(NOW_MS + t)
+            },
+        )
+    };
+    let first = run(&mut assessor, 0);
+    assert!(
+        first.escaped.is_empty(),
+        "libvgpu may not have recorded the host PID yet"
+    );
+    assert!(first.notices.is_empty());
+    assert_eq!(first.checks.escaped_processes, Ok(()));
+
+    let later = run(&mut assessor, 11_000);
+    let pids: Vec<u32> = later.escaped.iter().map(|e| e.pid).collect();
+    assert_eq!(pids, [777, 888]);
+    let leaker = &later.escaped[0];
+    assert_eq!(
+        leaker.owner,
+        Some(Owner {
+            pod_uid: LEAKER_UID.into(),
+            namespace: "team-a".into(),
+            pod: "musl-0".into(),
+            container: "main".into(),
+        })
+    );
+    assert_eq!(leaker.used, Some(3 * GIB));
+    assert_eq!(leaker.first_seen_ms, NOW_MS);
+    assert!(
+        leaker.reason.contains("GPU-sharing pod"),
+        "{}",
+        leaker.reason
+    );
+    assert_eq!(later.escaped[1].owner, None);
+    assert_eq!(
+        reasons(&later.notices),
+        ["GpuProcessEscaped", "GpuProcessEscaped"]
+    );
+    assert!(matches!(later.notices[0].subject, Subject::Pod { ref name, .. } if name == "musl-0"));
+    assert_eq!(
+        later.notices[1].subject,
+        Subject::Node,
+        "no pod to attach it to"
+    );
+    assert!(
+        later.notices[0]
+            .message
+            .starts_with(&format!("PID 777 uses 3 GiB on {GPU}"))
+    );
+
+    let again = run(&mut assessor, 12_000);
+    assert_eq!(again.escaped.len(), 2);
+    assert!(again.notices.is_empty(), "announced once");
+}
+
+#[test]
+fn a_live_slot_without_a_host_pid_vouches_for_its_container() {
+    const CID: &str = "aaaaaaaabbbbbbbbccccccccddddddddeeeeeeeeffffffff0000000011111111";
+    let cgroup = format!("0::/kubepods/pod{UID}/{CID}\n");
+    let proc_dir = fake_proc(&[(6000, &cgroup)]);
+    let host = HostProc::new(proc_dir.path());
+    let lookup = |_: &str| {
+        Lookup::Known(PodMeta {
+            running: vec![RunningContainer {
+                name: "main".into(),
+                id: CID.into(),
+                started_at: None,
+            }],
+            ..meta("trainer-0")
+        })
+    };
+    let mut region = RegionBuilder::v1().device(GPU, 4 * GIB);
+    region.procs.push(ProcSpec {
+        slot: 0,
+        pid: 12,
+        hostpid: 0,
+        status: 1,
+        seqlock: 0,
+        usage: vec![UsageSpec::data(GIB, GIB)],
+    });
+    let processes = [GpuProcess {
+        gpu_uuid: GPU.into(),
+        pid: 6000,
+        used: Some(GIB),
+    }];
+    let mut assessor = Assessor::new(Settings {
+        escape_grace: Duration::ZERO,
+        ..Settings::default()
+    });
+    let mut views = vec![view_of(UID, &region)];
+    let out = assessor.assess(
+        &mut views,
+        &Input {
+            lookup: &lookup,
+            gpu_processes: Ok(&processes),
+            host: Some(&host),
+            ..input(NOW_MS)
+        },
+    );
+    assert!(out.escaped.is_empty(), "{:?}", out.escaped);
+}
+
+#[test]
+fn without_nvml_the_process_check_is_unavailable_not_passing() {
+    let mut views = vec![view_of(UID, &using(4 * GIB, GIB))];
+    let out = Assessor::default().assess(&mut views, &input(NOW_MS));
+    assert_eq!(
+        out.checks.escaped_processes,
+        Err("NVML disabled (--no-nvml)".to_owned())
+    );
+    assert_eq!(
+        Checks::describe(&out.checks.escaped_processes),
+        "unavailable: NVML disabled (--no-nvml)"
+    );
+    assert!(out.escaped.is_empty());
+    assert_eq!(
+        views[0].isolation.state,
+        IsolationState::Capped,
+        "region checks still run"
+    );
+}
+
+#[test]
+fn human_bytes_reads_well() {
+    assert_eq!(human_bytes(4 * GIB), "4 GiB");
+    assert_eq!(human_bytes(512 * MIB), "512 MiB");
+    assert_eq!(human_bytes(GIB + GIB / 2), "1.5 GiB");
+    assert_eq!(human_bytes(0), "0 B");
+}
