@@ -2,89 +2,12 @@
 //! nvml-wrapper's custom library path: ListDevices, GetNode and the host
 //! series come from what the "driver" reports.
 
-use std::path::PathBuf;
-use std::process::Stdio;
-use std::time::Duration;
-
 use kai_fake_nvml::{Config, Device};
 use kai_proto::v1 as pb;
 use kai_proto::v1::vgpu_node_client::VgpuNodeClient;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 mod support;
-use support::http_get;
-
-/// The cdylib of kai-fake-nvml, built beside this test as a dev-dependency
-/// (`target/<profile>/deps`, or `target/<profile>` when built directly).
-fn fake_nvml() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("target/<profile>/deps");
-    [deps.to_owned(), deps.join("..")]
-        .into_iter()
-        .map(|dir| dir.join("libkai_fake_nvml.so"))
-        .find(|lib| lib.is_file())
-        .unwrap_or_else(|| panic!("libkai_fake_nvml.so not found near {}", deps.display()))
-}
-
-struct Child {
-    child: tokio::process::Child,
-    grpc: String,
-    metrics: String,
-}
-
-/// Starts the agent binary and reads its bound addresses from the JSON log.
-async fn spawn_agent(containers: &std::path::Path, nvml_config: Option<&std::path::Path>) -> Child {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kai-node"));
-    cmd.args([
-        "--log-format",
-        "json",
-        "agent",
-        "--no-kube",
-        "--node-name",
-        "gpu-node-7",
-    ])
-    .arg("--containers-dir")
-    .arg(containers)
-    .args([
-        "--grpc-listen",
-        "127.0.0.1:0",
-        "--metrics-listen",
-        "127.0.0.1:0",
-    ])
-    .arg("--nvml-library")
-    .arg(fake_nvml())
-    .env_remove("FAKE_NVML_CONFIG")
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null())
-    .kill_on_drop(true);
-    if let Some(path) = nvml_config {
-        cmd.env("FAKE_NVML_CONFIG", path);
-    }
-    let mut child = cmd.spawn().expect("agent binary starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let serving = tokio::time::timeout(Duration::from_secs(20), async {
-        while let Some(line) = lines.next_line().await.expect("read log") {
-            let json: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
-            if json["message"] == "node agent serving" {
-                return json;
-            }
-        }
-        panic!("agent exited before serving");
-    })
-    .await
-    .expect("agent serving within 20 s");
-    // Keep draining the log so the child never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Child {
-        child,
-        grpc: serving["grpc_addr"].as_str().unwrap_or_default().to_owned(),
-        metrics: serving["metrics_addr"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-    }
-}
+use support::{http_get, spawn_agent};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn devices_come_from_nvml_through_the_custom_library_path() {
@@ -118,7 +41,7 @@ async fn devices_come_from_nvml_through_the_custom_library_path() {
     };
     std::fs::write(&config_path, serde_json::to_vec(&config).expect("json")).expect("write config");
 
-    let mut agent = spawn_agent(&containers, Some(&config_path)).await;
+    let mut agent = spawn_agent(&containers, Some(&config_path), &[]).await;
     let mut client = VgpuNodeClient::connect(format!("http://{}", agent.grpc))
         .await
         .expect("connect");
@@ -184,7 +107,7 @@ async fn without_a_driver_devices_are_empty_and_the_agent_still_serves() {
     let containers = dir.path().join("containers");
     std::fs::create_dir_all(&containers).expect("mkdir");
     // No FAKE_NVML_CONFIG: nvmlInit_v2 fails like a node without a driver.
-    let mut agent = spawn_agent(&containers, None).await;
+    let mut agent = spawn_agent(&containers, None, &[]).await;
     let mut client = VgpuNodeClient::connect(format!("http://{}", agent.grpc))
         .await
         .expect("connect");
@@ -205,5 +128,19 @@ async fn without_a_driver_devices_are_empty_and_the_agent_still_serves() {
         .expect("container data still flows")
         .into_inner();
     assert_eq!(list.node, "gpu-node-7");
+    // The process check cannot run: said so, not passed.
+    let checks = list.checks.expect("checks reported");
+    assert!(
+        checks
+            .escaped_processes
+            .starts_with("unavailable: NVML unavailable"),
+        "{checks:?}"
+    );
+    assert!(checks.host_pids.starts_with("unavailable"), "{checks:?}");
+    let metrics = http_get(agent.metrics.as_str(), "/metrics").await;
+    assert!(
+        metrics.contains("kai_isolator_check_available{check=\"escaped_processes\"} 0\n"),
+        "{metrics}"
+    );
     agent.child.kill().await.expect("kill");
 }

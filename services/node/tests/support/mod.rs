@@ -1,9 +1,13 @@
 //! Helpers shared by the node crate's integration tests.
 #![allow(dead_code)]
 
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
 use http::{Request, Response};
 use kube::client::Body;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 /// GET over a plain TCP connection (the metrics port is plain HTTP);
 /// returns the raw response, status line included.
@@ -54,28 +58,144 @@ pub fn mock_api(
     node: &str,
     pods: Vec<serde_json::Value>,
 ) -> (kube::Client, tokio::task::JoinHandle<()>) {
+    let (client, _events, server) = mock_cluster(node, pods);
+    (client, server)
+}
+
+/// Like [`mock_api`], and also accepts Events (events.k8s.io/v1 create and
+/// the recorder's merge patches), each sent on the returned channel as
+/// `(method, namespace, body)`.
+pub fn mock_cluster(
+    node: &str,
+    pods: Vec<serde_json::Value>,
+) -> (
+    kube::Client,
+    tokio::sync::mpsc::UnboundedReceiver<(String, String, serde_json::Value)>,
+    tokio::task::JoinHandle<()>,
+) {
+    use http_body_util::BodyExt;
+
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let (events_tx, events) = tokio::sync::mpsc::unbounded_channel();
     let selector = format!("fieldSelector=spec.nodeName%3D{node}");
     let server = tokio::spawn(async move {
-        let (request, respond) = handle.next_request().await.expect("list request");
-        let uri = request.uri().to_string();
-        assert!(
-            uri.starts_with("/api/v1/pods?") && uri.contains(&selector),
-            "{uri}"
-        );
-        let list = serde_json::json!({
-            "apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "11"}, "items": pods
-        });
-        respond.send_response(Response::new(Body::from(
-            serde_json::to_vec(&list).expect("json"),
-        )));
-        let (watch, _held_open) = handle.next_request().await.expect("watch request");
-        assert!(
-            watch.uri().to_string().contains("watch=true"),
-            "{}",
-            watch.uri()
-        );
-        std::future::pending::<()>().await;
+        // Open watches are held here so they stay quiet, not closed.
+        let mut held = Vec::new();
+        while let Some((request, respond)) = handle.next_request().await {
+            let method = request.method().to_string();
+            let path = request.uri().path().to_owned();
+            let uri = request.uri().to_string();
+            if path == "/api/v1/pods" {
+                assert!(uri.contains(&selector), "{uri}");
+                if uri.contains("watch=true") {
+                    held.push(respond);
+                } else {
+                    let list = serde_json::json!({
+                        "apiVersion": "v1", "kind": "PodList",
+                        "metadata": {"resourceVersion": "11"}, "items": pods
+                    });
+                    respond.send_response(Response::new(Body::from(
+                        serde_json::to_vec(&list).expect("json"),
+                    )));
+                }
+                continue;
+            }
+            let namespace = path
+                .strip_prefix("/apis/events.k8s.io/v1/namespaces/")
+                .and_then(|rest| rest.split('/').next())
+                .unwrap_or_else(|| panic!("unexpected request {method} {uri}"))
+                .to_owned();
+            let bytes = request
+                .into_body()
+                .collect()
+                .await
+                .expect("event body")
+                .to_bytes();
+            let body: serde_json::Value = serde_json::from_slice(&bytes).expect("event JSON");
+            let mut reply = Response::new(Body::from(bytes.to_vec()));
+            if method == "POST" {
+                *reply.status_mut() = http::StatusCode::CREATED;
+            }
+            respond.send_response(reply);
+            let _ = events_tx.send((method, namespace, body));
+        }
     });
-    (kube::Client::new(service, "default"), server)
+    (kube::Client::new(service, "default"), events, server)
+}
+
+/// The cdylib of kai-fake-nvml, built beside this test as a dev-dependency
+/// (`target/<profile>/deps`, or `target/<profile>` when built directly).
+pub fn fake_nvml() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("target/<profile>/deps");
+    [deps.to_owned(), deps.join("..")]
+        .into_iter()
+        .map(|dir| dir.join("libkai_fake_nvml.so"))
+        .find(|lib| lib.is_file())
+        .unwrap_or_else(|| panic!("libkai_fake_nvml.so not found near {}", deps.display()))
+}
+
+pub struct Child {
+    pub child: tokio::process::Child,
+    pub grpc: String,
+    pub metrics: String,
+}
+
+/// Starts the agent binary and reads its bound addresses from the JSON log.
+pub async fn spawn_agent(
+    containers: &std::path::Path,
+    nvml_config: Option<&std::path::Path>,
+    extra: &[&std::ffi::OsStr],
+) -> Child {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kai-node"));
+    cmd.args([
+        "--log-format",
+        "json",
+        "agent",
+        "--no-kube",
+        "--node-name",
+        "gpu-node-7",
+    ])
+    .arg("--containers-dir")
+    .arg(containers)
+    .args([
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ])
+    .arg("--nvml-library")
+    .arg(fake_nvml())
+    .args(extra)
+    .env_remove("FAKE_NVML_CONFIG")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .kill_on_drop(true);
+    if let Some(path) = nvml_config {
+        cmd.env("FAKE_NVML_CONFIG", path);
+    }
+    let mut child = cmd.spawn().expect("agent binary starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let serving = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(line) = lines.next_line().await.expect("read log") {
+            let json: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+            if json["message"] == "node agent serving" {
+                return json;
+            }
+        }
+        panic!("agent exited before serving");
+    })
+    .await
+    .expect("agent serving within 20 s");
+    // Keep draining the log so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Child {
+        child,
+        grpc: serving["grpc_addr"].as_str().unwrap_or_default().to_owned(),
+        metrics: serving["metrics_addr"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    }
 }
