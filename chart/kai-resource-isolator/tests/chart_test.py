@@ -164,6 +164,10 @@ check("cert-manager: Certificate, Issuer and CA injection", cert_manager_injects
 
 # --- paths agree across webhook, libsync and agent -------------------------
 
+def c_libsync_mounts(ds):
+    return containers(ds)["libsync"]["volumeMounts"]
+
+
 def paths_agree(scenario, mount):
     def t():
         docs = render(scenario)
@@ -175,7 +179,9 @@ def paths_agree(scenario, mount):
         assert vols["host-vgpu"]["hostPath"] == {"path": mount, "type": "DirectoryOrCreate"}
         assert vols["host-vgpulock"]["hostPath"] == {"path": "/tmp/vgpulock", "type": "DirectoryOrCreate"}
         host_paths = sorted(v["hostPath"]["path"] for v in vols.values() if "hostPath" in v)
-        assert host_paths == sorted([mount, "/tmp/vgpulock"]), f"only the two host paths: {host_paths}"
+        # The two vgpu paths, and the host's /proc (read-only, agent only) for isolation checks.
+        assert host_paths == sorted([mount, "/tmp/vgpulock", "/proc"]), f"only these host paths: {host_paths}"
+        assert "host-proc" not in {m["name"] for m in c_libsync_mounts(ds)}, "libsync does not see /proc"
         c = containers(ds)
         libsync = c["libsync"]
         assert arg(libsync, "--host-vgpu-dir") == "/host" + mount
@@ -205,9 +211,11 @@ def rbac_least_privilege():
         ("ClusterRole", f"{RELEASE}-kai-resource-isolator-node"),
         ("Role", f"{RELEASE}-kai-resource-isolator-aggregator"),
     ]
-    for r in roles:
-        assert r["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}], r["rules"]
+    pods = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}
+    events = {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}
+    assert one(docs, "ClusterRole", "-node")["rules"] == [pods, events]
     role = one(docs, "Role", "-aggregator")
+    assert role["rules"] == [pods], role["rules"]
     assert role["metadata"]["namespace"] == NS
     bindings = {b["roleRef"]["name"]: b["subjects"] for b in docs if b["kind"] in ("RoleBinding", "ClusterRoleBinding")}
     assert bindings[f"{RELEASE}-kai-resource-isolator-node"] == [{"kind": "ServiceAccount", "name": f"{RELEASE}-kai-resource-isolator-node", "namespace": NS}]
@@ -217,7 +225,7 @@ def rbac_least_privilege():
     assert one(docs, "ServiceAccount", "-webhook")["automountServiceAccountToken"] is False
 
 
-check("RBAC: pods list/watch for agent (cluster) and aggregator (namespace) only", rbac_least_privilege)
+check("RBAC: pods list/watch (+ Events create/patch for the agent) only", rbac_least_privilege)
 
 
 # --- every container runs with least privilege ----------------------------
@@ -351,6 +359,36 @@ def grpc_mutual_tls():
 check("monitor.grpcTls: agents serve mTLS, the aggregator presents the same CA's certificate", grpc_mutual_tls)
 
 
+def isolation_settings():
+    ds = one(render(), "DaemonSet", "-node")
+    agent = containers(ds)["agent"]
+    vols = {v["name"]: v for v in pod_spec(ds)["volumes"]}
+    assert vols["host-proc"]["hostPath"] == {"path": "/proc", "type": "Directory"}
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    assert mounts["host-proc"] == {"name": "host-proc", "mountPath": "/host/proc", "readOnly": True}
+    assert arg(agent, "--host-proc") == "/host/proc"
+    assert arg(agent, "--near-cap-percent") == "95"
+    assert arg(agent, "--no-region-grace-seconds") == "60"
+    assert "--no-events" not in agent["args"]
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+    off = render(extra=("--set", "monitor.isolation.hostProc=false", "--set", "monitor.isolation.events=false",
+                        "--set", "monitor.isolation.nearCapPercent=90"))
+    ds = one(off, "DaemonSet", "-node")
+    agent = containers(ds)["agent"]
+    assert "host-proc" not in {v["name"] for v in pod_spec(ds)["volumes"]}
+    assert "host-proc" not in {m["name"] for m in agent["volumeMounts"]}
+    assert arg(agent, "--host-proc") is None
+    assert "--no-events" in agent["args"]
+    assert arg(agent, "--near-cap-percent") == "90"
+    rules = one(off, "ClusterRole", "-node")["rules"]
+    assert all("events.k8s.io" not in r["apiGroups"] for r in rules), "no Events, no Events RBAC"
+
+
+check("monitor.isolation: host /proc read-only, Events RBAC and thresholds follow the values", isolation_settings)
+
+
 # --- the schema rejects bad values ------------------------------------------
 
 def rejects(*sets):
@@ -366,6 +404,7 @@ check("schema rejects a wrong type", rejects("webhook.replicaCount=two"))
 check("schema rejects an unknown failurePolicy", rejects("webhook.failurePolicy=Maybe"))
 check("schema rejects a relative containerVgpuMount", rejects("paths.containerVgpuMount=usr/local/vgpu"))
 check("schema rejects an unknown key under monitor", rejects("monitor.enable=true"))
+check("schema rejects a near-cap percent over 100", rejects("monitor.isolation.nearCapPercent=150"))
 
 print(f"\n{passed} passed, {len(failed)} failed")
 sys.exit(1 if failed else 0)
