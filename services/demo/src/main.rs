@@ -146,6 +146,10 @@ async fn main() -> anyhow::Result<()> {
         node.agent.metrics_addr
     );
     println!(
+        "  curl -s http://{}/metrics | grep kai_isolator   # is every cap holding?",
+        node.agent.metrics_addr
+    );
+    println!(
         "  ls -la {}/usr/local/vgpu   # what libsync installed",
         node.host.display()
     );

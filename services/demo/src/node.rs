@@ -26,7 +26,7 @@ struct Sim {
     used: u64,
 }
 
-const SIMS: [Sim; 3] = [
+const SIMS: [Sim; 4] = [
     Sim {
         uid: "9a1b7c1e-0000-4000-8000-0000000000a1",
         namespace: "team-a",
@@ -54,11 +54,24 @@ const SIMS: [Sim; 3] = [
         limit: 2 * GIB,
         used: 300 * MIB,
     },
+    // What KAI issue #2156 looks like: preloaded, but no limit was set, so
+    // libvgpu records 0 and enforces nothing. The agent flags it.
+    Sim {
+        uid: "9a1b7c1e-0000-4000-8000-0000000000d4",
+        namespace: "team-c",
+        pod: "uncapped-job-0",
+        container: "main",
+        gpu: "GPU-0ddba11-0000-4000-8000-000000000001",
+        limit: 0,
+        used: GIB,
+    },
 ];
 
 fn region(sim: &Sim, used: u64) -> RegionBuilder {
+    // The demo's own PID as the slot's host PID, so the agent's liveness
+    // check against this machine's /proc sees a live process.
     let mut b = RegionBuilder::v1().device(sim.gpu, sim.limit).process(
-        4000,
+        std::process::id() as i32,
         vec![UsageSpec {
             context: 300 * MIB,
             module: 12 * MIB,
@@ -131,6 +144,8 @@ pub async fn start(
             metrics_listen: metrics,
             // No GPU here: NVML fails to load and says so once; container data still flows.
             nvml_library: Some("libnvidia-ml.so.1".into()),
+            // The demo's processes are this machine's: its /proc is the host's.
+            host_proc: Some("/proc".into()),
             ..agent::Config::local("demo-node", containers.clone(), PodsConfig::Static(pods))
         },
         shutdown.clone(),
@@ -181,19 +196,33 @@ pub async fn check(node: &Node) -> anyhow::Result<()> {
         .await?
         .into_inner();
     println!("\n  node agent: {} containers", list.containers.len());
+    let mut uncapped = 0;
     for c in &list.containers {
+        let state = c.isolation_state();
+        uncapped += usize::from(state == pb::IsolationState::UncappedNoLimit);
         for d in &c.devices {
             println!(
-                "    {}/{} {} on {}: {} MiB used of {} MiB",
+                "    {}/{} {} on {}: {} MiB used of {} MiB  [{}]",
                 c.namespace,
                 c.pod,
                 c.container,
                 d.uuid,
                 d.used_bytes / MIB,
-                d.limit_bytes / MIB
+                d.limit_bytes / MIB,
+                state.label()
             );
         }
     }
+    if let Some(checks) = &list.checks {
+        println!(
+            "    isolation checks: escaped processes {}; host PIDs {}",
+            checks.escaped_processes, checks.host_pids
+        );
+    }
+    anyhow::ensure!(
+        uncapped == 1,
+        "expected the one uncapped simulation to be flagged, got {uncapped}"
+    );
     anyhow::ensure!(
         list.containers.len() == SIMS.len(),
         "expected {} containers, got {}",

@@ -78,7 +78,10 @@ impl Devices {
     /// a partial list must not make the escaped-process check look passing.
     pub fn processes(&self) -> Result<Vec<GpuProcess>, String> {
         let Some(nvml) = &self.nvml else {
-            return Err(format!("NVML {}", self.status));
+            return Err(match self.status.strip_prefix("unavailable: ") {
+                Some(why) => format!("NVML not loaded: {why}"),
+                None => format!("NVML {}", self.status),
+            });
         };
         let count = nvml
             .device_count()
