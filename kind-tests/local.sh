@@ -101,7 +101,8 @@ echo "$listed" | python3 -c '
 import json, sys
 c = json.load(sys.stdin)["containers"]
 assert [x["pod"] for x in c] == ["e2e-gpu"] and c[0]["devices"][0]["usedBytes"] == str(512 << 20), c
-' && ok "grpcurl VgpuNode/ListContainers shows the container" || bad "agent ListContainers: $listed"
+assert c[0]["isolationState"] == "ISOLATION_STATE_CAPPED", c
+' && ok "grpcurl VgpuNode/ListContainers shows the container, capped" || bad "agent ListContainers: $listed"
 
 agg_http=$(free_port); agg_grpc=$(free_port)
 "$bin/kai-aggregator" --node-agent "127.0.0.1:$ag_grpc" --listen "127.0.0.1:$agg_http" \
@@ -114,6 +115,9 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 [ "$found" = yes ] && ok "aggregator :9394 shows the container's series" || bad "aggregator series missing"
+curl -fsS "http://127.0.0.1:$agg_http/metrics" \
+  | grep -qF 'kai_isolator_container_isolation_state{namespace="e2e",pod="e2e-gpu",container="main",node="e2e-node",state="capped"} 1' \
+  && ok "aggregator :9394 says the container's cap holds" || bad "isolation state series missing"
 limit=$(curl -fsS "http://127.0.0.1:$agg_http/api/v1/devices" | python3 -c 'import json,sys; print(json.load(sys.stdin)["devices"][0]["allocatedBytes"])')
 [ "$limit" = $((1024 << 20)) ] && ok "aggregator /api/v1/devices: 1 GiB allocated" || bad "devices: $limit"
 

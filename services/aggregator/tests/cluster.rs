@@ -262,6 +262,20 @@ async fn aggregates_follows_changes_and_drops_dead_nodes() {
     );
     assert_eq!(metrics.get("kai_aggregator_containers"), Some(&4.0));
     assert_eq!(
+        metrics.get("kai_isolator_container_isolation_state{namespace=\"team-a\",pod=\"pod-b2\",container=\"main\",node=\"node-b\",state=\"uncapped_no_limit\"}"),
+        Some(&1.0),
+        "the limit-0 container is flagged cluster-wide"
+    );
+    assert_eq!(
+        metrics.get("kai_isolator_container_isolation_state{namespace=\"team-a\",pod=\"pod-a\",container=\"main\",node=\"node-a\",state=\"capped\"}"),
+        Some(&1.0)
+    );
+    assert_eq!(
+        metrics.get("kai_isolator_check_available{check=\"escaped_processes\",node=\"node-a\"}"),
+        Some(&0.0),
+        "agents without NVML cannot look for escaped processes"
+    );
+    assert_eq!(
         metrics
             .keys()
             .filter(|k| k.starts_with("hami_vgpu_memory_used_bytes{"))
@@ -280,6 +294,16 @@ async fn aggregates_follows_changes_and_drops_dead_nodes() {
         .filter_map(|c| c["pod"].as_str())
         .collect();
     assert_eq!(pods, ["pod-b1", "pod-b2"]);
+    // Isolation states travel with the containers; JSON shows the proto name.
+    assert_eq!(
+        containers["containers"][1]["isolationState"],
+        "ISOLATION_STATE_UNCAPPED_NO_LIMIT"
+    );
+    assert_eq!(
+        containers["containers"][0]["isolationState"],
+        "ISOLATION_STATE_CAPPED"
+    );
+    assert_eq!(containers["escapedProcesses"], serde_json::json!([]));
     let nodes: serde_json::Value =
         serde_json::from_str(&http_get(agg.http_addr, "/api/v1/nodes").await).expect("json");
     assert_eq!(nodes["nodes"].as_array().map(Vec::len), Some(3));
