@@ -277,6 +277,15 @@ impl Region {
             self.mapping = None;
             return Err(RegionError::Shrunk);
         }
-        decode_from(map)
+        match map.guarded(decode_from) {
+            Ok(result) => result,
+            Err(crate::map::Faulted) => {
+                // Truncated between the size check and a load: the mapping
+                // now holds patched pages; drop it and report.
+                self.mapping = None;
+                tracing::debug!(path = %self.path.display(), "region truncated during a read");
+                Err(RegionError::Shrunk)
+            }
+        }
     }
 }
