@@ -238,7 +238,11 @@ mod sigbus {
         })
     }
 
-    extern "C" fn handler(_signal: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    extern "C" fn handler(
+        _signal: libc::c_int,
+        info: *mut libc::siginfo_t,
+        _ctx: *mut libc::c_void,
+    ) {
         // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
         let addr = unsafe { (*info).si_addr() } as usize;
         let page = PAGE.load(Ordering::Relaxed);
@@ -291,7 +295,10 @@ mod tests {
         let path = dir.path().join("usage.cache");
         std::fs::write(&path, vec![7u8; 64 * 1024]).expect("write");
         let map = Mapping::open(&path).expect("map");
-        assert_eq!(map.guarded(|m| m.u64_at(32 * 1024)), Ok(Some(0x0707_0707_0707_0707)));
+        assert_eq!(
+            map.guarded(|m| m.u64_at(32 * 1024)),
+            Ok(Some(0x0707_0707_0707_0707))
+        );
 
         // Shrink under the mapping, skipping `still_covers` on purpose: this
         // is the race the guard exists for. Unguarded, this load is SIGBUS.
@@ -304,7 +311,11 @@ mod tests {
         // The page below the new end is still the file's.
         assert_eq!(map.guarded(|m| m.i32_at(0)), Ok(Some(0x0707_0707)));
         // A clean read after an absorbed fault is not flagged.
-        assert_eq!(map.guarded(|m| m.u64_at(32 * 1024)), Ok(Some(0)), "patched page");
+        assert_eq!(
+            map.guarded(|m| m.u64_at(32 * 1024)),
+            Ok(Some(0)),
+            "patched page"
+        );
     }
 
     #[test]

@@ -53,6 +53,11 @@ pub fn render(state: &NodeState, host: &[HostDevice], now_secs: u64, legacy: boo
     );
     let _ = writeln!(
         out,
+        "# HELP kai_node_agent_pod_source Where the pod join stands (disabled, static, syncing, ready, reconnecting).\n# TYPE kai_node_agent_pod_source gauge\nkai_node_agent_pod_source{{status=\"{}\"}} 1",
+        state.kube_status
+    );
+    let _ = writeln!(
+        out,
         "# HELP kai_node_agent_revision Revision of the container set.\n# TYPE kai_node_agent_revision gauge\nkai_node_agent_revision {}",
         state.revision
     );

@@ -42,9 +42,26 @@ pub enum PodSource {
     /// A reflector of this node's pods.
     Kube {
         store: Store<Pod>,
-        synced: tokio::sync::watch::Receiver<bool>,
+        sync: tokio::sync::watch::Receiver<PodSync>,
     },
 }
+
+/// Where a Kubernetes pod source stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodSync {
+    /// No complete list yet: nothing can be said about a pod.
+    Syncing,
+    /// The list is complete and the watch is live: authoritative.
+    Ready,
+    /// Listed once, but the API server stopped answering: what was known
+    /// is kept and served; a pod not in it is unknown, not gone.
+    Reconnecting,
+}
+
+/// How long without a watch error before a reconnected source counts as
+/// ready again when no event proves it sooner (the watcher's retries back
+/// off to 30 s, so a longer quiet period means a watch is open again).
+const QUIET_AFTER_ERRORS: std::time::Duration = std::time::Duration::from_secs(65);
 
 /// One entry of a `--static-pods` file.
 #[derive(Debug, serde::Deserialize)]
@@ -107,8 +124,8 @@ impl PodSource {
         let (store, writer) = reflector::store();
         // Readiness is taken from the event stream (InitDone) rather than
         // `Store::wait_until_ready`, whose single waker slot loses all but
-        // one concurrent waiter.
-        let (synced_tx, synced) = tokio::sync::watch::channel(false);
+        // one concurrent waiter; the stream's errors mark an outage.
+        let (sync_tx, sync) = tokio::sync::watch::channel(PodSync::Syncing);
         let stream = watcher(api, config)
             .default_backoff()
             .modify(trim)
@@ -116,40 +133,63 @@ impl PodSource {
         let node = node.to_owned();
         tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
+            let quiet = tokio::time::sleep(QUIET_AFTER_ERRORS);
+            let mut quiet = std::pin::pin!(quiet);
+            let set = |next: PodSync| {
+                let before = sync_tx.send_replace(next);
+                if before != next {
+                    tracing::info!(%node, from = ?before, to = ?next, "pod source");
+                }
+            };
             loop {
+                let reconnecting = *sync_tx.borrow() == PodSync::Reconnecting;
                 tokio::select! {
                     () = shutdown.cancelled() => break,
+                    () = &mut quiet, if reconnecting => set(PodSync::Ready),
                     next = stream.next() => match next {
-                        Some(Ok(watcher::Event::InitDone)) => {
-                            if !synced_tx.send_replace(true) {
-                                tracing::info!(%node, "pod list for this node synced");
-                            }
-                        }
+                        Some(Ok(watcher::Event::InitDone)) => set(PodSync::Ready),
+                        // A watch event after an outage: the watch is live again.
+                        Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) if reconnecting => set(PodSync::Ready),
                         Some(Ok(_)) => {}
-                        Some(Err(error)) => tracing::warn!(%node, %error, "pod watch error; retrying with backoff"),
+                        Some(Err(error)) => {
+                            tracing::warn!(%node, %error, "pod watch error; serving what is known, retrying with backoff");
+                            if *sync_tx.borrow() == PodSync::Ready {
+                                set(PodSync::Reconnecting);
+                            }
+                            quiet.as_mut().reset(tokio::time::Instant::now() + QUIET_AFTER_ERRORS);
+                        }
                         None => break,
                     },
                 }
             }
         });
-        Self::Kube { store, synced }
+        Self::Kube { store, sync }
     }
 
-    /// "disabled", "static", "syncing" or "ready".
+    /// "disabled", "static", "syncing", "ready" or "reconnecting".
     pub fn status(&self) -> &'static str {
         match self {
             Self::None => "disabled",
             Self::Static(_) => "static",
-            Self::Kube { synced, .. } if *synced.borrow() => "ready",
-            Self::Kube { .. } => "syncing",
+            Self::Kube { sync, .. } => match *sync.borrow() {
+                PodSync::Syncing => "syncing",
+                PodSync::Ready => "ready",
+                PodSync::Reconnecting => "reconnecting",
+            },
         }
     }
 
     /// Resolves once a Kubernetes source has listed this node's pods
     /// (immediately for the other sources).
     pub async fn synced(&self) {
-        if let Self::Kube { synced, .. } = self {
-            let _ = synced.clone().wait_for(|ready| *ready).await;
+        self.wait_for(PodSync::Ready).await;
+    }
+
+    /// Resolves once a Kubernetes source is in state `want` (immediately
+    /// for the other sources).
+    pub async fn wait_for(&self, want: PodSync) {
+        if let Self::Kube { sync, .. } = self {
+            let _ = sync.clone().wait_for(|now| *now == want).await;
         }
     }
 
@@ -183,14 +223,14 @@ impl PodSource {
         match self {
             Self::None => Lookup::Unknown,
             Self::Static(pods) => pods.get(uid).cloned().map_or(Lookup::Absent, Lookup::Known),
-            Self::Kube { store, synced } => {
+            Self::Kube { store, sync } => {
                 let found = store
                     .state()
                     .into_iter()
                     .find(|p| p.metadata.uid.as_deref() == Some(uid));
                 match found {
                     Some(pod) => Lookup::Known(meta_of(&pod)),
-                    None if *synced.borrow() => Lookup::Absent,
+                    None if *sync.borrow() == PodSync::Ready => Lookup::Absent,
                     None => Lookup::Unknown,
                 }
             }
