@@ -118,6 +118,32 @@ fn parse(text: &str) -> HashMap<String, f64> {
         .collect()
 }
 
+/// An aggregator on ephemeral ports subscribed to `agents`, with fast
+/// backoff and a 1 s staleness window.
+async fn aggregator(agents: &[SocketAddr], shutdown: CancellationToken) -> kai_aggregator::Running {
+    kai_runtime::install_crypto_provider();
+    kai_aggregator::start(
+        Config {
+            discovery: Discovery::Static(agents.iter().map(ToString::to_string).collect()),
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            grpc_listen: "127.0.0.1:0".parse().expect("addr"),
+            staleness: Duration::from_secs(1),
+            subscriber: subscriber::Settings {
+                watch_interval: Duration::from_millis(200),
+                devices_interval: Duration::from_secs(1),
+                backoff_base: Duration::from_millis(50),
+                backoff_max: Duration::from_millis(200),
+                connect_timeout: Duration::from_secs(2),
+                tls: None,
+            },
+            legacy_metrics: true,
+        },
+        shutdown,
+    )
+    .await
+    .expect("aggregator starts")
+}
+
 /// Waits (bounded) until the cluster view satisfies `cond`.
 async fn until(cluster: &Cluster, what: &str, cond: impl Fn(&Cluster) -> bool) {
     let mut changes = cluster.subscribe();
@@ -176,32 +202,8 @@ async fn aggregates_follows_changes_and_drops_dead_nodes() {
     )
     .await;
 
-    kai_runtime::install_crypto_provider();
     let shutdown = CancellationToken::new();
-    let agg = kai_aggregator::start(
-        Config {
-            discovery: Discovery::Static(vec![
-                a.grpc.to_string(),
-                b.grpc.to_string(),
-                c.grpc.to_string(),
-            ]),
-            listen: "127.0.0.1:0".parse().expect("addr"),
-            grpc_listen: "127.0.0.1:0".parse().expect("addr"),
-            staleness: Duration::from_secs(1),
-            subscriber: subscriber::Settings {
-                watch_interval: Duration::from_millis(200),
-                devices_interval: Duration::from_secs(1),
-                backoff_base: Duration::from_millis(50),
-                backoff_max: Duration::from_millis(200),
-                connect_timeout: Duration::from_secs(2),
-                tls: None,
-            },
-            legacy_metrics: true,
-        },
-        shutdown.clone(),
-    )
-    .await
-    .expect("aggregator starts");
+    let agg = aggregator(&[a.grpc, b.grpc, c.grpc], shutdown.clone()).await;
     let cluster = agg.cluster.clone();
     until(&cluster, "3 connected nodes with 4 containers", |c| {
         let nodes = c.snapshot();
@@ -429,4 +431,96 @@ async fn aggregates_follows_changes_and_drops_dead_nodes() {
     }
     shutdown.cancel();
     agg.wait().await.expect("aggregator stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aggregator_restart_leaves_the_agents_unaffected() {
+    use futures_util::StreamExt;
+    let pod = Pod {
+        uid: "eeee0000-0000-4000-8000-000000000001",
+        name: "pod-e",
+        gpu: "GPU-e",
+        limit: 4 * GIB,
+        used: GIB,
+    };
+    let mut n = node("node-e", std::slice::from_ref(&pod)).await;
+    // Another consumer of the agent (say, a second aggregator replica).
+    let mut agent =
+        kai_proto::v1::vgpu_node_client::VgpuNodeClient::connect(format!("http://{}", n.grpc))
+            .await
+            .expect("connect to the agent");
+    let mut other = agent
+        .watch_containers(pb::WatchContainersRequest {
+            interval_ms: 100,
+            ..Default::default()
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+
+    let first = CancellationToken::new();
+    let agg = aggregator(&[n.grpc], first.clone()).await;
+    until(&agg.cluster, "the first aggregator sees pod-e", |c| {
+        node_of(c, "node-e").is_some_and(|x| x.link == Link::Connected && x.containers.len() == 1)
+    })
+    .await;
+    first.cancel();
+    agg.wait().await.expect("the first aggregator stops");
+
+    // The agent goes on: it still answers and still streams changes.
+    region(&pod, 2 * GIB)
+        .write(
+            &containers_dir(n.dir.path())
+                .join(format!("{}_main", pod.uid))
+                .join("usage.cache"),
+        )
+        .expect("rewrite");
+    let seen = tokio::time::timeout(Duration::from_secs(15), async {
+        while let Some(update) = other.next().await {
+            let update = update.expect("the other stream is unaffected");
+            if update
+                .containers
+                .first()
+                .is_some_and(|c| c.devices[0].used_bytes == 2 * GIB)
+            {
+                return update.revision;
+            }
+        }
+        panic!("agent stream ended");
+    })
+    .await
+    .expect("the change arrives on the other stream");
+    let listed = agent
+        .list_containers(pb::ListContainersRequest::default())
+        .await
+        .expect("ListContainers")
+        .into_inner();
+    assert_eq!(listed.revision, seen);
+
+    // A new aggregator picks the current state up at once.
+    let second = CancellationToken::new();
+    let agg = aggregator(&[n.grpc], second.clone()).await;
+    until(&agg.cluster, "the second aggregator sees 2 GiB", |c| {
+        node_of(c, "node-e").is_some_and(|x| {
+            x.containers
+                .first()
+                .is_some_and(|c| c.devices[0].used_bytes == 2 * GIB)
+                && x.revision == seen
+        })
+    })
+    .await;
+    let metrics = parse(&http_get(agg.http_addr, "/metrics").await);
+    assert_eq!(
+        metrics.get("hami_vgpu_memory_used_bytes{namespace=\"team-a\",pod=\"pod-e\",container=\"main\",vdevice_index=\"0\",device_uuid=\"GPU-e\",node=\"node-e\"}"),
+        Some(&((2 * GIB) as f64))
+    );
+    second.cancel();
+    agg.wait().await.expect("stops");
+    n.shutdown.cancel();
+    n.running
+        .take()
+        .expect("running")
+        .wait()
+        .await
+        .expect("agent stops");
 }
