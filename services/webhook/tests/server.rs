@@ -72,3 +72,118 @@ async fn rotated_secret_is_served_without_dropping_connections() {
     shutdown.cancel();
     running.task.await.expect("stops");
 }
+
+/// Fresh TLS handshakes from several clients while the certificate is
+/// rotated three times: not one handshake or request fails, and both old
+/// and new certificates are served. Rotations are driven by progress
+/// (every 100 completed requests), not by timers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_rotation_under_load_fails_no_handshake() {
+    use std::collections::HashSet;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    const CLIENTS: u64 = 4;
+    const PER_CLIENT: u64 = 120;
+    let bundles: Vec<_> = (0..4)
+        .map(|i| generate(&format!("gen-{i}"), &names(), 1).expect("cert"))
+        .collect();
+    let mut secret = SecretDir::new(&bundles[0]);
+    let shutdown = CancellationToken::new();
+    let running = Arc::new(start(secret.path(), &shutdown).await);
+    // The clients trust every generation's CA, as a caBundle does while a
+    // CA is rotated.
+    let cas: String = bundles.iter().map(|b| b.ca_cert_pem.as_str()).collect();
+    let mut config =
+        kai_runtime::tls::client_config_trusting(cas.as_bytes()).expect("client config");
+    // Full handshakes only: a resumed session would not show (or verify)
+    // the certificate served now.
+    config.resumption = rustls::client::Resumption::disabled();
+    let config = Arc::new(config);
+
+    let done = Arc::new(AtomicU64::new(0));
+    let failures = Arc::new(AtomicU64::new(0));
+    let served = Arc::new(Mutex::new(HashSet::new()));
+    let (progress_tx, mut progress) = tokio::sync::watch::channel(0u64);
+    let progress_tx = Arc::new(progress_tx);
+    let mut workers = Vec::new();
+    for worker in 0..CLIENTS {
+        let (running, config, done, failures, served, progress_tx) = (
+            running.clone(),
+            config.clone(),
+            done.clone(),
+            failures.clone(),
+            served.clone(),
+            progress_tx.clone(),
+        );
+        workers.push(tokio::spawn(async move {
+            for i in 0..PER_CLIENT {
+                let outcome = async {
+                    let mut c = kai_runtime::https::Client::connect(
+                        running.addr,
+                        "localhost",
+                        config.clone(),
+                    )
+                    .await
+                    .map_err(|e| format!("handshake: {e}"))?;
+                    let cert = c.peer_certificate().map(<[u8]>::to_vec);
+                    let (status, _) = c
+                        .send(
+                            Method::POST,
+                            "/mutate",
+                            gpu_review(&format!("w{worker}-{i}")),
+                        )
+                        .await
+                        .map_err(|e| format!("request: {e}"))?;
+                    if status != StatusCode::OK {
+                        return Err(format!("status {status}"));
+                    }
+                    Ok::<_, String>(cert)
+                }
+                .await;
+                match outcome {
+                    Ok(cert) => {
+                        served.lock().expect("lock").insert(cert);
+                    }
+                    Err(error) => {
+                        eprintln!("worker {worker} request {i}: {error}");
+                        failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                progress_tx.send_replace(done.fetch_add(1, Ordering::Relaxed) + 1);
+            }
+        }));
+    }
+
+    let mut generation = running.cert.subscribe();
+    for (n, bundle) in bundles.iter().enumerate().skip(1) {
+        let at = 100 * n as u64;
+        tokio::time::timeout(Duration::from_secs(60), progress.wait_for(|d| *d >= at))
+            .await
+            .expect("load makes progress")
+            .expect("workers alive");
+        secret.publish(bundle);
+        tokio::time::timeout(Duration::from_secs(10), generation.changed())
+            .await
+            .expect("reload observed")
+            .expect("resolver alive");
+    }
+    for w in workers {
+        w.await.expect("worker");
+    }
+    assert_eq!(done.load(Ordering::Relaxed), CLIENTS * PER_CLIENT);
+    assert_eq!(
+        failures.load(Ordering::Relaxed),
+        0,
+        "failed handshakes or requests"
+    );
+    let served = served.lock().expect("lock").len();
+    assert!(served >= 3, "certificates served under load: {served}");
+
+    shutdown.cancel();
+    drop(generation);
+    match Arc::try_unwrap(running) {
+        Ok(running) => running.task.await.expect("stops"),
+        Err(_) => panic!("workers still hold the webhook"),
+    }
+}
