@@ -6,6 +6,7 @@
 
 pub mod https;
 pub mod net;
+pub mod procstat;
 pub mod prometheus;
 pub mod shutdown;
 pub mod telemetry;
