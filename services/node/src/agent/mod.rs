@@ -463,6 +463,7 @@ async fn poll(
                 gpu_processes: gpu_processes.as_deref().map_err(String::as_str),
                 host: host.as_ref(),
                 now_ms: store::unix_ms(),
+                defer_unnamed: matches!(kube_status.as_str(), "syncing" | "reconnecting"),
             },
         );
         notifier.send(assessed.notices);

@@ -170,6 +170,10 @@ pub struct Input<'a> {
     /// The host's `/proc`; `None` when not mounted.
     pub host: Option<&'a HostProc>,
     pub now_ms: u64,
+    /// The pod list is still syncing or reconnecting: a container whose pod
+    /// is not known yet is assessed but not announced, so its notice goes
+    /// to the pod (not the node) once the pod is known.
+    pub defer_unnamed: bool,
 }
 
 /// The result of one assessment.
@@ -227,7 +231,16 @@ impl Assessor {
             }
             let id = (view.key.pod_uid.clone(), view.key.container.clone());
             let (state, reason) = classify(&view.snapshot, &self.settings);
-            let near_cap = self.near_cap(view, &id, &mut seen_near, &mut out.notices);
+            let announce = view.pod.is_some() || !input.defer_unnamed;
+            let mut near_notices = Vec::new();
+            let near_cap = self.near_cap(view, &id, &mut seen_near, &mut near_notices);
+            if announce {
+                out.notices.append(&mut near_notices);
+            } else {
+                // Crossings are announced once the pod is known.
+                seen_near.retain(|(c, _)| c != &id);
+                seen_near.extend(self.near.iter().filter(|(c, _)| c == &id).cloned());
+            }
             let stale_slots = stale_slots(&view.snapshot);
             if stale_slots != self.stale.get(&id).copied().unwrap_or(0) && stale_slots > 0 {
                 tracing::warn!(pod = %view.pod_name(), container = %view.key.container, stale_slots, "region slots hold usage of processes that are gone; reported as stale, not as live usage");
@@ -235,15 +248,20 @@ impl Assessor {
             if stale_slots > 0 {
                 seen_stale.insert(id.clone(), stale_slots);
             }
-            self.transition(
-                &id,
-                state,
-                &reason,
-                subject_of(view),
-                &view.key.container,
-                &mut out.notices,
-            );
-            seen_states.insert(id, state);
+            if announce {
+                self.transition(
+                    &id,
+                    state,
+                    &reason,
+                    subject_of(view),
+                    &view.key.container,
+                    &mut out.notices,
+                );
+                seen_states.insert(id, state);
+            } else if let Some(before) = self.states.get(&id) {
+                // Keep what was announced; decide when the pod is known.
+                seen_states.insert(id, *before);
+            }
             view.isolation = Isolation {
                 state,
                 reason,

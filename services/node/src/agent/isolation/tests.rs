@@ -59,6 +59,7 @@ fn input<'a>(now_ms: u64) -> Input<'a> {
         gpu_processes: Err("NVML disabled (--no-nvml)"),
         host: None,
         now_ms,
+        defer_unnamed: false,
     }
 }
 
@@ -533,4 +534,33 @@ fn human_bytes_reads_well() {
     assert_eq!(human_bytes(512 * MIB), "512 MiB");
     assert_eq!(human_bytes(GIB + GIB / 2), "1.5 GiB");
     assert_eq!(human_bytes(0), "0 B");
+}
+
+#[test]
+fn an_unnamed_container_is_announced_once_its_pod_is_known() {
+    let mut assessor = Assessor::default();
+    let region = using(0, GIB);
+    let syncing = |now| Input {
+        defer_unnamed: true,
+        ..input(now)
+    };
+    let mut unnamed = vec![ContainerView {
+        pod: None,
+        ..view_of(UID, &region)
+    }];
+    let out = assessor.assess(&mut unnamed, &syncing(NOW_MS));
+    assert_eq!(
+        unnamed[0].isolation.state,
+        IsolationState::UncappedNoLimit,
+        "assessed"
+    );
+    assert!(
+        out.notices.is_empty(),
+        "not announced on the node while the pod list syncs"
+    );
+
+    let mut named = vec![view_of(UID, &region)];
+    let out = assessor.assess(&mut named, &syncing(NOW_MS + 1000));
+    assert_eq!(reasons(&out.notices), ["GpuMemoryUncapped"]);
+    assert!(matches!(out.notices[0].subject, Subject::Pod { .. }));
 }
