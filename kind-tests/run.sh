@@ -110,6 +110,25 @@ for _ in $(seq 1 30); do
   sleep 2
 done
 [ "$found" = yes ] && ok "aggregator :9394 shows e2e-gpu's series" || bad "aggregator series"
+curl -fsS 127.0.0.1:19394/metrics | grep -F 'kai_isolator_container_isolation_state{namespace="e2e",pod="e2e-gpu"' | grep -q 'state="capped"' \
+  && ok "aggregator: e2e-gpu's cap holds" || bad "isolation state of e2e-gpu"
+
+echo "== isolation assurance: an uncapped region becomes a state, a metric and an Event"
+pod_yaml e2e-uncapped 'gpu-fraction: "0.5"' | kubectl apply -f -
+kubectl -n e2e wait --for=condition=Ready pod/e2e-uncapped --timeout=2m
+uid2=$(kubectl -n e2e get pod e2e-uncapped -o jsonpath='{.metadata.uid}')
+# Limit 0: what libvgpu records when KAI's binder set no limit (KAI #2156).
+kubectl -n "$ns" exec "$agent" -c agent -- /bin/kai-node write-region \
+  --containers-dir /host/usr/local/vgpu/containers --pod-uid "$uid2" --container main --limit-mib 0 --used-mib 256
+event=""
+for _ in $(seq 1 30); do
+  event=$(kubectl -n e2e get events --field-selector involvedObject.name=e2e-uncapped,reason=GpuMemoryUncapped -o name 2>/dev/null || true)
+  [ -n "$event" ] && break
+  sleep 2
+done
+[ -n "$event" ] && ok "Event GpuMemoryUncapped on the pod" || bad "no GpuMemoryUncapped Event"
+curl -fsS 127.0.0.1:19394/metrics | grep -F 'pod="e2e-uncapped"' | grep -q 'state="uncapped_no_limit"} 1' \
+  && ok "aggregator: e2e-uncapped is flagged uncapped_no_limit" || bad "uncapped state missing"
 
 if kubectl get nodes -o jsonpath='{.items[*].status.allocatable.nvidia\.com/gpu}' | grep -q '[1-9]'; then
   echo "== tier 2: the cap holds on a real GPU"
