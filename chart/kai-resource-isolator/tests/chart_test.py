@@ -303,6 +303,15 @@ def service_monitor_and_flags():
     assert "ServiceMonitor" not in kinds(render())
 
 
+def aggregator_malloc_tuned():
+    agg = containers(one(render(), "Deployment", "-aggregator"))["aggregator"]
+    env = {e["name"]: e.get("value") for e in agg["env"]}
+    assert env["MALLOC_ARENA_MAX"] == "2" and env["MALLOC_MMAP_THRESHOLD_"] == "1048576", env
+
+
+check("aggregator: glibc malloc tuned so scrape buffers are returned (soak-measured)", aggregator_malloc_tuned)
+
+
 def aggregator_finds_agents():
     docs = render()
     ds = one(docs, "DaemonSet", "-node")
