@@ -111,12 +111,12 @@ wait_for "http://127.0.0.1:$agg_http/readyz"
 series='hami_vgpu_memory_used_bytes{namespace="e2e",pod="e2e-gpu",container="main",vdevice_index="0",device_uuid="GPU-e2e00000-0000-4000-8000-000000000000",node="e2e-node"} 536870912'
 found=no
 for _ in $(seq 1 100); do
-  if curl -fsS "http://127.0.0.1:$agg_http/metrics" | grep -qF "$series"; then found=yes; break; fi
+  if curl -fsS "http://127.0.0.1:$agg_http/metrics" | grep -F "$series" >/dev/null; then found=yes; break; fi
   sleep 0.1
 done
 [ "$found" = yes ] && ok "aggregator :9394 shows the container's series" || bad "aggregator series missing"
 curl -fsS "http://127.0.0.1:$agg_http/metrics" \
-  | grep -qF 'kai_isolator_container_isolation_state{namespace="e2e",pod="e2e-gpu",container="main",node="e2e-node",state="capped"} 1' \
+  | grep -F 'kai_isolator_container_isolation_state{namespace="e2e",pod="e2e-gpu",container="main",node="e2e-node",state="capped"} 1' >/dev/null \
   && ok "aggregator :9394 says the container's cap holds" || bad "isolation state series missing"
 limit=$(curl -fsS "http://127.0.0.1:$agg_http/api/v1/devices" | python3 -c 'import json,sys; print(json.load(sys.stdin)["devices"][0]["allocatedBytes"])')
 [ "$limit" = $((1024 << 20)) ] && ok "aggregator /api/v1/devices: 1 GiB allocated" || bad "devices: $limit"
