@@ -15,6 +15,9 @@ use kai_region::writer::{RegionBuilder, UsageSpec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
+mod support;
+use support::until;
+
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
@@ -142,15 +145,6 @@ async fn aggregator(agents: &[SocketAddr], shutdown: CancellationToken) -> kai_a
     )
     .await
     .expect("aggregator starts")
-}
-
-/// Waits (bounded) until the cluster view satisfies `cond`.
-async fn until(cluster: &Cluster, what: &str, cond: impl Fn(&Cluster) -> bool) {
-    let mut changes = cluster.subscribe();
-    tokio::time::timeout(Duration::from_secs(15), changes.wait_for(|_| cond(cluster)))
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for: {what}"))
-        .expect("cluster alive");
 }
 
 fn node_of(cluster: &Cluster, name: &str) -> Option<kai_aggregator::cluster::NodeEntry> {

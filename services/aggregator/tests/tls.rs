@@ -4,12 +4,15 @@
 
 use std::time::Duration;
 
-use kai_aggregator::cluster::{Cluster, Link};
+use kai_aggregator::cluster::Link;
 use kai_aggregator::subscriber::{AgentTls, Settings};
 use kai_aggregator::{Config, Discovery};
 use kai_node::agent::{self, GrpcTls, PodsConfig};
 use kai_region::writer::{RegionBuilder, UsageSpec};
 use tokio_util::sync::CancellationToken;
+
+mod support;
+use support::until;
 
 async fn aggregator(
     endpoint: String,
@@ -35,14 +38,6 @@ async fn aggregator(
     )
     .await
     .expect("aggregator starts")
-}
-
-async fn until(cluster: &Cluster, what: &str, cond: impl Fn(&Cluster) -> bool) {
-    let mut changes = cluster.subscribe();
-    tokio::time::timeout(Duration::from_secs(15), changes.wait_for(|_| cond(cluster)))
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for: {what}"))
-        .expect("cluster alive");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
