@@ -232,15 +232,7 @@ impl Assessor {
             let id = (view.key.pod_uid.clone(), view.key.container.clone());
             let (state, reason) = classify(&view.snapshot, &self.settings);
             let announce = view.pod.is_some() || !input.defer_unnamed;
-            let mut near_notices = Vec::new();
-            let near_cap = self.near_cap(view, &id, &mut seen_near, &mut near_notices);
-            if announce {
-                out.notices.append(&mut near_notices);
-            } else {
-                // Crossings are announced once the pod is known.
-                seen_near.retain(|(c, _)| c != &id);
-                seen_near.extend(self.near.iter().filter(|(c, _)| c == &id).cloned());
-            }
+            let near_cap = self.near_cap(view, &id, announce, &mut seen_near, &mut out.notices);
             let stale_slots = stale_slots(&view.snapshot);
             if stale_slots != self.stale.get(&id).copied().unwrap_or(0) && stale_slots > 0 {
                 tracing::warn!(pod = %view.pod_name(), container = %view.key.container, stale_slots, "region slots hold usage of processes that are gone; reported as stale, not as live usage");
@@ -378,10 +370,13 @@ impl Assessor {
     }
 
     /// Near-cap devices of a view; notices on each crossing up and down.
+    /// Without `announce` the crossing is neither recorded nor announced,
+    /// so it is announced once the pod is known.
     fn near_cap(
         &self,
         view: &ContainerView,
         id: &ContainerId,
+        announce: bool,
         seen: &mut HashSet<(ContainerId, String)>,
         notices: &mut Vec<Notice>,
     ) -> Vec<String> {
@@ -402,6 +397,14 @@ impl Assessor {
             };
             if is {
                 near.push(device.uuid.clone());
+            }
+            if !announce {
+                if was {
+                    seen.insert(key);
+                }
+                continue;
+            }
+            if is {
                 seen.insert(key);
             }
             if is != was {
