@@ -166,3 +166,44 @@ fn read_only_filesystems_are_named_as_such() {
         "{error}"
     );
 }
+
+/// The loop re-reads (checksums) the files it watches; reading must not wake
+/// it, and its own install must cause at most one confirming re-sync.
+#[tokio::test]
+async fn the_loop_follows_changes_and_stays_quiet_otherwise() {
+    let host = Host::new();
+    let config = Config {
+        // Far beyond the test: every sync after the first is the watch's.
+        check_interval: std::time::Duration::from_secs(3600),
+        ..host.config()
+    };
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = libsync::start(config, shutdown.clone())
+        .await
+        .expect("start");
+    let mut syncs = running.syncs.clone();
+    let within = std::time::Duration::from_secs(10);
+    tokio::time::timeout(within, syncs.wait_for(|n| *n >= 1))
+        .await
+        .expect("first sync in time")
+        .expect("loop alive");
+
+    std::fs::write(host.path("artifacts/libvgpu.so"), b"\x7fELF version two").expect("lib");
+    let installed = host.path("host/usr/local/vgpu/libvgpu.so");
+    while std::fs::read(&installed).expect("installed") != b"\x7fELF version two" {
+        tokio::time::timeout(within, syncs.changed())
+            .await
+            .expect("a sync follows the change")
+            .expect("loop alive");
+    }
+    let after_update = *syncs.borrow();
+
+    // Nothing changes for a second: the confirming re-sync after our own
+    // writes may come, nothing driven by reading the files.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let idle = *syncs.borrow() - after_update;
+    assert!(idle <= 1, "{idle} syncs while nothing changed");
+
+    shutdown.cancel();
+    running.wait().await.expect("clean stop");
+}

@@ -11,6 +11,7 @@ pub mod prometheus;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tls;
+pub mod watch;
 
 /// Installs `ring` as the process-wide rustls crypto provider.
 ///

@@ -11,7 +11,13 @@ use super::state::NodeState;
 
 /// Renders host and per-container series. `now_secs` is used for
 /// `hami_container_last_kernel_elapsed_seconds`.
-pub fn render(state: &NodeState, host: &[HostDevice], now_secs: u64, legacy: bool) -> String {
+pub fn render(
+    state: &NodeState,
+    host: &[HostDevice],
+    now_secs: u64,
+    scans: u64,
+    legacy: bool,
+) -> String {
     let containers = filtered(state, "", "");
     let escaped: Vec<_> = state.escaped.iter().map(escaped_to_pb).collect();
     let checks = checks_to_pb(&state.checks);
@@ -60,6 +66,10 @@ pub fn render(state: &NodeState, host: &[HostDevice], now_secs: u64, legacy: boo
         out,
         "# HELP kai_node_agent_revision Revision of the container set.\n# TYPE kai_node_agent_revision gauge\nkai_node_agent_revision {}",
         state.revision
+    );
+    let _ = writeln!(
+        out,
+        "# HELP kai_node_agent_scans_total Scans of the containers directory since start (periodic and on directory changes).\n# TYPE kai_node_agent_scans_total counter\nkai_node_agent_scans_total {scans}"
     );
     out
 }

@@ -11,13 +11,14 @@ pub mod store;
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kai_proto::v1::vgpu_node_server::VgpuNodeServer;
-use notify::{RecursiveMode, Watcher};
+use kai_runtime::watch::{Depth, DirWatch};
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use warp::Filter;
@@ -164,11 +165,8 @@ impl std::fmt::Debug for PodsConfig {
 /// Errors before the agent serves.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Bind(#[from] kai_runtime::net::BindError),
     #[error(transparent)]
     Pods(#[from] pods::PodSourceError),
     #[error("a server task failed: {0}")]
@@ -258,6 +256,9 @@ pub struct Running {
     pub grpc_addr: SocketAddr,
     pub metrics_addr: SocketAddr,
     pub state: watch::Receiver<Arc<NodeState>>,
+    /// Completed scans (`kai_node_agent_scans_total`), counted before the
+    /// state they produced is published.
+    pub scans: Arc<AtomicU64>,
     tasks: Vec<JoinHandle<Result<(), AgentError>>>,
 }
 
@@ -322,19 +323,19 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         Some(tls) => Some(grpc_tls_config(tls, shutdown.clone())?),
         None => None,
     };
-    let grpc_listener = bind(config.grpc_listen).await?;
-    let grpc_addr = local(&grpc_listener, config.grpc_listen)?;
-    let metrics_listener = bind(config.metrics_listen).await?;
-    let metrics_addr = local(&metrics_listener, config.metrics_listen)?;
+    let (grpc_listener, grpc_addr) = kai_runtime::net::bind(config.grpc_listen).await?;
+    let (metrics_listener, metrics_addr) = kai_runtime::net::bind(config.metrics_listen).await?;
 
     let mut tasks = Vec::new();
     let store = Arc::new(Mutex::new(RegionStore::new(&config.containers_dir)));
+    let scans = Arc::new(AtomicU64::new(0));
     tasks.push(tokio::spawn(poll(
         Scanner {
             store,
             pods,
             devices: devices.clone(),
             notifier,
+            scans: scans.clone(),
         },
         tx,
         config.clone(),
@@ -354,6 +355,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         metrics_listener,
         rx.clone(),
         devices,
+        scans.clone(),
         config.legacy_metrics,
         shutdown,
     )));
@@ -362,20 +364,9 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         grpc_addr,
         metrics_addr,
         state: rx,
+        scans,
         tasks,
     })
-}
-
-async fn bind(addr: SocketAddr) -> Result<TcpListener, AgentError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| AgentError::Bind { addr, source })
-}
-
-fn local(listener: &TcpListener, addr: SocketAddr) -> Result<SocketAddr, AgentError> {
-    listener
-        .local_addr()
-        .map_err(|source| AgentError::Bind { addr, source })
 }
 
 /// What the scan loop reads from.
@@ -384,10 +375,13 @@ struct Scanner {
     pods: PodSource,
     devices: Arc<Devices>,
     notifier: isolation::events::Notifier,
+    scans: Arc<AtomicU64>,
 }
 
-/// Re-reads regions on every directory event and every scan interval and
-/// publishes a new revision when the content changed.
+/// Re-reads regions when a container directory or region file appears,
+/// vanishes or is replaced, and every scan interval (live values change in
+/// place, through the mapping, without any file event); publishes a new
+/// revision when the content changed.
 async fn poll(
     scanner: Scanner,
     tx: watch::Sender<Arc<NodeState>>,
@@ -399,9 +393,13 @@ async fn poll(
         pods,
         devices,
         notifier,
+        scans,
     } = scanner;
-    let changed = Arc::new(Notify::new());
-    let _watcher = watch_dir(&config.containers_dir, changed.clone());
+    let mut dir_watch = DirWatch::new([config.containers_dir.clone()], Depth::RootAndChildren)
+        .unwrap_or_else(|error| {
+            tracing::warn!(%error, "inotify unavailable; relying on periodic scans");
+            DirWatch::disabled()
+        });
     let mut tick = tokio::time::interval(config.scan_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut orphans = Orphans::default();
@@ -413,8 +411,9 @@ async fn poll(
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
-            _ = tick.tick() => {}
-            () = changed.notified() => {}
+            // The directory may only appear after start.
+            _ = tick.tick() => dir_watch.rearm(),
+            () = dir_watch.changed() => {}
         }
         let scan_store = store.clone();
         let scan_devices = devices.clone();
@@ -482,6 +481,7 @@ async fn poll(
             escaped: assessed.escaped,
             checks: assessed.checks,
         };
+        scans.fetch_add(1, Ordering::Relaxed);
         tx.send_if_modified(|state| {
             if state.same_content(&next) {
                 return false;
@@ -492,26 +492,6 @@ async fn poll(
         });
     }
     Ok(())
-}
-
-/// inotify on the containers directory (new/removed container directories);
-/// the periodic scan covers everything else. `None` (logged) when the
-/// directory cannot be watched yet.
-fn watch_dir(dir: &std::path::Path, changed: Arc<Notify>) -> Option<notify::RecommendedWatcher> {
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
-            changed.notify_one();
-        }
-    })
-    .map_err(|error| tracing::warn!(%error, "inotify unavailable; relying on periodic scans"))
-    .ok()?;
-    match watcher.watch(dir, RecursiveMode::Recursive) {
-        Ok(()) => Some(watcher),
-        Err(error) => {
-            tracing::warn!(dir = %dir.display(), %error, "cannot watch the containers directory; relying on periodic scans");
-            None
-        }
-    }
 }
 
 /// Directories whose pod left the node, removed after a grace period.
@@ -615,6 +595,7 @@ async fn serve_http(
     listener: TcpListener,
     state: watch::Receiver<Arc<NodeState>>,
     devices: Arc<Devices>,
+    scans: Arc<AtomicU64>,
     legacy: bool,
     shutdown: CancellationToken,
 ) -> Result<(), AgentError> {
@@ -622,13 +603,14 @@ async fn serve_http(
     let metrics = warp::path!("metrics").and(warp::get()).then(move || {
         let state = metrics_state.borrow().clone();
         let devices = devices.clone();
+        let scans = scans.load(Ordering::Relaxed);
         async move {
             let host = tokio::task::spawn_blocking(move || devices.list())
                 .await
                 .unwrap_or_default();
             let now = store::unix_ms() / 1000;
             warp::reply::with_header(
-                exposition::render(&state, &host, now, legacy),
+                exposition::render(&state, &host, now, scans, legacy),
                 http::header::CONTENT_TYPE,
                 "text/plain; version=0.0.4; charset=utf-8",
             )

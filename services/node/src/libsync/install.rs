@@ -25,8 +25,10 @@ pub enum InstallError {
     },
     #[error("{path} is not a directory")]
     NotADirectory { path: PathBuf },
-    #[error("sync task failed: {0}")]
-    Task(String),
+    #[error("sync task failed")]
+    Task(#[from] tokio::task::JoinError),
+    #[error(transparent)]
+    Bind(#[from] kai_runtime::net::BindError),
 }
 
 impl InstallError {
@@ -97,6 +99,21 @@ fn sha256_of_file(path: &Path) -> Option<[u8; 32]> {
         }
     }
     Some(hasher.finalize().into())
+}
+
+/// Installs `bytes` at `dest` with `mode` unless `dest` already holds them:
+/// checked first, so an unchanged file costs a read of `dest` and nothing is
+/// created in its directory (a temp file there would be a change the sync
+/// loop watches for, waking it again).
+pub fn install_bytes(dest: &Path, bytes: &[u8], mode: u32) -> Result<Outcome, InstallError> {
+    let dest_mode = std::fs::metadata(dest)
+        .ok()
+        .map(|m| m.permissions().mode() & 0o7777);
+    let digest: [u8; 32] = Sha256::digest(bytes).into();
+    if dest_mode == Some(mode) && sha256_of_file(dest) == Some(digest) {
+        return Ok(Outcome::Unchanged);
+    }
+    install_atomic(dest, &mut &bytes[..], mode)
 }
 
 /// Installs what `source` yields at `dest` with `mode`, atomically: temp

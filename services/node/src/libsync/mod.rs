@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use notify::{RecursiveMode, Watcher};
-use tokio::sync::Notify;
+use kai_runtime::watch::{Depth, DirWatch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use warp::Filter;
 
@@ -113,7 +113,7 @@ pub fn sync_once(config: &Config) -> Result<Report, InstallError> {
     let mut report = Report::default();
     for (name, bytes) in [(LIBRARY, &library), (PRELOAD, &preload)] {
         let dest = config.host_vgpu_dir.join(name);
-        match install_atomic(&dest, &mut bytes.as_slice(), 0o644)? {
+        match install::install_bytes(&dest, bytes, 0o644)? {
             Outcome::Written => report.written.push(dest),
             Outcome::Unchanged => report.unchanged.push(dest),
         }
@@ -121,23 +121,56 @@ pub fn sync_once(config: &Config) -> Result<Report, InstallError> {
     Ok(report)
 }
 
+/// A running libsync loop.
+pub struct Running {
+    /// Where `/healthz` and `/readyz` are served.
+    pub health_addr: SocketAddr,
+    /// Completed sync attempts (successful or not): the loop's work count.
+    pub syncs: watch::Receiver<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Waits for the loop to end (after shutdown).
+    pub async fn wait(self) -> Result<(), InstallError> {
+        self.task.await.map_err(InstallError::Task)
+    }
+}
+
 /// Syncs now, then on every change of the source or installed files and
 /// every check interval, until `shutdown`. Serves `/readyz` meanwhile.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), InstallError> {
-    let ready = Arc::new(AtomicBool::new(false));
-    let listener = tokio::net::TcpListener::bind(config.health_listen)
-        .await
-        .map_err(|e| InstallError::io(&PathBuf::from(config.health_listen.to_string()), e))?;
-    tokio::spawn(serve_health(listener, ready.clone(), shutdown.clone()));
+    start(config, shutdown).await?.wait().await
+}
 
-    let changed = Arc::new(Notify::new());
-    let _watcher = watch(&config, changed.clone());
+/// Binds the health port and starts the sync loop.
+pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Running, InstallError> {
+    let ready = Arc::new(AtomicBool::new(false));
+    let (listener, health_addr) = kai_runtime::net::bind(config.health_listen).await?;
+    tokio::spawn(serve_health(listener, ready.clone(), shutdown.clone()));
+    let (syncs_tx, syncs) = watch::channel(0);
+    let task = tokio::spawn(sync_loop(config, ready, syncs_tx, shutdown));
+    Ok(Running {
+        health_addr,
+        syncs,
+        task,
+    })
+}
+
+async fn sync_loop(
+    config: Config,
+    ready: Arc<AtomicBool>,
+    syncs: watch::Sender<u64>,
+    shutdown: CancellationToken,
+) {
+    let mut watch = watch_dirs(&config);
     let mut backoff = Duration::from_secs(1);
     loop {
         let cfg = config.clone();
         let result = tokio::task::spawn_blocking(move || sync_once(&cfg))
             .await
-            .unwrap_or_else(|e| Err(InstallError::Task(e.to_string())));
+            .unwrap_or_else(|e| Err(InstallError::Task(e)));
+        syncs.send_modify(|n| *n += 1);
         let wait = match result {
             Ok(report) => {
                 for path in &report.written {
@@ -158,31 +191,25 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Inst
             }
         };
         tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
-            () = changed.notified() => {}
-            () = tokio::time::sleep(wait) => {}
+            () = shutdown.cancelled() => return,
+            // Our own writes land here too; the re-sync they cause finds
+            // nothing to write, and reading (checksums) is not a change.
+            () = watch.changed() => {}
+            () = tokio::time::sleep(wait) => watch.rearm(),
         }
     }
 }
 
-fn watch(config: &Config, changed: Arc<Notify>) -> Option<notify::RecommendedWatcher> {
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        // Our own writes also land here; the re-sync then finds nothing to do.
-        if event.is_ok() {
-            changed.notify_one();
-        }
-    })
-    .ok()?;
-    let mut dirs: Vec<&Path> = vec![&config.source_dir, &config.host_vgpu_dir];
+/// The source directory, the host directory and the preload file's directory.
+fn watch_dirs(config: &Config) -> DirWatch {
+    let mut dirs = vec![config.source_dir.clone(), config.host_vgpu_dir.clone()];
     if let Some(parent) = config.preload_file.as_deref().and_then(Path::parent) {
-        dirs.push(parent);
+        dirs.push(parent.to_owned());
     }
-    for dir in dirs {
-        if let Err(error) = watcher.watch(dir, RecursiveMode::NonRecursive) {
-            tracing::warn!(dir = %dir.display(), %error, "cannot watch; relying on periodic checks");
-        }
-    }
-    Some(watcher)
+    DirWatch::new(dirs, Depth::Root).unwrap_or_else(|error| {
+        tracing::warn!(%error, "inotify unavailable; relying on periodic checks");
+        DirWatch::disabled()
+    })
 }
 
 async fn serve_health(

@@ -37,7 +37,7 @@ pub enum TlsError {
     #[error("cannot watch {path} for certificate rotation: {source}")]
     Watch {
         path: PathBuf,
-        source: notify::Error,
+        source: std::io::Error,
     },
     #[error("cannot generate a certificate: {0}")]
     Generate(#[from] rcgen::Error),

@@ -10,17 +10,18 @@
 use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use notify::{RecursiveMode, Watcher};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{PemPair, TlsError};
+use crate::watch::{Depth, DirWatch};
 
 struct Loaded {
     pem: PemPair,
@@ -33,6 +34,8 @@ pub struct ReloadingCert {
     key_path: PathBuf,
     loaded: RwLock<Loaded>,
     generation: watch::Sender<u64>,
+    /// Times the files were re-read (changed or not).
+    checks: AtomicU64,
 }
 
 impl fmt::Debug for ReloadingCert {
@@ -56,6 +59,7 @@ impl ReloadingCert {
             key_path: key_path.to_owned(),
             loaded: RwLock::new(Loaded { pem, key }),
             generation: watch::channel(0).0,
+            checks: AtomicU64::new(0),
         }))
     }
 
@@ -73,10 +77,17 @@ impl ReloadingCert {
         self.generation.subscribe()
     }
 
+    /// How many times the files were re-read since load: a watch that stays
+    /// quiet while nothing changes keeps this still.
+    pub fn checks(&self) -> u64 {
+        self.checks.load(Ordering::Relaxed)
+    }
+
     /// Re-reads the files. `Ok(true)` when a new certificate is now served,
     /// `Ok(false)` when the files are unchanged, `Err` (old one kept) when the
     /// new files are unreadable or inconsistent.
     pub fn reload(&self) -> Result<bool, TlsError> {
+        self.checks.fetch_add(1, Ordering::Relaxed);
         let pem = PemPair::read(&self.cert_path, &self.key_path)?;
         if self.loaded.read().map(|l| l.pem == pem).unwrap_or(false) {
             return Ok(false);
@@ -97,20 +108,6 @@ impl ReloadingCert {
         shutdown: CancellationToken,
         fallback: Duration,
     ) -> Result<JoinHandle<()>, TlsError> {
-        let changed = Arc::new(Notify::new());
-        let signal = changed.clone();
-        let mut watcher =
-            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                // Any event in the directory may be the `..data` swap; reloading is
-                // cheap and skipped when the bytes are unchanged.
-                if event.is_ok() {
-                    signal.notify_one();
-                }
-            })
-            .map_err(|source| TlsError::Watch {
-                path: self.cert_path.clone(),
-                source,
-            })?;
         let dirs: BTreeSet<PathBuf> = [&self.cert_path, &self.key_path]
             .into_iter()
             .map(|p| match p.parent() {
@@ -118,27 +115,24 @@ impl ReloadingCert {
                 _ => PathBuf::from("."),
             })
             .collect();
-        for dir in &dirs {
-            watcher
-                .watch(dir, RecursiveMode::NonRecursive)
-                .map_err(|source| TlsError::Watch {
-                    path: dir.clone(),
-                    source,
-                })?;
-        }
+        // Any change in these directories may be the `..data` swap; reloading
+        // is cheap and a no-op when the bytes are unchanged. Our own reads of
+        // the files are not changes (see `crate::watch`).
+        let mut watch = DirWatch::new(dirs, Depth::Root).map_err(|source| TlsError::Watch {
+            path: self.cert_path.clone(),
+            source,
+        })?;
 
         let this = self.clone();
         Ok(tokio::spawn(async move {
-            // Moved in so the inotify watch lives as long as the task.
-            let _watcher = watcher;
             let mut tick = tokio::time::interval(fallback);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
             loop {
                 tokio::select! {
                     () = shutdown.cancelled() => break,
-                    () = changed.notified() => {}
-                    _ = tick.tick() => {}
+                    () = watch.changed() => {}
+                    _ = tick.tick() => watch.rearm(),
                 }
                 match this.reload() {
                     Ok(true) => {
@@ -194,6 +188,36 @@ mod tests {
         assert!(resolver.reload()?);
         assert_ne!(resolver.current().cert[0], first);
         assert_eq!(*generation.borrow(), 1);
+        Ok(())
+    }
+
+    /// The reload loop re-reads the files it watches; those reads must not
+    /// wake it again (they did with a mask that reported opens: a busy loop).
+    #[tokio::test]
+    async fn the_watch_reloads_on_rotation_and_stays_quiet_otherwise()
+    -> Result<(), Box<dyn std::error::Error>> {
+        crate::install_crypto_provider();
+        let dir = tempfile::tempdir()?;
+        generate("first", &names(), 1)?.write_to(dir.path())?;
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        let resolver = ReloadingCert::load(&cert, &key)?;
+        let mut generation = resolver.subscribe();
+        let shutdown = CancellationToken::new();
+        // A fallback far beyond the test: every reload here is the watch's.
+        let task = resolver.watch(shutdown.clone(), Duration::from_secs(3600))?;
+
+        generate("second", &names(), 1)?.write_to(dir.path())?;
+        tokio::time::timeout(Duration::from_secs(10), generation.wait_for(|g| *g >= 1)).await??;
+        let after_rotation = resolver.checks();
+        assert!(after_rotation >= 1);
+
+        // Nothing changes for a second: at most the tail of the rotation's
+        // burst may still arrive, nothing driven by the reloads' own reads.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let idle = resolver.checks() - after_rotation;
+        assert!(idle <= 1, "{idle} reloads while nothing changed");
+        shutdown.cancel();
+        task.await?;
         Ok(())
     }
 

@@ -1,0 +1,375 @@
+//! Directory watches that wake a loop only when what it reads may have changed.
+//!
+//! Every watcher in this project re-reads the directory it watches (a scan,
+//! a checksum, a certificate reload). A watch that also reports *reads*
+//! (`IN_OPEN`, `IN_ACCESS`, `IN_CLOSE_NOWRITE`, which `notify`'s default mask
+//! includes) turns that re-read into the next event: a closed loop that kept
+//! a core busy on every GPU node. So the mask here names only the events
+//! that mean an entry appeared, vanished, was replaced or was rewritten:
+//! `IN_CREATE`, `IN_DELETE`, `IN_MOVED_FROM`, `IN_MOVED_TO`, `IN_CLOSE_WRITE`
+//! (plus `IN_DELETE_SELF`/`IN_MOVE_SELF` on the watched roots). Reading
+//! anything under a watched directory never wakes its owner.
+//!
+//! Changes arrive in bursts (a container directory and its file, a Secret's
+//! `..data` swap: create, rename, delete); [`DirWatch::changed`] returns once
+//! per burst, after the directory has been quiet for a moment, so a burst
+//! costs one re-read.
+//!
+//! A root that does not exist yet, or whose watch could not be added, is not
+//! an error: the owner keeps its periodic re-read and calls
+//! [`DirWatch::rearm`] on each tick, which adds the watch once the directory
+//! appears.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use inotify::{EventMask, EventStream, Inotify, WatchDescriptor, WatchMask, Watches};
+
+/// How far below each root changes are seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Depth {
+    /// Entries of the root itself.
+    Root,
+    /// Entries of the root and of each directory directly inside it (the
+    /// node agent's `<containers>/<pod>_<container>/usage.cache`).
+    RootAndChildren,
+}
+
+/// After the first event of a burst, wait until no event came for this long…
+const QUIET: Duration = Duration::from_millis(50);
+/// …but never longer than this, so a directory that never settles still
+/// gets re-read regularly.
+const MAX_BURST: Duration = Duration::from_millis(500);
+
+/// Entries appeared, vanished, were renamed over or finished being written.
+fn entry_mask() -> WatchMask {
+    WatchMask::CREATE
+        | WatchMask::DELETE
+        | WatchMask::MOVED_FROM
+        | WatchMask::MOVED_TO
+        | WatchMask::CLOSE_WRITE
+        | WatchMask::ONLYDIR
+}
+
+/// A root also reports its own removal or rename.
+fn root_mask() -> WatchMask {
+    entry_mask() | WatchMask::DELETE_SELF | WatchMask::MOVE_SELF
+}
+
+/// What a watch descriptor stands for.
+#[derive(Clone, Debug)]
+enum Watched {
+    Root(usize),
+    Child,
+}
+
+/// inotify watches on a set of directories; see the module docs.
+pub struct DirWatch {
+    roots: Vec<PathBuf>,
+    depth: Depth,
+    stream: Option<EventStream<Vec<u8>>>,
+    watches: Option<Watches>,
+    by_wd: HashMap<WatchDescriptor, Watched>,
+    /// Roots that currently have a watch.
+    armed: Vec<bool>,
+    /// Why each root is not watched, logged once per change of reason.
+    unarmed_reason: Vec<Option<String>>,
+}
+
+impl std::fmt::Debug for DirWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirWatch")
+            .field("roots", &self.roots)
+            .field("depth", &self.depth)
+            .field("armed", &self.armed)
+            .field("watches", &self.by_wd.len())
+            .finish()
+    }
+}
+
+impl DirWatch {
+    /// Watches `roots` (deduplicated). Fails only when inotify itself is
+    /// unavailable; roots that cannot be watched yet are logged and retried
+    /// by [`rearm`](Self::rearm). Must be called inside a Tokio runtime.
+    pub fn new(roots: impl IntoIterator<Item = PathBuf>, depth: Depth) -> io::Result<Self> {
+        let mut unique: Vec<PathBuf> = Vec::new();
+        for root in roots {
+            if !unique.contains(&root) {
+                unique.push(root);
+            }
+        }
+        let inotify = Inotify::init()?;
+        let watches = inotify.watches();
+        let stream = inotify.into_event_stream(vec![0u8; 16 * 1024])?;
+        let n = unique.len();
+        let mut this = Self {
+            roots: unique,
+            depth,
+            stream: Some(stream),
+            watches: Some(watches),
+            by_wd: HashMap::new(),
+            armed: vec![false; n],
+            unarmed_reason: vec![None; n],
+        };
+        this.rearm();
+        Ok(this)
+    }
+
+    /// A watch that never fires: for owners whose inotify set-up failed and
+    /// who carry on with periodic re-reads.
+    pub fn disabled() -> Self {
+        Self {
+            roots: Vec::new(),
+            depth: Depth::Root,
+            stream: None,
+            watches: None,
+            by_wd: HashMap::new(),
+            armed: Vec::new(),
+            unarmed_reason: Vec::new(),
+        }
+    }
+
+    /// Whether every root is watched right now.
+    pub fn fully_armed(&self) -> bool {
+        self.stream.is_some() && self.armed.iter().all(|a| *a)
+    }
+
+    /// Adds the watch of every root that has none yet (it may have appeared
+    /// since). Cheap when all are armed; call it on each periodic tick.
+    pub fn rearm(&mut self) {
+        let Some(watches) = self.watches.as_mut() else {
+            return;
+        };
+        for (i, root) in self.roots.iter().enumerate() {
+            if self.armed[i] {
+                continue;
+            }
+            match watches.add(root, root_mask()) {
+                Ok(wd) => {
+                    self.by_wd.insert(wd, Watched::Root(i));
+                    self.armed[i] = true;
+                    if self.unarmed_reason[i].take().is_some() {
+                        tracing::info!(dir = %root.display(), "directory watched again");
+                    }
+                    if self.depth == Depth::RootAndChildren {
+                        watch_children(watches, &mut self.by_wd, root);
+                    }
+                }
+                Err(error) => {
+                    let reason = error.to_string();
+                    if self.unarmed_reason[i].as_ref() != Some(&reason) {
+                        tracing::warn!(dir = %root.display(), %error, "cannot watch directory; relying on periodic re-reads");
+                        self.unarmed_reason[i] = Some(reason);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits for the next change under the roots, then for the burst it
+    /// belongs to to end. Pending forever when nothing can be watched.
+    /// Cancel-safe in the sense that matters: dropping it mid-burst loses
+    /// only events whose burst the caller is about to re-read anyway.
+    pub async fn changed(&mut self) {
+        if !self.next_relevant().await {
+            return std::future::pending().await;
+        }
+        let deadline = tokio::time::Instant::now() + MAX_BURST;
+        loop {
+            let quiet = (tokio::time::Instant::now() + QUIET).min(deadline);
+            match tokio::time::timeout_at(quiet, self.next_relevant()).await {
+                Ok(true) => continue,
+                Ok(false) | Err(_) => return,
+            }
+        }
+    }
+
+    /// The next event that means a change; `false` when the stream ended.
+    async fn next_relevant(&mut self) -> bool {
+        loop {
+            let Some(stream) = self.stream.as_mut() else {
+                return false;
+            };
+            let event = match stream.next().await {
+                Some(Ok(event)) => event,
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "inotify read failed; relying on periodic re-reads");
+                    self.stream = None;
+                    self.watches = None;
+                    return false;
+                }
+                None => {
+                    self.stream = None;
+                    self.watches = None;
+                    return false;
+                }
+            };
+            if self.apply(event.wd, event.mask, event.name.as_deref()) {
+                return true;
+            }
+        }
+    }
+
+    /// Keeps the watch set in step with one event; `true` when it is a change.
+    fn apply(&mut self, wd: WatchDescriptor, mask: EventMask, name: Option<&OsStr>) -> bool {
+        if mask.contains(EventMask::Q_OVERFLOW) {
+            // Events were lost: whatever they were, re-read.
+            return true;
+        }
+        let watched = self.by_wd.get(&wd).cloned();
+        if mask.contains(EventMask::IGNORED) {
+            // The kernel dropped this watch (its directory is gone).
+            self.by_wd.remove(&wd);
+            if let Some(Watched::Root(i)) = watched {
+                self.armed[i] = false;
+            }
+            return false;
+        }
+        match watched {
+            Some(Watched::Root(i)) => {
+                if mask.intersects(EventMask::DELETE_SELF | EventMask::MOVE_SELF) {
+                    // Re-added by `rearm` once a directory is there again.
+                    self.armed[i] = false;
+                    if let Some(watches) = self.watches.as_mut() {
+                        let _ = watches.remove(wd.clone());
+                    }
+                    self.by_wd.remove(&wd);
+                    return true;
+                }
+                let new_dir = mask.contains(EventMask::ISDIR)
+                    && mask.intersects(EventMask::CREATE | EventMask::MOVED_TO);
+                if new_dir
+                    && self.depth == Depth::RootAndChildren
+                    && let (Some(name), Some(watches)) = (name, self.watches.as_mut())
+                {
+                    let child = self.roots[i].join(name);
+                    add_child(watches, &mut self.by_wd, &child);
+                }
+                true
+            }
+            Some(Watched::Child) => true,
+            // An event queued before its watch was removed.
+            None => false,
+        }
+    }
+}
+
+fn watch_children(
+    watches: &mut Watches,
+    by_wd: &mut HashMap<WatchDescriptor, Watched>,
+    root: &Path,
+) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            add_child(watches, by_wd, &entry.path());
+        }
+    }
+}
+
+fn add_child(watches: &mut Watches, by_wd: &mut HashMap<WatchDescriptor, Watched>, dir: &Path) {
+    match watches.add(dir, entry_mask()) {
+        Ok(wd) => {
+            by_wd.insert(wd, Watched::Child);
+        }
+        // Gone again already, or out of watches (fs.inotify.max_user_watches):
+        // the periodic re-read still covers it.
+        Err(error) => {
+            tracing::debug!(dir = %dir.display(), %error, "cannot watch subdirectory")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Resolves once `changed` fired, or reports that it did not within a
+    /// bound used only to fail the test (never to synchronise it).
+    async fn fired(watch: &mut DirWatch) -> bool {
+        tokio::time::timeout(Duration::from_secs(10), watch.changed())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn reads_do_not_wake_the_watch_but_a_new_entry_does() -> io::Result<()> {
+        let root = tempfile::tempdir()?;
+        let child = root.path().join("uid_ctr");
+        std::fs::create_dir(&child)?;
+        std::fs::write(child.join("usage.cache"), b"region")?;
+        let mut watch = DirWatch::new([root.path().to_owned()], Depth::RootAndChildren)?;
+        assert!(watch.fully_armed());
+
+        // Everything a scan does: list, stat, open and read.
+        for _ in 0..100 {
+            for entry in std::fs::read_dir(root.path())? {
+                let entry = entry?;
+                std::fs::read_dir(entry.path())?.count();
+                std::fs::read(entry.path().join("usage.cache"))?;
+            }
+        }
+        // A write in a child is the first event the watch may report.
+        std::fs::write(child.join("usage.cache"), b"rewritten")?;
+        let Some(stream) = watch.stream.as_mut() else {
+            panic!("stream set up");
+        };
+        let first = stream.next().await.transpose()?;
+        let mask = first.map(|e| e.mask).unwrap_or(EventMask::empty());
+        assert!(
+            !mask.intersects(EventMask::OPEN | EventMask::ACCESS | EventMask::CLOSE_NOWRITE),
+            "a read woke the watch: {mask:?}"
+        );
+        assert!(mask.intersects(EventMask::CREATE | EventMask::CLOSE_WRITE));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_burst_is_one_change_and_new_children_are_watched() -> io::Result<()> {
+        let root = tempfile::tempdir()?;
+        let mut watch = DirWatch::new([root.path().to_owned()], Depth::RootAndChildren)?;
+        // A container directory and its region, as libvgpu creates them.
+        let child = root.path().join("uid_ctr");
+        std::fs::create_dir(&child)?;
+        std::fs::write(child.join("usage.cache"), b"region")?;
+        assert!(fired(&mut watch).await);
+        assert!(
+            watch.by_wd.values().any(|w| matches!(w, Watched::Child)),
+            "the new directory got a watch of its own"
+        );
+        // The file inside the new directory is now seen on its own too.
+        std::fs::rename(child.join("usage.cache"), child.join("usage.cache.old"))?;
+        assert!(fired(&mut watch).await);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_root_that_appears_later_is_armed_by_rearm() -> io::Result<()> {
+        let parent = tempfile::tempdir()?;
+        let root = parent.path().join("containers");
+        let mut watch = DirWatch::new([root.clone()], Depth::Root)?;
+        assert!(!watch.fully_armed());
+        std::fs::create_dir(&root)?;
+        watch.rearm();
+        assert!(watch.fully_armed());
+        std::fs::write(root.join("a"), b"x")?;
+        assert!(fired(&mut watch).await);
+
+        // Removed: unarmed again (after the events that say so), then re-armed.
+        std::fs::remove_file(root.join("a"))?;
+        std::fs::remove_dir(&root)?;
+        while watch.fully_armed() {
+            assert!(fired(&mut watch).await);
+        }
+        std::fs::create_dir(&root)?;
+        watch.rearm();
+        assert!(watch.fully_armed());
+        Ok(())
+    }
+}
