@@ -40,12 +40,21 @@ impl ContainerKey {
 pub struct Found {
     pub key: ContainerKey,
     pub dir: PathBuf,
-    /// `dir/usage.cache`, when it exists.
-    pub cache: Option<PathBuf>,
+}
+
+impl Found {
+    /// `dir/usage.cache`, which may not exist yet: reading it tells (a
+    /// [`Region`](crate::Region) reports a missing file as not ready), so
+    /// listing costs no `stat` per directory.
+    pub fn cache(&self) -> PathBuf {
+        self.dir.join(CACHE_FILE)
+    }
 }
 
 /// Lists the container directories under `containers_dir`, sorted by key.
-/// Entries that are not directories or not `<uid>_<name>` are skipped.
+/// Entries that are not directories or not `<uid>_<name>` are skipped. The
+/// entry type comes from the directory listing itself (no `stat`, except on
+/// filesystems that do not report it).
 pub fn scan(containers_dir: &Path) -> std::io::Result<Vec<Found>> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(containers_dir)? {
@@ -57,10 +66,10 @@ pub fn scan(containers_dir: &Path) -> std::io::Result<Vec<Found>> {
         let Some(key) = name.to_str().and_then(ContainerKey::from_dir_name) else {
             continue;
         };
-        let dir = entry.path();
-        let cache = dir.join(CACHE_FILE);
-        let cache = cache.is_file().then_some(cache);
-        found.push(Found { key, dir, cache });
+        found.push(Found {
+            key,
+            dir: entry.path(),
+        });
     }
     found.sort_by(|a, b| a.key.cmp(&b.key));
     Ok(found)

@@ -246,11 +246,21 @@ impl Region {
     }
 
     /// Reads the region now. Remaps when the file was replaced or grew;
-    /// refuses to touch a mapping the file no longer covers.
+    /// refuses to touch a mapping the file no longer covers. A file that
+    /// does not exist (yet) is [`RegionError::NotReady`].
+    ///
+    /// One `stat` of the path per read: it tells a replaced file (identity)
+    /// and a resized one (length) apart from the mapped one, so when both
+    /// match, the mapping covers the file and the read needs no other
+    /// syscall. A truncation racing the read itself is caught by the SIGBUS
+    /// guard.
     pub fn snapshot(&mut self) -> Result<RegionSnapshot, RegionError> {
         let meta = std::fs::metadata(&self.path).map_err(|e| {
             self.mapping = None;
-            RegionError::Io(e.to_string())
+            match e.kind() {
+                std::io::ErrorKind::NotFound => RegionError::NotReady,
+                _ => RegionError::Io(e.to_string()),
+            }
         })?;
         let identity = (meta.dev(), meta.ino());
         let len = meta.len();
@@ -273,7 +283,8 @@ impl Region {
         let Some((map, _)) = &self.mapping else {
             return Err(RegionError::NotReady);
         };
-        if !map.still_covers() {
+        if stale && !map.still_covers() {
+            // Shrunk between mapping and now.
             self.mapping = None;
             return Err(RegionError::Shrunk);
         }

@@ -78,6 +78,11 @@ pub struct DirWatch {
     armed: Vec<bool>,
     /// Why each root is not watched, logged once per change of reason.
     unarmed_reason: Vec<Option<String>>,
+    /// Increases whenever a root gets a (new) watch: changes made before
+    /// that were not seen.
+    generation: u64,
+    /// A change was seen since the last [`take_changes`](Self::take_changes).
+    dirty: bool,
 }
 
 impl std::fmt::Debug for DirWatch {
@@ -114,6 +119,8 @@ impl DirWatch {
             by_wd: HashMap::new(),
             armed: vec![false; n],
             unarmed_reason: vec![None; n],
+            generation: 0,
+            dirty: false,
         };
         this.rearm();
         Ok(this)
@@ -130,12 +137,22 @@ impl DirWatch {
             by_wd: HashMap::new(),
             armed: Vec::new(),
             unarmed_reason: Vec::new(),
+            generation: 0,
+            dirty: false,
         }
     }
 
     /// Whether every root is watched right now.
     pub fn fully_armed(&self) -> bool {
-        self.stream.is_some() && self.armed.iter().all(|a| *a)
+        self.stream.is_some() && !self.roots.is_empty() && self.armed.iter().all(|a| *a)
+    }
+
+    /// Changes with every (re-)arming of a root. An owner that read the
+    /// roots while `fully_armed` and sees the same generation (and no
+    /// [`changed`](Self::changed)) since knows no entry of a root appeared
+    /// or vanished in between.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Adds the watch of every root that has none yet (it may have appeared
@@ -152,6 +169,7 @@ impl DirWatch {
                 Ok(wd) => {
                     self.by_wd.insert(wd, Watched::Root(i));
                     self.armed[i] = true;
+                    self.generation += 1;
                     if self.unarmed_reason[i].take().is_some() {
                         tracing::info!(dir = %root.display(), "directory watched again");
                     }
@@ -170,10 +188,17 @@ impl DirWatch {
         }
     }
 
+    /// Whether a change was seen since the last call. A caller that races
+    /// [`changed`](Self::changed) against a timer asks this after either
+    /// wins: a burst cut short by the timer is still reported here.
+    pub fn take_changes(&mut self) -> bool {
+        std::mem::take(&mut self.dirty)
+    }
+
     /// Waits for the next change under the roots, then for the burst it
     /// belongs to to end. Pending forever when nothing can be watched.
-    /// Cancel-safe in the sense that matters: dropping it mid-burst loses
-    /// only events whose burst the caller is about to re-read anyway.
+    /// Cancel-safe: a change consumed before the future is dropped is kept
+    /// for [`take_changes`](Self::take_changes).
     pub async fn changed(&mut self) {
         if !self.next_relevant().await {
             return std::future::pending().await;
@@ -209,6 +234,7 @@ impl DirWatch {
                 }
             };
             if self.apply(event.wd, event.mask, event.name.as_deref()) {
+                self.dirty = true;
                 return true;
             }
         }
@@ -339,6 +365,11 @@ mod tests {
         std::fs::create_dir(&child)?;
         std::fs::write(child.join("usage.cache"), b"region")?;
         assert!(fired(&mut watch).await);
+        assert!(
+            watch.take_changes(),
+            "the burst is also reported to pollers"
+        );
+        assert!(!watch.take_changes(), "once");
         assert!(
             watch.by_wd.values().any(|w| matches!(w, Watched::Child)),
             "the new directory got a watch of its own"

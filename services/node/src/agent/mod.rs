@@ -408,6 +408,8 @@ async fn poll(
         .host_proc
         .as_deref()
         .map(isolation::hostproc::HostProc::new);
+    // The watch generation under which the directory was last listed.
+    let mut listed_under: Option<u64> = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -415,11 +417,22 @@ async fn poll(
             _ = tick.tick() => dir_watch.rearm(),
             () = dir_watch.changed() => {}
         }
+        // Also true when the tick cut a burst short.
+        let changed = dir_watch.take_changes();
+        // Listing 1024 directories costs as much as reading their regions;
+        // skip it when the watch vouches that no directory came or went.
+        let armed = dir_watch.fully_armed().then(|| dir_watch.generation());
+        let listing = if !changed && armed.is_some() && armed == listed_under {
+            store::Listing::Unchanged
+        } else {
+            listed_under = armed;
+            store::Listing::Refresh
+        };
         let scan_store = store.clone();
         let scan_devices = devices.clone();
         let (scan, corrupt, gpu_processes) = tokio::task::spawn_blocking(move || {
             let mut store = scan_store.lock().unwrap_or_else(|p| p.into_inner());
-            let scan = store.scan();
+            let scan = store.scan(listing);
             // NVML blocks too; read the processes right after the regions so
             // both describe the same moment.
             (scan, store.corrupt_total(), scan_devices.processes())
@@ -501,15 +514,10 @@ struct Orphans {
 }
 
 impl Orphans {
-    fn sweep(
-        &mut self,
-        dirs: &[(kai_region::discovery::ContainerKey, PathBuf)],
-        pods: &PodSource,
-        grace: Duration,
-    ) {
+    fn sweep(&mut self, dirs: &[kai_region::discovery::Found], pods: &PodSource, grace: Duration) {
         let now = std::time::Instant::now();
         let mut still = std::collections::HashMap::new();
-        for (key, dir) in dirs {
+        for kai_region::discovery::Found { key, dir } in dirs {
             if pods.lookup(&key.pod_uid) != Lookup::Absent {
                 continue;
             }

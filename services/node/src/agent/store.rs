@@ -4,8 +4,8 @@
 //! reason (not one per scan), and never reported with a stale or partial
 //! number. Mappings of directories that disappeared are dropped.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kai_region::discovery::{self, ContainerKey};
@@ -20,7 +20,6 @@ struct Tracked {
 #[derive(Debug)]
 pub struct Read {
     pub key: ContainerKey,
-    pub dir: PathBuf,
     pub snapshot: RegionSnapshot,
     pub observed_at_ms: u64,
 }
@@ -29,22 +28,39 @@ pub struct Read {
 #[derive(Debug, Default)]
 pub struct Scan {
     pub regions: Vec<Read>,
-    /// Every container directory seen (readable or not), for orphan cleanup.
-    pub dirs: Vec<(ContainerKey, PathBuf)>,
+    /// Every container directory listed (readable or not), for orphan
+    /// cleanup; shared with the store, not copied per scan.
+    pub dirs: Arc<[discovery::Found]>,
 }
 
 pub struct RegionStore {
     dir: PathBuf,
-    tracked: HashMap<ContainerKey, Tracked>,
+    /// One entry per directory of `listing`, same order: a scan walks both
+    /// together instead of looking each region up.
+    tracked: Vec<Tracked>,
+    /// The last listing of the directory, sorted by key.
+    listing: Arc<[discovery::Found]>,
     corrupt_total: u64,
     dir_error: Option<String>,
+}
+
+/// Whether a scan lists the directory again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listing {
+    /// List it: something may have appeared or vanished (a directory event,
+    /// the first scan, or no watch to tell).
+    Refresh,
+    /// Reuse the last listing: the directory watch is armed and reported
+    /// nothing. Every region is still re-read (its values change in place).
+    Unchanged,
 }
 
 impl RegionStore {
     pub fn new(containers_dir: &Path) -> Self {
         Self {
             dir: containers_dir.to_owned(),
-            tracked: HashMap::new(),
+            tracked: Vec::new(),
+            listing: Arc::new([]),
             corrupt_total: 0,
             dir_error: None,
         }
@@ -59,38 +75,18 @@ impl RegionStore {
         self.corrupt_total
     }
 
-    /// Scans the directory and reads every region.
-    pub fn scan(&mut self) -> Scan {
-        let found = match discovery::scan(&self.dir) {
-            Ok(found) => {
-                if self.dir_error.take().is_some() {
-                    tracing::info!(dir = %self.dir.display(), "containers directory readable again");
-                }
-                found
-            }
-            Err(error) => {
-                let error = error.to_string();
-                if self.dir_error.as_ref() != Some(&error) {
-                    tracing::warn!(dir = %self.dir.display(), %error, "cannot read the containers directory; no regions this scan");
-                    self.dir_error = Some(error);
-                }
-                Vec::new()
-            }
-        };
+    /// Reads every region; lists the directory first unless told it is
+    /// unchanged since the last listing.
+    pub fn scan(&mut self, listing: Listing) -> Scan {
+        if listing == Listing::Refresh {
+            self.relist();
+        }
         let now = unix_ms();
-        let mut scan = Scan::default();
-        let mut present = Vec::with_capacity(found.len());
-        for f in found {
-            scan.dirs.push((f.key.clone(), f.dir.clone()));
-            let Some(cache) = f.cache else { continue };
-            present.push(f.key.clone());
-            let tracked = self
-                .tracked
-                .entry(f.key.clone())
-                .or_insert_with(|| Tracked {
-                    region: Region::new(&cache),
-                    last_error: None,
-                });
+        let mut scan = Scan {
+            regions: Vec::with_capacity(self.listing.len()),
+            dirs: self.listing.clone(),
+        };
+        for (f, tracked) in self.listing.iter().zip(&mut self.tracked) {
             match tracked.region.snapshot() {
                 Ok(snapshot) => {
                     if tracked
@@ -98,11 +94,10 @@ impl RegionStore {
                         .take()
                         .is_some_and(|e| e != RegionError::NotReady)
                     {
-                        tracing::info!(path = %cache.display(), "region readable again");
+                        tracing::info!(path = %tracked.region.path().display(), "region readable again");
                     }
                     scan.regions.push(Read {
-                        key: f.key,
-                        dir: f.dir,
+                        key: f.key.clone(),
                         snapshot,
                         observed_at_ms: now,
                     });
@@ -111,17 +106,58 @@ impl RegionStore {
                     if tracked.last_error.as_ref() != Some(&error) {
                         if error != RegionError::NotReady {
                             self.corrupt_total += 1;
-                            tracing::warn!(path = %cache.display(), reason = error.label(), %error, "skipping unreadable region");
+                            tracing::warn!(path = %tracked.region.path().display(), reason = error.label(), %error, "skipping unreadable region");
                         }
                         tracked.last_error = Some(error);
                     }
                 }
             }
         }
-        // Directories that went away: drop their mappings.
-        self.tracked
-            .retain(|key, _| present.binary_search(key).is_ok());
         scan
+    }
+
+    /// Lists the directory and drops the mappings of directories that went
+    /// away.
+    fn relist(&mut self) {
+        let listing: Arc<[discovery::Found]> = match discovery::scan(&self.dir) {
+            Ok(found) => {
+                if self.dir_error.take().is_some() {
+                    tracing::info!(dir = %self.dir.display(), "containers directory readable again");
+                }
+                found.into()
+            }
+            Err(error) => {
+                let error = error.to_string();
+                if self.dir_error.as_ref() != Some(&error) {
+                    tracing::warn!(dir = %self.dir.display(), %error, "cannot read the containers directory; no regions this scan");
+                    self.dir_error = Some(error);
+                }
+                Arc::new([])
+            }
+        };
+        // Keep the mappings of directories still listed (both listings are
+        // sorted by key); new ones start unmapped, gone ones are dropped.
+        let previous = std::mem::replace(&mut self.listing, listing);
+        let mut old = previous
+            .iter()
+            .map(|f| &f.key)
+            .zip(std::mem::take(&mut self.tracked))
+            .peekable();
+        self.tracked = self
+            .listing
+            .iter()
+            .map(|f| {
+                while old.next_if(|(key, _)| *key < &f.key).is_some() {}
+                match old.next_if(|(key, _)| *key == &f.key) {
+                    Some((_, kept)) => kept,
+                    // A directory whose file is not there yet reads as not ready.
+                    None => Tracked {
+                        region: Region::new(&f.cache()),
+                        last_error: None,
+                    },
+                }
+            })
+            .collect();
     }
 }
 

@@ -1,0 +1,138 @@
+//! The agent's scan of 1024 container regions against its floor, measured
+//! interleaved in one run (these machines are noisy: only the ratio is a
+//! claim, the absolute times are context).
+//!
+//! - ours: `RegionStore::scan`, exactly what the scan loop calls: on the
+//!   periodic tick (directory unchanged, as the inotify watch vouches) a
+//!   `stat` per region to check it is still the mapped file, and a decode;
+//!   after a directory change also the listing.
+//! - floor: the cheapest way to get the same numbers, a `pread` of the bytes
+//!   that matter (header and live slots) from files kept open, no listing,
+//!   no decode.
+//!
+//! `cargo bench -p kai-node --bench scan` (`ROUNDS`, `CONTAINERS` override).
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kai_node::agent::store::{Listing, RegionStore};
+use kai_region::discovery;
+use kai_region::layout::V1;
+use kai_region::writer::{RegionBuilder, UsageSpec};
+
+const PROCS: usize = 4;
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Only pages with data are written, so 1024 regions of 2 MB take ~50 MB
+/// of disk; the reader sees the same bytes.
+fn write_sparse(path: &Path, bytes: &[u8]) {
+    let file = std::fs::File::create(path).expect("create");
+    file.set_len(bytes.len() as u64).expect("size");
+    for (i, page) in bytes.chunks(4096).enumerate() {
+        if page.iter().any(|b| *b != 0) {
+            file.write_all_at(page, (i * 4096) as u64).expect("write");
+        }
+    }
+}
+
+fn region(i: usize) -> RegionBuilder {
+    let mut b =
+        RegionBuilder::v1().device(&format!("GPU-{i:08x}-0000-4000-8000-000000000000"), 4 << 30);
+    for p in 0..PROCS {
+        b = b.process(
+            1000 + p as i32,
+            vec![UsageSpec::data((i as u64 + 1) << 20, (i as u64 + 2) << 20)],
+        );
+    }
+    b.last_kernel_time = 1_796_000_000;
+    b
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn main() {
+    let containers = env("CONTAINERS", 1024);
+    let rounds = env("ROUNDS", 200);
+    let dir = tempfile::tempdir().expect("tempdir");
+    for i in 0..containers {
+        let d = dir
+            .path()
+            .join(format!("{i:08x}-0000-4000-8000-000000000000_c{i}"));
+        std::fs::create_dir(&d).expect("mkdir");
+        write_sparse(&d.join(discovery::CACHE_FILE), &region(i).to_bytes());
+    }
+
+    let mut store = RegionStore::new(dir.path());
+    let files: Vec<std::fs::File> = discovery::scan(dir.path())
+        .expect("list")
+        .iter()
+        .map(|f| std::fs::File::open(f.cache()).expect("open"))
+        .collect();
+    // Header and the live slots: every byte the decoder looks at.
+    let wanted = V1.slot(PROCS);
+    let mut buf = vec![0u8; wanted];
+
+    let mut floor = || {
+        let mut sum = 0u64;
+        for file in &files {
+            let n = file.read_at(&mut buf, 0).expect("pread");
+            assert_eq!(n, wanted);
+            sum = sum.wrapping_add(u64::from(buf[n - 1]));
+        }
+        std::hint::black_box(sum);
+    };
+    // Warm-up: maps every region once (the agent's steady state).
+    for _ in 0..3 {
+        store.scan(Listing::Refresh);
+        floor();
+    }
+    for (listing, what) in [
+        (Listing::Unchanged, "periodic re-read, directory unchanged"),
+        (Listing::Refresh, "after a directory change: list + re-read"),
+    ] {
+        let mut ours = || {
+            let scan = store.scan(listing);
+            assert_eq!(scan.regions.len(), containers);
+            std::hint::black_box(scan);
+        };
+        let (o, f) = interleaved(rounds, &mut ours, &mut floor);
+        println!(
+            "region scan + read, {containers} regions, {what} ({rounds} interleaved rounds, medians): \
+             ours {o:.2?}, floor (pread of {wanted} B from each open file) {f:.2?}, ratio {:.2}",
+            o.as_secs_f64() / f.as_secs_f64()
+        );
+    }
+}
+
+/// Runs both `rounds` times, alternating which goes first so neither always
+/// runs on a warmer cache; medians of each.
+fn interleaved(
+    rounds: usize,
+    ours: &mut impl FnMut(),
+    floor: &mut impl FnMut(),
+) -> (Duration, Duration) {
+    let (mut t_ours, mut t_floor) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        for ours_now in [round % 2 == 0, round % 2 != 0] {
+            let start = Instant::now();
+            if ours_now {
+                ours();
+                t_ours.push(start.elapsed());
+            } else {
+                floor();
+                t_floor.push(start.elapsed());
+            }
+        }
+    }
+    (median(t_ours), median(t_floor))
+}
