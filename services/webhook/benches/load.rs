@@ -1,20 +1,34 @@
 //! Load bench: the real webhook over TLS with keep-alive connections, like
-//! the API server holds. Reports reviews/s and latency percentiles.
+//! the API server holds, against its floor: a bare tokio-rustls + hyper
+//! HTTP/1.1 server with the webhook's own rustls configuration (same
+//! certificate resolver, same `kai_runtime::tls::server_config`) that reads
+//! each request body and answers with our real response to that review,
+//! precomputed. Same client, same connection counts.
 //!
-//! `cargo bench -p kai-webhook --bench load` (env: LOAD_SECONDS, default 10;
-//! LOAD_CONNECTIONS, default 8). Client and server share this machine's
-//! cores, so the figure is a floor for a dedicated webhook pod. Also samples
-//! the process every second (RSS, fds, maps) to show memory stays bounded;
-//! fails when any request failed.
+//! `cargo bench -p kai-webhook --bench load` (env: LOAD_ROUNDS, default 6;
+//! LOAD_ROUND_MS, default 500; LOAD_CONNECTIONS, default "1,8"). For each
+//! connection count, ours and the floor take turns for LOAD_ROUNDS rounds
+//! each (swapping who goes first every round), so both see the same
+//! machine; it reports reviews/s of each, their ratio, and latency
+//! percentiles. Client and servers share this machine's cores, so absolute
+//! figures are context only. Also samples the process (RSS, fds, maps)
+//! to show memory stays bounded; fails when any request failed.
 
+use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Method, StatusCode};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
 use kai_runtime::https::Client;
 use kai_webhook::{InjectConfig, Settings};
 use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 fn env_or(name: &str, default: u64) -> u64 {
@@ -24,6 +38,8 @@ fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// A two-container trainer pod, fields in the API server's order (the
+/// request's `operation` before its `object`).
 fn body() -> Bytes {
     let pod = json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -34,16 +50,9 @@ fn body() -> Bytes {
             {"name": "trainer", "image": "nvcr.io/nvidia/pytorch:24.05-py3", "env": [{"name": "EPOCHS", "value": "3"}]}
         ]}
     });
-    Bytes::from(
-        serde_json::to_vec(&json!({
-            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {"uid": "load", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                        "resource": {"group": "", "version": "v1", "resource": "pods"},
-                        "name": "trainer-0", "namespace": "team-a", "operation": "CREATE",
-                        "userInfo": {"username": "load"}, "object": pod}
-        }))
-        .unwrap_or_default(),
-    )
+    Bytes::from(format!(
+        r#"{{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{{"uid":"705ab4f5-6393-11e8-b7cc-42010a800002","kind":{{"group":"","version":"v1","kind":"Pod"}},"resource":{{"group":"","version":"v1","resource":"pods"}},"name":"trainer-0","namespace":"team-a","operation":"CREATE","userInfo":{{"username":"load"}},"object":{pod},"oldObject":null,"dryRun":false}}}}"#
+    ))
 }
 
 /// Latencies in 10 µs buckets up to 100 ms (the last bucket holds the rest).
@@ -96,83 +105,214 @@ impl Histogram {
     }
 }
 
+/// What one server achieved over all its rounds at one connection count.
+#[derive(Default)]
+struct Tally {
+    latencies: Histogram,
+    busy: Duration,
+    errors: u64,
+}
+
+impl Tally {
+    fn per_second(&self) -> f64 {
+        self.latencies.count as f64 / self.busy.as_secs_f64().max(1e-9)
+    }
+}
+
+/// The floor: TLS accept, HTTP/1.1, read the body, answer `response`.
+async fn serve_floor(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    response: Bytes,
+    shutdown: CancellationToken,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    loop {
+        let stream = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => continue,
+            },
+        };
+        let (acceptor, response) = (acceptor.clone(), response.clone());
+        tokio::spawn(async move {
+            let Ok(tls) = acceptor.accept(stream).await else {
+                return;
+            };
+            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                let response = response.clone();
+                async move {
+                    // Read the whole review, as any webhook must.
+                    let _ = request.into_body().collect().await;
+                    Ok::<_, Infallible>(
+                        Response::builder()
+                            .header(http::header::CONTENT_TYPE, "application/json")
+                            .body(Full::new(response))
+                            .unwrap_or_default(),
+                    )
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tls), service)
+                .await;
+        });
+    }
+}
+
+/// `connections` keep-alive clients post `body` to `addr` until `duration`
+/// has passed.
+async fn round(
+    addr: SocketAddr,
+    config: &Arc<rustls::ClientConfig>,
+    body: &Bytes,
+    connections: u64,
+    duration: Duration,
+    tally: &mut Tally,
+) -> anyhow::Result<()> {
+    // Connect first: handshakes are not what is measured.
+    let mut clients = Vec::new();
+    for _ in 0..connections {
+        clients.push(Client::connect(addr, "localhost", config.clone()).await?);
+    }
+    let started = Instant::now();
+    let deadline = started + duration;
+    let workers: Vec<_> = clients
+        .into_iter()
+        .map(|mut client| {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut latencies = Histogram::default();
+                let mut errors = 0u64;
+                while Instant::now() < deadline {
+                    let sent = Instant::now();
+                    match client.send(Method::POST, "/mutate", body.clone()).await {
+                        Ok((StatusCode::OK, _)) => latencies.record(sent.elapsed()),
+                        _ => errors += 1,
+                    }
+                }
+                (latencies, errors)
+            })
+        })
+        .collect();
+    for worker in workers {
+        let (latencies, errors) = worker.await?;
+        tally.latencies.merge(&latencies);
+        tally.errors += errors;
+    }
+    tally.busy += started.elapsed();
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     kai_runtime::install_crypto_provider();
-    let seconds = env_or("LOAD_SECONDS", 10);
-    let connections = env_or("LOAD_CONNECTIONS", 8).max(1);
+    let rounds = env_or("LOAD_ROUNDS", 6).max(1);
+    let round_time = Duration::from_millis(env_or("LOAD_ROUND_MS", 500).max(10));
+    let connection_counts: Vec<u64> = std::env::var("LOAD_CONNECTIONS")
+        .unwrap_or_else(|_| "1,8".to_owned())
+        .split(',')
+        .filter_map(|n| n.trim().parse().ok())
+        .map(|n: u64| n.max(1))
+        .collect();
 
     let dir = tempfile::tempdir()?;
     let bundle = kai_runtime::tls::generate("load", &["localhost".to_owned()], 1)?;
     bundle.write_to(dir.path())?;
     let shutdown = CancellationToken::new();
+    let inject = InjectConfig::default();
     let running = kai_webhook::start(
         Settings {
             listen: "127.0.0.1:0".parse()?,
             tls_cert_file: dir.path().join("tls.crt"),
             tls_private_key_file: dir.path().join("tls.key"),
-            inject: InjectConfig::default(),
+            inject: inject.clone(),
             tls_reload_fallback: Duration::from_secs(3600),
         },
         shutdown.clone(),
     )
     .await?;
+
+    let body = body();
+    let reviewed = kai_webhook::review::review(&body, &inject)?;
+    anyhow::ensure!(reviewed.decision == "injected", "the bench must inject");
+    let response = Bytes::from(reviewed.body);
+    let floor_listener = TcpListener::bind("127.0.0.1:0").await?;
+    let floor_addr = floor_listener.local_addr()?;
+    let floor_tls = Arc::new(kai_runtime::tls::server_config(running.cert.clone())?);
+    let floor = tokio::spawn(serve_floor(
+        floor_listener,
+        floor_tls,
+        response.clone(),
+        shutdown.clone(),
+    ));
+
     let config = Arc::new(kai_runtime::tls::client_config_trusting(
         bundle.ca_cert_pem.as_bytes(),
     )?);
-    let body = body();
     let before = kai_runtime::procstat::sample(None)?;
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    let sampler = tokio::spawn(async move {
-        let mut samples = Vec::new();
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        while Instant::now() < deadline {
-            tick.tick().await;
-            if let Ok(s) = kai_runtime::procstat::sample(None) {
-                samples.push(s);
-            }
-        }
-        samples
-    });
-
-    let mut workers = Vec::new();
-    for _ in 0..connections {
-        let mut client = Client::connect(running.addr, "localhost", config.clone()).await?;
-        let body = body.clone();
-        workers.push(tokio::spawn(async move {
-            // A fixed-size histogram, so a long run's memory is the server's.
-            let mut latencies = Histogram::default();
-            let mut errors = 0u64;
-            while Instant::now() < deadline {
-                let started = Instant::now();
-                match client.send(Method::POST, "/mutate", body.clone()).await {
-                    Ok((StatusCode::OK, _)) => latencies.record(started.elapsed()),
-                    _ => errors += 1,
+    let stop_sampling = CancellationToken::new();
+    let sampler = {
+        let stop = stop_sampling.clone();
+        tokio::spawn(async move {
+            let mut samples = Vec::new();
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    _ = tick.tick() => {
+                        if let Ok(s) = kai_runtime::procstat::sample(None) {
+                            samples.push(s);
+                        }
+                    }
                 }
             }
-            (latencies, errors)
-        }));
-    }
-    let started = Instant::now();
-    let mut all = Histogram::default();
-    let mut errors = 0;
-    for worker in workers {
-        let (latencies, errs) = worker.await?;
-        all.merge(&latencies);
-        errors += errs;
-    }
-    let elapsed = started.elapsed().as_secs_f64();
+            samples
+        })
+    };
+
     println!(
-        "webhook load: {connections} TLS keep-alive connections, {seconds} s: {} reviews, {:.0} reviews/s, p50 {} µs, p99 {} µs, max {} µs, errors {errors}",
-        all.count,
-        all.count as f64 / elapsed,
-        all.percentile(0.50),
-        all.percentile(0.99),
-        all.max_us,
+        "request {} bytes, response {} bytes; {rounds} rounds of {} ms per server",
+        body.len(),
+        response.len(),
+        round_time.as_millis()
     );
+    let mut errors = 0;
+    for &connections in &connection_counts {
+        let (mut ours, mut bare) = (Tally::default(), Tally::default());
+        for r in 0..rounds {
+            let order = if r % 2 == 0 {
+                [(running.addr, &mut ours), (floor_addr, &mut bare)]
+            } else {
+                [(floor_addr, &mut bare), (running.addr, &mut ours)]
+            };
+            for (addr, tally) in order {
+                round(addr, &config, &body, connections, round_time, tally).await?;
+            }
+        }
+        let percentiles = |t: &Tally| {
+            format!(
+                "p50 {} µs, p99 {} µs",
+                t.latencies.percentile(0.50),
+                t.latencies.percentile(0.99)
+            )
+        };
+        println!(
+            "webhook over TLS keep-alive, {connections} connection(s): ours {:.0} reviews/s ({}), floor {:.0} reviews/s ({}), ratio {:.2}",
+            ours.per_second(),
+            percentiles(&ours),
+            bare.per_second(),
+            percentiles(&bare),
+            ours.per_second() / bare.per_second().max(1e-9),
+        );
+        errors += ours.errors + bare.errors;
+    }
+
+    stop_sampling.cancel();
     let samples = sampler.await?;
     shutdown.cancel();
     running.task.await?;
+    floor.await?;
     let after = kai_runtime::procstat::sample(None)?;
     // The first tenth is warm-up (connections, allocator arenas).
     let warm = samples.get(samples.len() / 10).copied().unwrap_or(before);
@@ -186,7 +326,7 @@ async fn main() -> anyhow::Result<()> {
         mib(peak),
         samples.len()
     );
-    println!("before: {before}\nafter:  {after} (server stopped, clients closed)");
+    println!("before: {before}\nafter:  {after} (servers stopped, clients closed)");
     if errors > 0 {
         anyhow::bail!("{errors} requests failed under load");
     }

@@ -1,12 +1,15 @@
 //! kai-webhook: makes KAI GPU-sharing pods preload HAMi-core's libvgpu.so.
 //!
-//! [`inject`] is the pure decision and patch builder, [`review`] wraps it in
+//! [`pod`] decodes the part of a Pod that matters, [`inject`] is the pure
+//! decision and patch builder, [`review`] wraps it in
 //! the AdmissionReview protocol, [`server`] serves it over HTTPS with
 //! hot-reloaded certificates.
 
 pub mod config;
 pub mod inject;
+mod json;
 pub mod metrics;
+pub mod pod;
 pub mod review;
 pub mod server;
 

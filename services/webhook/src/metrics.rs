@@ -40,9 +40,41 @@ fn describe() {
     metrics::describe_counter!(CERT_RELOADS_TOTAL, "Serving certificate reloads.");
 }
 
-pub fn record_review(decision: &'static str, elapsed: Duration) {
-    metrics::counter!(REVIEWS_TOTAL, "decision" => decision).increment(1);
-    metrics::histogram!(REVIEW_DURATION).record(elapsed.as_secs_f64());
+/// Decisions a review can end in (see [`crate::inject::Decision::label`]).
+const DECISIONS: [&str; 7] = [
+    "injected",
+    "already_injected",
+    "not_gpu_sharing",
+    "opted_out",
+    "no_containers",
+    "denied",
+    "pass_through",
+];
+
+/// The per-review series, registered once: looking a labelled series up in
+/// the recorder on every review cost more than the increment.
+pub struct Reviews {
+    by_decision: [metrics::Counter; DECISIONS.len()],
+    duration: metrics::Histogram,
+}
+
+impl Reviews {
+    /// Registers the series with the installed recorder (see [`install`]).
+    pub fn register() -> Self {
+        Self {
+            by_decision: DECISIONS
+                .map(|decision| metrics::counter!(REVIEWS_TOTAL, "decision" => decision)),
+            duration: metrics::histogram!(REVIEW_DURATION),
+        }
+    }
+
+    pub fn record(&self, decision: &'static str, elapsed: Duration) {
+        match DECISIONS.iter().position(|d| *d == decision) {
+            Some(i) => self.by_decision[i].increment(1),
+            None => metrics::counter!(REVIEWS_TOTAL, "decision" => decision).increment(1),
+        }
+        self.duration.record(elapsed.as_secs_f64());
+    }
 }
 
 pub fn record_bad_request(reason: &'static str) {

@@ -4,13 +4,19 @@
 //! server then applies the webhook's failurePolicy). A well-formed review
 //! always gets a well-formed response echoing its uid.
 
+use std::cell::Cell;
+use std::fmt;
+
 use base64::Engine;
-use k8s_openapi::api::core::v1::Pod;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::error::Category;
 use serde_json::value::RawValue;
 
 use crate::config::InjectConfig;
 use crate::inject::{self, Decision};
+use crate::json;
+use crate::pod::{Pod, Str};
 
 /// Largest body accepted; a Pod is far smaller, and the API server itself
 /// caps objects at ~1.5 MiB.
@@ -38,8 +44,6 @@ pub enum BadRequest {
     NoObject,
     #[error("object is not a valid Pod: {0}")]
     InvalidPod(String),
-    #[error("cannot encode the response: {0}")]
-    Encode(String),
 }
 
 impl BadRequest {
@@ -53,7 +57,6 @@ impl BadRequest {
             Self::NotAPod(_) => "not_a_pod",
             Self::NoObject => "no_object",
             Self::InvalidPod(_) => "invalid_pod",
-            Self::Encode(_) => "encode",
         }
     }
 }
@@ -74,76 +77,263 @@ pub struct Reviewed {
     pub detail: Option<String>,
 }
 
-// The response is encoded by hand rather than with kube-core's
-// `AdmissionResponse`, which serialises `patch` as an array of numbers; the
-// admission API (and the Go webhook we replace) uses a base64 string.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ReviewOut<'a> {
-    api_version: &'static str,
-    kind: &'static str,
-    response: Response<'a>,
+// The response is written by hand. Not kube-core's `AdmissionResponse`:
+// it serialises `patch` as an array of numbers, where the admission API
+// (and the Go webhook we replace) uses a base64 string. Not a serde struct
+// either: its shape is fixed, and serde_json would scan the 1-2 KB of
+// base64 for characters to escape, which it never has.
+const RESPONSE_HEAD: &str =
+    r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"#;
+
+/// How a review is answered.
+enum Answer {
+    Allow,
+    /// Allow with this RFC 6902 patch (JSON text).
+    Patch(String),
+    /// Refuse with this message.
+    Deny(String),
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Response<'a> {
-    uid: &'a str,
-    allowed: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    status: Option<ResponseStatus>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    patch: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    patch_type: Option<&'static str>,
+fn response_json(uid: &str, answer: &Answer) -> Vec<u8> {
+    let extra = match answer {
+        Answer::Allow => 0,
+        Answer::Patch(patch) => patch.len() / 3 * 4 + 64,
+        Answer::Deny(message) => message.len() + 96,
+    };
+    let mut out = String::with_capacity(RESPONSE_HEAD.len() + uid.len() + 32 + extra);
+    out.push_str(RESPONSE_HEAD);
+    json::string(&mut out, &[uid]);
+    match answer {
+        Answer::Allow => out.push_str(r#","allowed":true}}"#),
+        Answer::Patch(patch) => {
+            out.push_str(r#","allowed":true,"patch":""#);
+            base64::engine::general_purpose::STANDARD.encode_string(patch, &mut out);
+            out.push_str(r#"","patchType":"JSONPatch"}}"#);
+        }
+        Answer::Deny(message) => {
+            out.push_str(
+                r#","allowed":false,"status":{"code":400,"reason":"BadRequest","message":"#,
+            );
+            json::string(&mut out, &[message]);
+            out.push_str("}}}");
+        }
+    }
+    out.into_bytes()
 }
 
-#[derive(Serialize)]
-struct ResponseStatus {
-    code: u16,
-    reason: &'static str,
-    message: String,
-}
-
-// Only the fields we read are decoded; the object stays raw text until we
-// know it is a Pod CREATE, and is then typed in one pass. (Going through
-// `serde_json::Value`, as kube-core's `DynamicObject` does, took 2.4x as
-// long on the 50-container bench: 720 µs against 300 µs.)
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
+// Only the fields we read are decoded, and the Pod itself only in part (see
+// `crate::pod`). The API server writes a request's fields in the Go struct's
+// order: `kind`, `subResource` and `operation` come before `object`, so by
+// the time the object is reached we usually know it is a Pod CREATE and
+// decode it in the same pass. Otherwise it is kept as raw text and decoded
+// afterwards, only if it turns out to be ours; the outcome is the same
+// either way, the second pass only costs time.
 struct ReviewIn<'a> {
-    #[serde(default)]
-    api_version: String,
-    #[serde(default)]
-    kind: String,
-    #[serde(borrow)]
+    api_version: Str<'a>,
+    kind: Str<'a>,
     request: Option<RequestIn<'a>>,
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
 struct RequestIn<'a> {
     uid: String,
-    kind: GroupVersionKind,
-    #[serde(default)]
+    kind: GroupVersionKind<'a>,
     sub_resource: Option<String>,
-    #[serde(default)]
     name: Option<String>,
-    #[serde(default)]
     namespace: Option<String>,
-    operation: String,
-    #[serde(borrow, default)]
-    object: Option<&'a RawValue>,
+    operation: Str<'a>,
+    object: Object<'a>,
+}
+
+/// `request.object`.
+enum Object<'a> {
+    /// Missing or `null`.
+    Absent,
+    /// Not decoded yet: the request was not known to be a Pod CREATE when
+    /// the object was read.
+    Raw(&'a RawValue),
+    Pod(Pod<'a>),
 }
 
 #[derive(Deserialize)]
-struct GroupVersionKind {
-    #[serde(default)]
-    group: String,
-    #[serde(default)]
-    version: String,
-    #[serde(default)]
-    kind: String,
+struct GroupVersionKind<'a> {
+    #[serde(borrow, default)]
+    group: Str<'a>,
+    #[serde(borrow, default)]
+    version: Str<'a>,
+    #[serde(borrow, default)]
+    kind: Str<'a>,
+}
+
+impl GroupVersionKind<'_> {
+    fn is_pod(&self) -> bool {
+        self.group.is_empty() && &*self.version == "v1" && &*self.kind == "Pod"
+    }
+}
+
+/// Decodes the envelope; `pod_failed` is set when the error came from
+/// decoding the Pod in the first pass, so that it can be told apart from a
+/// malformed envelope.
+struct ReviewSeed<'c> {
+    pod_failed: &'c Cell<bool>,
+}
+
+impl<'de> DeserializeSeed<'de> for ReviewSeed<'_> {
+    type Value = ReviewIn<'de>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ReviewSeed<'_> {
+    type Value = ReviewIn<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an AdmissionReview object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let (mut api_version, mut kind, mut request) = (None, None, None);
+        while let Some(key) = map.next_key::<Str<'de>>()? {
+            match &*key {
+                "apiVersion" => once(&mut api_version, "apiVersion", map.next_value()?)?,
+                "kind" => once(&mut kind, "kind", map.next_value()?)?,
+                "request" => {
+                    let seed = RequestSeed {
+                        pod_failed: self.pod_failed,
+                    };
+                    once(&mut request, "request", map.next_value_seed(seed)?)?;
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(ReviewIn {
+            api_version: api_version.unwrap_or_default(),
+            kind: kind.unwrap_or_default(),
+            request: request.flatten(),
+        })
+    }
+}
+
+/// `Option<RequestIn>`: `null` is no request.
+struct RequestSeed<'c> {
+    pod_failed: &'c Cell<bool>,
+}
+
+impl<'de> DeserializeSeed<'de> for RequestSeed<'_> {
+    type Value = Option<RequestIn<'de>>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RequestSeed<'_> {
+    type Value = Option<RequestIn<'de>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an AdmissionRequest object")
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut uid = None;
+        let mut kind: Option<GroupVersionKind<'de>> = None;
+        let mut sub_resource: Option<Option<String>> = None;
+        let mut name = None;
+        let mut namespace = None;
+        let mut operation: Option<Str<'de>> = None;
+        let mut object = None;
+        while let Some(key) = map.next_key::<Str<'de>>()? {
+            match &*key {
+                "uid" => once(&mut uid, "uid", map.next_value()?)?,
+                "kind" => once(&mut kind, "kind", map.next_value()?)?,
+                "subResource" => once(&mut sub_resource, "subResource", map.next_value()?)?,
+                "name" => once(&mut name, "name", map.next_value()?)?,
+                "namespace" => once(&mut namespace, "namespace", map.next_value()?)?,
+                "operation" => once(&mut operation, "operation", map.next_value()?)?,
+                "object" => {
+                    let ours = kind.as_ref().is_some_and(GroupVersionKind::is_pod)
+                        && operation.as_deref() == Some("CREATE")
+                        && sub_resource
+                            .as_ref()
+                            .is_none_or(|s| is_main_resource(s.as_deref()));
+                    let value = if ours {
+                        match map.next_value::<Option<Pod<'de>>>() {
+                            Ok(pod) => pod.map_or(Object::Absent, Object::Pod),
+                            Err(error) => {
+                                self.pod_failed.set(true);
+                                return Err(error);
+                            }
+                        }
+                    } else {
+                        map.next_value::<Option<&'de RawValue>>()?
+                            .map_or(Object::Absent, Object::Raw)
+                    };
+                    once(&mut object, "object", value)?;
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Some(RequestIn {
+            uid: uid.ok_or_else(|| de::Error::missing_field("uid"))?,
+            kind: kind.ok_or_else(|| de::Error::missing_field("kind"))?,
+            sub_resource: sub_resource.flatten(),
+            name: name.flatten(),
+            namespace: namespace.flatten(),
+            operation: operation.ok_or_else(|| de::Error::missing_field("operation"))?,
+            object: object.unwrap_or(Object::Absent),
+        }))
+    }
+}
+
+/// Stores a field's value, refusing a repeated key as serde's derive does.
+fn once<T, E: de::Error>(slot: &mut Option<T>, field: &'static str, value: T) -> Result<(), E> {
+    if slot.is_some() {
+        return Err(E::duplicate_field(field));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+/// No subresource: the request is about the Pod itself (not its binding,
+/// status, ephemeralcontainers, …).
+fn is_main_resource(sub_resource: Option<&str>) -> bool {
+    sub_resource.is_none_or(str::is_empty)
+}
+
+fn decode(body: &[u8]) -> Result<ReviewIn<'_>, BadRequest> {
+    let pod_failed = Cell::new(false);
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let review = ReviewSeed {
+        pod_failed: &pod_failed,
+    }
+    .deserialize(&mut deserializer)
+    .and_then(|review| deserializer.end().map(|()| review));
+    review.map_err(|error| {
+        // A syntax error is the body's, wherever it is; a type error inside
+        // the object (decoded in the first pass) is the Pod's.
+        if pod_failed.get() && error.classify() == Category::Data {
+            BadRequest::InvalidPod(error.to_string())
+        } else {
+            BadRequest::NotJson(error.to_string())
+        }
+    })
 }
 
 /// Reviews one AdmissionReview body.
@@ -151,96 +341,162 @@ pub fn review(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, BadRequest> {
     if body.len() > MAX_BODY_BYTES {
         return Err(BadRequest::TooLarge);
     }
-    let review: ReviewIn<'_> =
-        serde_json::from_slice(body).map_err(|e| BadRequest::NotJson(e.to_string()))?;
-    if review.kind != ADMISSION_KIND || review.api_version != ADMISSION_API_VERSION {
+    let review = decode(body)?;
+    if &*review.kind != ADMISSION_KIND || &*review.api_version != ADMISSION_API_VERSION {
         return Err(BadRequest::WrongKind {
-            kind: review.kind,
-            api_version: review.api_version,
+            kind: review.kind.to_string(),
+            api_version: review.api_version.to_string(),
         });
     }
     let request = review.request.ok_or(BadRequest::NoRequest)?;
     let mut reviewed = Reviewed {
         body: Vec::new(),
         decision: "pass_through",
-        uid: request.uid.clone(),
-        namespace: request.namespace.clone().unwrap_or_default(),
-        pod: request.name.clone().unwrap_or_default(),
+        uid: request.uid,
+        namespace: request.namespace.unwrap_or_default(),
+        pod: request.name.unwrap_or_default(),
         container: None,
         detail: None,
     };
-    let mut response = Response {
-        uid: &request.uid,
-        allowed: true,
-        status: None,
-        patch: None,
-        patch_type: None,
-    };
+    let mut answer = Answer::Allow;
 
     // Only a Pod CREATE is ours; UPDATE/DELETE/CONNECT and subresources
     // (binding, ephemeralcontainers, …) pass through untouched.
-    if request.operation == "CREATE" && request.sub_resource.as_deref().is_none_or(str::is_empty) {
-        let pod = pod_of(&request)?;
+    if &*request.operation == "CREATE" && is_main_resource(request.sub_resource.as_deref()) {
+        let pod = pod_of(&request.kind, request.object)?;
         if reviewed.pod.is_empty() {
             reviewed.pod = pod_display_name(&pod);
         }
         if reviewed.namespace.is_empty() {
-            reviewed.namespace = pod.metadata.namespace.clone().unwrap_or_default();
+            reviewed.namespace = pod
+                .metadata
+                .namespace
+                .as_deref()
+                .unwrap_or_default()
+                .to_owned();
         }
-        let decision = inject::plan(&pod, cfg);
+        let decision =
+            inject::plan(&pod, cfg).map_err(|e| BadRequest::InvalidPod(e.to_string()))?;
         reviewed.decision = decision.label();
         match decision {
             Decision::Inject { target, patch } => {
+                answer = Answer::Patch(patch.to_json(&target, cfg));
                 reviewed.container = Some(target.name);
-                let raw =
-                    serde_json::to_vec(&patch).map_err(|e| BadRequest::Encode(e.to_string()))?;
-                response.patch = Some(base64::engine::general_purpose::STANDARD.encode(raw));
-                response.patch_type = Some("JSONPatch");
             }
             Decision::AlreadyInjected { target } => reviewed.container = Some(target.name),
             Decision::NotSharing { share_resource } => reviewed.detail = share_resource,
             Decision::OptedOut | Decision::NoContainers => {}
             Decision::Deny { message } => {
-                response.allowed = false;
-                response.status = Some(ResponseStatus {
-                    code: 400,
-                    reason: "BadRequest",
-                    message: message.clone(),
-                });
+                answer = Answer::Deny(message.clone());
                 reviewed.detail = Some(message);
             }
         }
     }
-    let out = ReviewOut {
-        api_version: ADMISSION_API_VERSION,
-        kind: ADMISSION_KIND,
-        response,
-    };
-    reviewed.body = serde_json::to_vec(&out).map_err(|e| BadRequest::Encode(e.to_string()))?;
+    reviewed.body = response_json(&reviewed.uid, &answer);
     Ok(reviewed)
 }
 
-fn pod_of(request: &RequestIn<'_>) -> Result<Pod, BadRequest> {
-    let gvk = &request.kind;
-    if !(gvk.group.is_empty() && gvk.version == "v1" && gvk.kind == "Pod") {
+fn pod_of<'a>(gvk: &GroupVersionKind<'_>, object: Object<'a>) -> Result<Pod<'a>, BadRequest> {
+    if !gvk.is_pod() {
         let name = if gvk.group.is_empty() {
-            format!("{}/{}", gvk.version, gvk.kind)
+            format!("{}/{}", &*gvk.version, &*gvk.kind)
         } else {
-            format!("{}/{}/{}", gvk.group, gvk.version, gvk.kind)
+            format!("{}/{}/{}", &*gvk.group, &*gvk.version, &*gvk.kind)
         };
         return Err(BadRequest::NotAPod(name));
     }
-    let object = request
-        .object
-        .filter(|o| o.get() != "null")
-        .ok_or(BadRequest::NoObject)?;
-    serde_json::from_str(object.get()).map_err(|e| BadRequest::InvalidPod(e.to_string()))
+    match object {
+        Object::Pod(pod) => Ok(pod),
+        Object::Raw(raw) => {
+            serde_json::from_str(raw.get()).map_err(|e| BadRequest::InvalidPod(e.to_string()))
+        }
+        Object::Absent => Err(BadRequest::NoObject),
+    }
 }
 
-fn pod_display_name(pod: &Pod) -> String {
+fn pod_display_name(pod: &Pod<'_>) -> String {
     match (&pod.metadata.name, &pod.metadata.generate_name) {
-        (Some(name), _) => name.clone(),
-        (None, Some(prefix)) => format!("{prefix}<generated>"),
+        (Some(name), _) => name.to_string(),
+        (None, Some(prefix)) => format!("{prefix}<generated>", prefix = &**prefix),
         (None, None) => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A review in the API server's field order, so `object` is decoded in
+    /// the first pass when it is a Pod CREATE.
+    fn body(operation: &str, object: &str) -> Vec<u8> {
+        format!(
+            r#"{{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{{"uid":"u","kind":{{"group":"","version":"v1","kind":"Pod"}},"operation":"{operation}","object":{object}}}}}"#
+        )
+        .into_bytes()
+    }
+
+    fn outcome(body: &[u8]) -> Result<&'static str, &'static str> {
+        review(body, &InjectConfig::default())
+            .map(|r| r.decision)
+            .map_err(|e| e.label())
+    }
+
+    #[test]
+    fn errors_are_classified_in_either_pass() {
+        let bad_pod = r#"{"spec": {"containers": 5}}"#;
+        assert_eq!(outcome(&body("CREATE", bad_pod)), Err("invalid_pod"));
+        // Object before operation: decoded afterwards, same answer.
+        let late = format!(
+            r#"{{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{{"uid":"u","kind":{{"group":"","version":"v1","kind":"Pod"}},"object":{bad_pod},"operation":"CREATE"}}}}"#
+        );
+        assert_eq!(outcome(late.as_bytes()), Err("invalid_pod"));
+        // Not ours: the object is not read.
+        assert_eq!(outcome(&body("UPDATE", bad_pod)), Ok("pass_through"));
+        // Broken JSON inside the object is the body's fault.
+        let mut truncated = body("CREATE", r#"{"spec": {"containers": [{"name": "a"}]}}"#);
+        truncated.truncate(truncated.len() - 10);
+        assert_eq!(outcome(&truncated), Err("not_json"));
+        let mut trailing = body("CREATE", "{}");
+        trailing.extend_from_slice(b" x");
+        assert_eq!(outcome(&trailing), Err("not_json"));
+    }
+
+    #[test]
+    fn envelope_rules_are_kept() {
+        let dup = br#"{"kind":"AdmissionReview","kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1"}"#;
+        assert_eq!(outcome(dup), Err("not_json"));
+        let no_uid = br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"kind":{"version":"v1","kind":"Pod"},"operation":"CREATE"}}"#;
+        assert_eq!(outcome(no_uid), Err("not_json"));
+        let null_request =
+            br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":null}"#;
+        assert_eq!(outcome(null_request), Err("no_request"));
+        assert_eq!(outcome(&body("CREATE", "null")), Err("no_object"));
+        assert_eq!(
+            outcome(&body(
+                "CREATE",
+                r#"{"metadata": {"annotations": {"gpu-memory": "1"}}, "spec": {"containers": [{"name": "m"}]}}"#
+            )),
+            Ok("injected")
+        );
+    }
+
+    #[test]
+    fn response_is_the_admission_json() {
+        let out = review(
+            &body("CREATE", r#"{"metadata": {"annotations": {"gpu-memory": "1", "gpu-fraction-container-name": "gh\"ost"}}, "spec": {"containers": [{"name": "m"}]}}"#),
+            &InjectConfig::default(),
+        )
+        .expect("reviewed");
+        let response: serde_json::Value = serde_json::from_slice(&out.body).expect("JSON");
+        assert_eq!(response["apiVersion"], ADMISSION_API_VERSION);
+        assert_eq!(response["kind"], ADMISSION_KIND);
+        assert_eq!(response["response"]["uid"], "u");
+        assert_eq!(response["response"]["allowed"], false);
+        assert_eq!(response["response"]["status"]["code"], 400);
+        assert_eq!(response["response"]["status"]["reason"], "BadRequest");
+        let message = response["response"]["status"]["message"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(message.contains(r#""gh\"ost""#), "{message}");
     }
 }

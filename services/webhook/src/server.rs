@@ -1,13 +1,19 @@
 //! HTTP routes and the HTTPS server around them.
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Buf;
-use futures_util::{Stream, StreamExt};
-use http::StatusCode;
+use bytes::{Buf, Bytes};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Either, Full};
+use hyper::body::Incoming;
 use kai_runtime::tls::{ReloadingCert, TlsError};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
@@ -57,6 +63,7 @@ pub struct Running {
 struct State {
     inject: InjectConfig,
     metrics: PrometheusHandle,
+    reviews: metrics::Reviews,
     shutdown: CancellationToken,
 }
 
@@ -82,9 +89,13 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> Result<Ru
     let state = Arc::new(State {
         inject: settings.inject,
         metrics: handle,
+        reviews: metrics::Reviews::register(),
         shutdown: shutdown.clone(),
     });
-    let service = warp::service(routes(state));
+    let service = Webhook {
+        rest: warp::service(routes(state.clone())),
+        state,
+    };
     tracing::info!(%addr, cert = %settings.tls_cert_file.display(), "webhook serving HTTPS");
     let task = tokio::spawn(kai_runtime::https::serve(listener, tls, service, shutdown));
     Ok(Running { addr, cert, task })
@@ -105,17 +116,60 @@ fn count_reloads(cert: &ReloadingCert, shutdown: CancellationToken) {
     });
 }
 
-/// `POST /mutate`, `GET /healthz`, `GET /readyz`, `GET /metrics`.
+/// The webhook's HTTP service: `POST /mutate` is answered directly, the
+/// probes and metrics by warp.
+///
+/// Admission reviews are the hot path (the API server waits on them while
+/// it holds a pod creation). Serving them through warp (request and body
+/// boxing, the filter chain, a boxed response) held the TLS load bench at
+/// 0.66 of a bare hyper server; answering them here took it to about 0.8.
+/// The other routes are rare and keep warp, with its 404/405 answers.
+#[derive(Clone)]
+struct Webhook<W> {
+    state: Arc<State>,
+    rest: W,
+}
+
+type Body<B> = Either<Full<Bytes>, B>;
+
+impl<W, B> tower_service::Service<Request<Incoming>> for Webhook<W>
+where
+    W: tower_service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
+    W::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = Response<Body<B>>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.rest.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
+        // warp's `path!("mutate")` also matched a trailing slash.
+        if matches!(request.uri().path(), "/mutate" | "/mutate/") {
+            if request.method() != Method::POST {
+                // What warp answered for a known path with another method.
+                let refused = text(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    Bytes::from_static(b"HTTP method not allowed"),
+                );
+                return Box::pin(std::future::ready(Ok(refused.map(Either::Left))));
+            }
+            let state = self.state.clone();
+            return Box::pin(async move { Ok(mutate(request, &state).await.map(Either::Left)) });
+        }
+        let rest = self.rest.call(request);
+        Box::pin(async move { rest.await.map(|response| response.map(Either::Right)) })
+    }
+}
+
+/// `GET /healthz`, `GET /readyz`, `GET /metrics` (and warp's 404/405).
 fn routes(
     state: Arc<State>,
 ) -> impl Filter<Extract = (warp::reply::Response,), Error = warp::Rejection> + Clone {
     let with_state = warp::any().map(move || state.clone());
-    let mutate = warp::path!("mutate")
-        .and(warp::post())
-        .and(warp::header::optional::<u64>("content-length"))
-        .and(warp::body::stream())
-        .and(with_state.clone())
-        .then(mutate);
     let healthz = warp::path!("healthz")
         .and(warp::get())
         .map(|| "ok".into_response());
@@ -143,39 +197,29 @@ fn routes(
                 )
                 .into_response()
             });
-    mutate
-        .or(healthz)
-        .unify()
-        .or(readyz)
-        .unify()
-        .or(metrics)
-        .unify()
+    healthz.or(readyz).unify().or(metrics).unify()
 }
 
-async fn mutate<S, B>(
-    content_length: Option<u64>,
-    body: S,
-    state: Arc<State>,
-) -> warp::reply::Response
-where
-    S: Stream<Item = Result<B, warp::Error>> + Unpin,
-    B: Buf,
-{
-    let body = match read_limited(content_length, body).await {
+async fn mutate(request: Request<Incoming>, state: &State) -> Response<Full<Bytes>> {
+    // hyper has already refused a malformed Content-Length.
+    let content_length = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let body = match read_limited(content_length, request.into_body()).await {
         Ok(body) => body,
         Err(error) => return bad_request(&error),
     };
     let started = Instant::now();
     match review::review(&body, &state.inject) {
         Ok(reviewed) => {
-            metrics::record_review(reviewed.decision, started.elapsed());
+            state.reviews.record(reviewed.decision, started.elapsed());
             log_review(&reviewed);
-            warp::reply::with_header(
-                reviewed.body,
-                http::header::CONTENT_TYPE,
-                "application/json",
-            )
-            .into_response()
+            let mut response = Response::new(Full::new(Bytes::from(reviewed.body)));
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            response
         }
         Err(error) => bad_request(&error),
     }
@@ -187,11 +231,10 @@ where
 const DRAIN_LIMIT: usize = 2 * MAX_BODY_BYTES;
 
 /// Collects the body, refusing it when it is (or announces to be) too big.
-async fn read_limited<S, B>(content_length: Option<u64>, mut body: S) -> Result<Vec<u8>, BadRequest>
-where
-    S: Stream<Item = Result<B, warp::Error>> + Unpin,
-    B: Buf,
-{
+async fn read_limited(
+    content_length: Option<u64>,
+    mut body: Incoming,
+) -> Result<Vec<u8>, BadRequest> {
     if let Some(len) = content_length.filter(|len| *len > MAX_BODY_BYTES as u64) {
         if len <= DRAIN_LIMIT as u64 {
             drain(body, DRAIN_LIMIT).await;
@@ -199,8 +242,12 @@ where
         return Err(BadRequest::TooLarge);
     }
     let mut collected = Vec::with_capacity(content_length.map_or(16 * 1024, |l| l as usize));
-    while let Some(chunk) = body.next().await {
-        let mut chunk = chunk.map_err(|e| BadRequest::NotJson(format!("cannot read body: {e}")))?;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| BadRequest::NotJson(format!("cannot read body: {e}")))?;
+        // Trailers carry nothing we read.
+        let Ok(mut chunk) = frame.into_data() else {
+            continue;
+        };
         if collected.len() + chunk.remaining() > MAX_BODY_BYTES {
             drain(body, DRAIN_LIMIT - collected.len()).await;
             return Err(BadRequest::TooLarge);
@@ -215,23 +262,30 @@ where
     Ok(collected)
 }
 
-async fn drain<S, B>(mut body: S, mut budget: usize)
-where
-    S: Stream<Item = Result<B, warp::Error>> + Unpin,
-    B: Buf,
-{
-    while let Some(Ok(chunk)) = body.next().await {
-        match budget.checked_sub(chunk.remaining()) {
+async fn drain(mut body: Incoming, mut budget: usize) {
+    while let Some(Ok(frame)) = body.frame().await {
+        let len = frame.data_ref().map_or(0, Buf::remaining);
+        match budget.checked_sub(len) {
             Some(left) => budget = left,
             None => break,
         }
     }
 }
 
-fn bad_request(error: &BadRequest) -> warp::reply::Response {
+fn text(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn bad_request(error: &BadRequest) -> Response<Full<Bytes>> {
     metrics::record_bad_request(error.label());
     tracing::warn!(reason = error.label(), %error, "rejected a malformed admission request");
-    warp::reply::with_status(format!("{error}\n"), StatusCode::BAD_REQUEST).into_response()
+    text(StatusCode::BAD_REQUEST, Bytes::from(format!("{error}\n")))
 }
 
 fn log_review(r: &review::Reviewed) {

@@ -224,6 +224,31 @@ fn check_injected(name: &str, expect: &Value, before: &Value, after: &Value) {
     );
 }
 
+/// The Pod is decoded in the first pass when the request says it is a Pod
+/// CREATE before the object (the API server's order) and in a second pass
+/// otherwise; both give the same answer.
+#[test]
+fn field_order_does_not_change_the_answer() {
+    for (name, _, pod) in support::corpus() {
+        let main = support::review_of(&format!("uid-{name}"), "CREATE", &pod);
+        let mut status = main.clone();
+        status["request"]["subResource"] = "status".into();
+        for reviewed in [main, status] {
+            let sorted = serde_json::to_vec(&reviewed).expect("encodes");
+            let ordered = support::api_server_order(&reviewed);
+            assert_ne!(sorted, ordered, "{name}: the orders must differ");
+            let cfg = InjectConfig::default();
+            let (a, b) = (review_body(&sorted, &cfg), review_body(&ordered, &cfg));
+            assert_eq!(a, b, "{name}");
+        }
+    }
+}
+
+fn review_body(body: &[u8], cfg: &InjectConfig) -> (&'static str, Vec<u8>) {
+    let out = review(body, cfg).expect("well-formed review");
+    (out.decision, out.body)
+}
+
 #[test]
 fn non_create_operations_pass_through() {
     let (_, _, pod) = support::corpus()

@@ -34,6 +34,44 @@ async fn plain_http_to_the_tls_port_gets_a_clear_400() {
     running.task.await.expect("stops");
 }
 
+/// `POST /mutate` has its own path through the server; everything else
+/// keeps warp's answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_and_methods() {
+    let bundle = generate("test", &names(), 1).expect("cert");
+    let secret = SecretDir::new(&bundle);
+    let shutdown = CancellationToken::new();
+    let running = start(secret.path(), &shutdown).await;
+    let mut c = client(&running, &bundle).await;
+
+    let cases = [
+        (Method::POST, "/mutate", StatusCode::OK),
+        (Method::POST, "/mutate/", StatusCode::OK),
+        (Method::POST, "/mutate?timeout=10s", StatusCode::OK),
+        (Method::GET, "/mutate", StatusCode::METHOD_NOT_ALLOWED),
+        (Method::PUT, "/mutate", StatusCode::METHOD_NOT_ALLOWED),
+        (Method::POST, "/mutatex", StatusCode::NOT_FOUND),
+        (Method::POST, "/healthz", StatusCode::METHOD_NOT_ALLOWED),
+        (Method::GET, "/healthz", StatusCode::OK),
+        (Method::GET, "/readyz", StatusCode::OK),
+        (Method::GET, "/nope", StatusCode::NOT_FOUND),
+    ];
+    for (method, path, want) in cases {
+        let (status, body) = c
+            .send(method.clone(), path, gpu_review("routes"))
+            .await
+            .expect("answer");
+        assert_eq!(status, want, "{method} {path}");
+        if status == StatusCode::OK && path.starts_with("/mutate") {
+            let response: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+            assert_eq!(response["response"]["uid"], "routes");
+        }
+    }
+
+    shutdown.cancel();
+    running.task.await.expect("stops");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotated_secret_is_served_without_dropping_connections() {
     let first = generate("first", &names(), 1).expect("cert");

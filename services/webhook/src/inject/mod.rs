@@ -6,14 +6,9 @@
 //! already mutated) gets an empty patch instead of duplicates the API server
 //! would reject.
 
-use json_patch::{AddOperation, Patch, PatchOperation, jsonptr::PointerBuf};
-use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, HostPathVolumeSource, ObjectFieldSelector, Pod, Volume,
-    VolumeMount,
-};
-use serde_json::Value;
-
 use crate::config::InjectConfig;
+use crate::json;
+use crate::pod::{self, Container, Pod};
 
 /// KAI-Scheduler's fractional-GPU annotation.
 pub const ANNOTATION_GPU_FRACTION: &str = "gpu-fraction";
@@ -93,45 +88,344 @@ impl Decision {
     }
 }
 
+/// What the patch adds: which of our volumes, mounts and env vars are
+/// missing. Rendered to RFC 6902 JSON by [`Patch::write_json`].
+///
+/// A description rather than a `json_patch::Patch`: that one holds
+/// `serde_json::Value` trees, and building them (then serialising them) was
+/// a large share of a review. Our items are fixed, so the JSON is written
+/// straight from these tables.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Patch {
+    /// `spec.volumes`, items as in [`VOLUME_NAMES`].
+    pub volumes: Missing,
+    /// The target's `volumeMounts`, items as in [`MOUNTS`].
+    pub mounts: Missing,
+    /// The target's `env`, items as in [`ENV_NAMES`].
+    pub env: Missing,
+}
+
+/// Which items of one of our lists are missing, and how they are added.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Missing {
+    /// The field is absent: one `add` of the whole list. Otherwise each
+    /// missing item is appended (`/-`).
+    pub whole_list: bool,
+    /// Bit `i`: item `i` is missing.
+    pub items: u8,
+}
+
+impl Missing {
+    /// All `n` items are missing when the list is absent; otherwise those
+    /// for which `have` is false.
+    fn of(list_present: bool, n: usize, have: impl Fn(usize) -> bool) -> Self {
+        let items = (0..n)
+            .filter(|&i| !list_present || !have(i))
+            .fold(0u8, |bits, i| bits | 1 << i);
+        Self {
+            whole_list: !list_present,
+            items,
+        }
+    }
+
+    fn has(self, i: usize) -> bool {
+        self.items & (1 << i) != 0
+    }
+}
+
+/// Our volumes, in the order of [`VOLUME_DIRS`].
+pub const VOLUME_NAMES: [&str; 3] = [VOLUME_VGPU, VOLUME_CONTAINERS, VOLUME_VGPULOCK];
+/// The host directory of each of [`VOLUME_NAMES`].
+const VOLUME_DIRS: [Dir; 3] = [
+    Dir::VgpuMount,
+    Dir::ContainersDir,
+    Dir::Fixed(VGPULOCK_PATH),
+];
+/// Our env vars; see [`env_value`].
+pub const ENV_NAMES: [&str; 3] = [ENV_POD_UID, ENV_CONTAINER_NAME, ENV_VGPU_MOUNT];
+
+/// A mount we add.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MountSpec {
+    pub volume: &'static str,
+    pub path: Dir,
+    pub sub_path: Option<&'static str>,
+    pub read_only: bool,
+}
+
+/// Our mounts into the target container.
+pub const MOUNTS: [MountSpec; 4] = [
+    MountSpec {
+        volume: VOLUME_VGPU,
+        path: Dir::VgpuMount,
+        sub_path: None,
+        read_only: false,
+    },
+    MountSpec {
+        volume: VOLUME_VGPU,
+        path: Dir::Fixed(LD_SO_PRELOAD_PATH),
+        sub_path: Some(LD_SO_PRELOAD_SUBPATH),
+        read_only: true,
+    },
+    MountSpec {
+        volume: VOLUME_CONTAINERS,
+        path: Dir::ContainersDir,
+        sub_path: None,
+        read_only: false,
+    },
+    MountSpec {
+        volume: VOLUME_VGPULOCK,
+        path: Dir::Fixed(VGPULOCK_PATH),
+        sub_path: None,
+        read_only: false,
+    },
+];
+
+/// A path we mount or expose: fixed, or derived from the configured mount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dir {
+    /// `<mount>`.
+    VgpuMount,
+    /// `<mount>/containers`.
+    ContainersDir,
+    Fixed(&'static str),
+}
+
+impl Dir {
+    /// Whether `path` is this path under `cfg`, without building it.
+    fn is(self, path: &str, cfg: &InjectConfig) -> bool {
+        match self {
+            Self::VgpuMount => path == cfg.vgpu_mount,
+            Self::ContainersDir => path
+                .strip_prefix(cfg.vgpu_mount.as_str())
+                .is_some_and(|rest| rest == "/containers"),
+            Self::Fixed(fixed) => path == fixed,
+        }
+    }
+
+    /// The path under `cfg`.
+    pub fn resolve(self, cfg: &InjectConfig) -> String {
+        match self {
+            Self::VgpuMount => cfg.vgpu_mount.clone(),
+            Self::ContainersDir => cfg.containers_dir(),
+            Self::Fixed(fixed) => fixed.to_owned(),
+        }
+    }
+
+    fn write_json(self, cfg: &InjectConfig, out: &mut String) {
+        match self {
+            Self::VgpuMount => json::string(out, &[&cfg.vgpu_mount]),
+            Self::ContainersDir => json::string(out, &[&cfg.vgpu_mount, "/containers"]),
+            Self::Fixed(fixed) => json::string(out, &[fixed]),
+        }
+    }
+}
+
+impl Patch {
+    /// Nothing to add.
+    pub fn is_empty(&self) -> bool {
+        self.volumes.items == 0 && self.mounts.items == 0 && self.env.items == 0
+    }
+
+    /// The RFC 6902 JSON of this patch for `target` under `cfg`.
+    pub fn to_json(&self, target: &Target, cfg: &InjectConfig) -> String {
+        let mut out = String::with_capacity(2048);
+        self.write_json(target, cfg, &mut out);
+        out
+    }
+
+    /// Appends the RFC 6902 JSON of this patch for `target` under `cfg`.
+    pub fn write_json(&self, target: &Target, cfg: &InjectConfig, out: &mut String) {
+        let mut ops = Ops { out, first: true };
+        ops.out.push('[');
+        ops.list(
+            "",
+            "/spec/volumes",
+            self.volumes,
+            VOLUME_NAMES.len(),
+            |out, i| {
+                volume_json(i, cfg, out);
+            },
+        );
+        let container = format!("/spec/{}/{}", target.list.field(), target.index);
+        ops.list(
+            &container,
+            "/volumeMounts",
+            self.mounts,
+            MOUNTS.len(),
+            |out, i| {
+                mount_json(&MOUNTS[i], cfg, out);
+            },
+        );
+        ops.list(&container, "/env", self.env, ENV_NAMES.len(), |out, i| {
+            env_json(i, &target.name, cfg, out);
+        });
+        ops.out.push(']');
+    }
+}
+
+/// Writes the operations of a patch.
+struct Ops<'o> {
+    out: &'o mut String,
+    first: bool,
+}
+
+impl Ops<'_> {
+    /// The `add`s of one list, at the JSON pointer `parent` + `field`.
+    fn list(
+        &mut self,
+        parent: &str,
+        field: &str,
+        missing: Missing,
+        n: usize,
+        item: impl Fn(&mut String, usize),
+    ) {
+        if missing.items == 0 {
+            return;
+        }
+        if missing.whole_list {
+            self.op(parent, field, false);
+            self.out.push('[');
+            for (n, i) in (0..n).filter(|&i| missing.has(i)).enumerate() {
+                if n > 0 {
+                    self.out.push(',');
+                }
+                item(self.out, i);
+            }
+            self.out.push_str("]}");
+        } else {
+            for i in (0..n).filter(|&i| missing.has(i)) {
+                self.op(parent, field, true);
+                item(self.out, i);
+                self.out.push('}');
+            }
+        }
+    }
+
+    /// `{"op":"add","path":"…","value":` — the value and `}` follow.
+    fn op(&mut self, parent: &str, field: &str, append: bool) {
+        if !self.first {
+            self.out.push(',');
+        }
+        self.first = false;
+        self.out.push_str(r#"{"op":"add","path":""#);
+        self.out.push_str(parent);
+        self.out.push_str(field);
+        if append {
+            self.out.push_str("/-");
+        }
+        self.out.push_str(r#"","value":"#);
+    }
+}
+
+fn volume_json(i: usize, cfg: &InjectConfig, out: &mut String) {
+    out.push_str(r#"{"name":"#);
+    json::string(out, &[VOLUME_NAMES[i]]);
+    out.push_str(r#","hostPath":{"path":"#);
+    VOLUME_DIRS[i].write_json(cfg, out);
+    out.push_str(r#","type":"DirectoryOrCreate"}}"#);
+}
+
+fn mount_json(mount: &MountSpec, cfg: &InjectConfig, out: &mut String) {
+    out.push_str(r#"{"name":"#);
+    json::string(out, &[mount.volume]);
+    out.push_str(r#","mountPath":"#);
+    mount.path.write_json(cfg, out);
+    if let Some(sub_path) = mount.sub_path {
+        out.push_str(r#","subPath":"#);
+        json::string(out, &[sub_path]);
+    }
+    // Written only when true, as the API server stores it.
+    if mount.read_only {
+        out.push_str(r#","readOnly":true"#);
+    }
+    out.push('}');
+}
+
+/// The variables libvgpu needs to pick the per-container cache path.
+/// `CUDA_DEVICE_MEMORY_SHARED_CACHE` is deliberately never set: any value
+/// disables that path, and an empty one makes libvgpu exit at cuInit.
+fn env_json(i: usize, container: &str, cfg: &InjectConfig, out: &mut String) {
+    out.push_str(r#"{"name":"#);
+    json::string(out, &[ENV_NAMES[i]]);
+    match env_value(i, container, cfg) {
+        Some(value) => {
+            out.push_str(r#","value":"#);
+            json::string(out, &[value]);
+        }
+        None => out.push_str(
+            r#","valueFrom":{"fieldRef":{"apiVersion":"v1","fieldPath":"metadata.uid"}}"#,
+        ),
+    }
+    out.push('}');
+}
+
+/// The literal value of env var `ENV_NAMES[i]`; `None` for the pod UID,
+/// which comes from the downward API.
+pub fn env_value<'a>(i: usize, container: &'a str, cfg: &'a InjectConfig) -> Option<&'a str> {
+    match ENV_NAMES[i] {
+        ENV_CONTAINER_NAME => Some(container),
+        ENV_VGPU_MOUNT => Some(&cfg.vgpu_mount),
+        _ => None,
+    }
+}
+
+/// A field the plan reads is malformed (fields are decoded when read; see
+/// [`crate::pod`]).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{field}: {message}")]
+pub struct InvalidField {
+    /// Where, e.g. `spec.containers[2].env`.
+    pub field: String,
+    pub message: String,
+}
+
+/// Reads a lazily decoded field, naming it in the error.
+fn read<T>(
+    decoded: Result<T, serde_json::Error>,
+    field: impl FnOnce() -> String,
+) -> Result<T, InvalidField> {
+    decoded.map_err(|error| InvalidField {
+        field: field(),
+        message: error.to_string(),
+    })
+}
+
 /// Plans the mutation of `pod` under `cfg`.
-pub fn plan(pod: &Pod, cfg: &InjectConfig) -> Decision {
+pub fn plan(pod: &Pod<'_>, cfg: &InjectConfig) -> Result<Decision, InvalidField> {
     let annotations = pod.metadata.annotations.as_ref();
     let annotation = |key: &str| annotations.and_then(|a| a.get(key));
     if annotation(ANNOTATION_GPU_FRACTION).is_none() && annotation(ANNOTATION_GPU_MEMORY).is_none()
     {
-        return Decision::NotSharing {
-            share_resource: requested_share_resource(pod, cfg),
-        };
+        return Ok(Decision::NotSharing {
+            share_resource: requested_share_resource(pod, cfg)?,
+        });
     }
     if annotation(ANNOTATION_INJECT).is_some_and(|v| v.trim().eq_ignore_ascii_case("false")) {
-        return Decision::OptedOut;
+        return Ok(Decision::OptedOut);
     }
     let Some(spec) = pod.spec.as_ref() else {
-        return Decision::NoContainers;
+        return Ok(Decision::NoContainers);
     };
 
     let target = match annotation(ANNOTATION_CONTAINER_NAME) {
-        Some(name) => match find_named(
-            spec.init_containers.as_deref(),
-            spec.containers.as_slice(),
-            name,
-        ) {
+        Some(name) => match find_named(spec.init_containers.as_deref(), &spec.containers, name) {
             Some(target) => target,
             None => {
-                return Decision::Deny {
+                return Ok(Decision::Deny {
                     message: format!(
                         "annotation {ANNOTATION_CONTAINER_NAME}={name:?} names no container or init container of this pod"
                     ),
-                };
+                });
             }
         },
         None => match spec.containers.first() {
             Some(first) => Target {
                 list: ContainerList::Regular,
                 index: 0,
-                name: first.name.clone(),
+                name: first.name.to_string(),
             },
-            None => return Decision::NoContainers,
+            None => return Ok(Decision::NoContainers),
         },
     };
     let container = match target.list {
@@ -142,75 +436,61 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig) -> Decision {
         ContainerList::Regular => spec.containers.get(target.index),
     };
     let Some(container) = container else {
-        return Decision::NoContainers;
+        return Ok(Decision::NoContainers);
     };
+    let at = |field: &str| format!("spec.{}[{}].{field}", target.list.field(), target.index);
+    let mounts = read(container.volume_mounts(), || at("volumeMounts"))?;
+    let env = read(container.env(), || at("env"))?;
+    let volumes = read(spec.volumes(), || "spec.volumes".to_owned())?;
 
-    let mut ops = Vec::new();
-    add_missing(
-        &mut ops,
-        &["spec", "volumes"],
-        spec.volumes.as_deref(),
-        volumes(cfg),
-        |have: &Volume, want: &Volume| have.name == want.name,
-    );
-    let container_path = ["spec", target.list.field(), &target.index.to_string()];
-
-    let wanted_mounts = mounts(cfg);
-    for want in &wanted_mounts {
-        if let Some(clash) = container
-            .volume_mounts
-            .iter()
+    let mounts = mounts.as_deref();
+    for want in &MOUNTS {
+        if let Some(clash) = mounts
+            .into_iter()
             .flatten()
-            .find(|have| have.mount_path == want.mount_path && !same_mount(have, want))
+            .find(|have| want.path.is(&have.mount_path, cfg) && !same_mount(have, want, cfg))
         {
-            return Decision::Deny {
+            return Ok(Decision::Deny {
                 message: format!(
                     "container {:?} already mounts volume {:?} at {}; kai-resource-isolator needs that path for libvgpu",
-                    container.name, clash.name, want.mount_path
+                    &*container.name,
+                    &*clash.name,
+                    want.path.resolve(cfg)
                 ),
-            };
+            });
         }
     }
-    add_missing(
-        &mut ops,
-        &[
-            container_path[0],
-            container_path[1],
-            container_path[2],
-            "volumeMounts",
-        ],
-        container.volume_mounts.as_deref(),
-        wanted_mounts,
-        same_mount,
-    );
-    add_missing(
-        &mut ops,
-        &[
-            container_path[0],
-            container_path[1],
-            container_path[2],
-            "env",
-        ],
-        container.env.as_deref(),
-        env(cfg, container),
-        |have: &EnvVar, want: &EnvVar| have.name == want.name,
-    );
 
-    if ops.is_empty() {
+    let patch = Patch {
+        volumes: Missing::of(volumes.is_some(), VOLUME_NAMES.len(), |i| {
+            volumes.is_some_and(|found| found.has(i))
+        }),
+        mounts: Missing::of(mounts.is_some(), MOUNTS.len(), |i| {
+            mounts
+                .into_iter()
+                .flatten()
+                .any(|have| same_mount(have, &MOUNTS[i], cfg))
+        }),
+        env: Missing::of(env.is_some(), ENV_NAMES.len(), |i| {
+            env.is_some_and(|found| found.has(i))
+        }),
+    };
+    Ok(if patch.is_empty() {
         Decision::AlreadyInjected { target }
     } else {
-        Decision::Inject {
-            target,
-            patch: Patch(ops),
-        }
-    }
+        Decision::Inject { target, patch }
+    })
 }
 
-fn find_named(init: Option<&[Container]>, regular: &[Container], name: &str) -> Option<Target> {
-    let found = |list, containers: &[Container]| {
+fn find_named(
+    init: Option<&[Container<'_>]>,
+    regular: &[Container<'_>],
+    name: &str,
+) -> Option<Target> {
+    let found = |list, containers: &[Container<'_>]| {
         containers
             .iter()
-            .position(|c| c.name == name)
+            .position(|c| *c.name == *name)
             .map(|index| Target {
                 list,
                 index,
@@ -222,132 +502,45 @@ fn find_named(init: Option<&[Container]>, regular: &[Container], name: &str) -> 
 }
 
 /// Mounts are the same when volume, path and subPath all agree.
-fn same_mount(have: &VolumeMount, want: &VolumeMount) -> bool {
-    have.name == want.name
-        && have.mount_path == want.mount_path
-        && have.sub_path.as_deref().unwrap_or("") == want.sub_path.as_deref().unwrap_or("")
+fn same_mount(have: &pod::Mount<'_>, want: &MountSpec, cfg: &InjectConfig) -> bool {
+    *have.name == *want.volume
+        && want.path.is(&have.mount_path, cfg)
+        && have.sub_path.as_deref().unwrap_or("") == want.sub_path.unwrap_or("")
 }
 
-/// Appends `add` operations for every item of `wanted` not matched in
-/// `existing`: one `add` of the whole array when the field is absent,
-/// `/-` appends when it exists.
-fn add_missing<T: serde::Serialize>(
-    ops: &mut Vec<PatchOperation>,
-    path: &[&str],
-    existing: Option<&[T]>,
-    wanted: Vec<T>,
-    same: impl Fn(&T, &T) -> bool,
-) {
-    let missing: Vec<T> = wanted
-        .into_iter()
-        .filter(|w| !existing.is_some_and(|have| have.iter().any(|h| same(h, w))))
-        .collect();
-    if missing.is_empty() {
-        return;
-    }
-    let pointer = PointerBuf::from_tokens(path.iter().copied());
-    if existing.is_none() {
-        ops.push(add(pointer, to_value(&missing)));
-    } else {
-        let mut append = pointer;
-        append.push_back("-");
-        for item in &missing {
-            ops.push(add(append.clone(), to_value(item)));
+/// The first sharing resource a container asks for (limits before requests,
+/// and within one list the alphabetically first, as a decoded map yields).
+fn requested_share_resource(
+    pod: &Pod<'_>,
+    cfg: &InjectConfig,
+) -> Result<Option<String>, InvalidField> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(None);
+    };
+    let lists = [
+        (ContainerList::Regular, spec.containers.as_slice()),
+        (
+            ContainerList::Init,
+            spec.init_containers.as_deref().unwrap_or_default(),
+        ),
+    ];
+    let sharing = |name: &&str| cfg.share_resources.iter().any(|r| r == name);
+    for (list, containers) in lists {
+        for (index, container) in containers.iter().enumerate() {
+            let resources = read(container.resources(), || {
+                format!("spec.{}[{index}].resources", list.field())
+            })?;
+            let found = resources
+                .iter()
+                .flat_map(|r| [r.limits.as_ref(), r.requests.as_ref()])
+                .flatten()
+                .find_map(|names| names.0.iter().map(|name| &**name).filter(sharing).min());
+            if let Some(name) = found {
+                return Ok(Some(name.to_owned()));
+            }
         }
     }
-}
-
-fn add(path: PointerBuf, value: Value) -> PatchOperation {
-    PatchOperation::Add(AddOperation { path, value })
-}
-
-fn to_value<T: serde::Serialize>(item: &T) -> Value {
-    // k8s-openapi types serialise infallibly (no maps with non-string keys).
-    serde_json::to_value(item).unwrap_or(Value::Null)
-}
-
-fn host_path_volume(name: &str, path: String) -> Volume {
-    Volume {
-        name: name.to_owned(),
-        host_path: Some(HostPathVolumeSource {
-            path,
-            type_: Some("DirectoryOrCreate".to_owned()),
-        }),
-        ..Volume::default()
-    }
-}
-
-fn volumes(cfg: &InjectConfig) -> Vec<Volume> {
-    vec![
-        host_path_volume(VOLUME_VGPU, cfg.vgpu_mount.clone()),
-        host_path_volume(VOLUME_CONTAINERS, cfg.containers_dir()),
-        host_path_volume(VOLUME_VGPULOCK, VGPULOCK_PATH.to_owned()),
-    ]
-}
-
-fn mount(name: &str, path: String, sub_path: Option<&str>, read_only: bool) -> VolumeMount {
-    VolumeMount {
-        name: name.to_owned(),
-        mount_path: path,
-        sub_path: sub_path.map(str::to_owned),
-        read_only: read_only.then_some(true),
-        ..VolumeMount::default()
-    }
-}
-
-fn mounts(cfg: &InjectConfig) -> Vec<VolumeMount> {
-    vec![
-        mount(VOLUME_VGPU, cfg.vgpu_mount.clone(), None, false),
-        mount(
-            VOLUME_VGPU,
-            LD_SO_PRELOAD_PATH.to_owned(),
-            Some(LD_SO_PRELOAD_SUBPATH),
-            true,
-        ),
-        mount(VOLUME_CONTAINERS, cfg.containers_dir(), None, false),
-        mount(VOLUME_VGPULOCK, VGPULOCK_PATH.to_owned(), None, false),
-    ]
-}
-
-/// The variables libvgpu needs to pick the per-container cache path.
-/// `CUDA_DEVICE_MEMORY_SHARED_CACHE` is deliberately never set: any value
-/// disables that path, and an empty one makes libvgpu exit at cuInit.
-fn env(cfg: &InjectConfig, container: &Container) -> Vec<EnvVar> {
-    vec![
-        EnvVar {
-            name: ENV_POD_UID.to_owned(),
-            value_from: Some(EnvVarSource {
-                field_ref: Some(ObjectFieldSelector {
-                    api_version: Some("v1".to_owned()),
-                    field_path: "metadata.uid".to_owned(),
-                }),
-                ..EnvVarSource::default()
-            }),
-            ..EnvVar::default()
-        },
-        EnvVar {
-            name: ENV_CONTAINER_NAME.to_owned(),
-            value: Some(container.name.clone()),
-            ..EnvVar::default()
-        },
-        EnvVar {
-            name: ENV_VGPU_MOUNT.to_owned(),
-            value: Some(cfg.vgpu_mount.clone()),
-            ..EnvVar::default()
-        },
-    ]
-}
-
-fn requested_share_resource(pod: &Pod, cfg: &InjectConfig) -> Option<String> {
-    let spec = pod.spec.as_ref()?;
-    spec.containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .filter_map(|c| c.resources.as_ref())
-        .flat_map(|r| r.limits.iter().flatten().chain(r.requests.iter().flatten()))
-        .map(|(name, _)| name)
-        .find(|name| cfg.share_resources.iter().any(|r| r == *name))
-        .cloned()
+    Ok(None)
 }
 
 #[cfg(test)]

@@ -1,11 +1,19 @@
 use json_patch::PatchOperation;
-use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
 use super::*;
 
-fn pod(value: Value) -> Pod {
-    serde_json::from_value(value).expect("test pod is valid")
+/// Plans `value` as the webhook sees it: decoded from JSON text.
+fn plan_for(value: &Value, cfg: &InjectConfig) -> Decision {
+    let text = value.to_string();
+    let pod: Pod<'_> = serde_json::from_str(&text).expect("test pod is valid");
+    plan(&pod, cfg).expect("test pod is valid where read")
+}
+
+/// Our patch read back as RFC 6902 by `json_patch`, as the API server would.
+fn rfc6902(patch: &Patch, target: &Target, cfg: &InjectConfig) -> json_patch::Patch {
+    let json = patch.to_json(target, cfg);
+    serde_json::from_str(&json).unwrap_or_else(|e| panic!("not an RFC 6902 patch ({e}): {json}"))
 }
 
 fn cfg() -> InjectConfig {
@@ -14,10 +22,10 @@ fn cfg() -> InjectConfig {
 
 /// Applies the planned patch to the pod's JSON, as the API server does.
 fn apply(original: &Value) -> (Decision, Value) {
-    let decision = plan(&pod(original.clone()), &cfg());
+    let decision = plan_for(original, &cfg());
     let mut doc = original.clone();
-    if let Decision::Inject { patch, .. } = &decision {
-        json_patch::patch(&mut doc, patch).expect("patch applies");
+    if let Decision::Inject { patch, target } = &decision {
+        json_patch::patch(&mut doc, &rfc6902(patch, target, &cfg())).expect("patch applies");
     }
     (decision, doc)
 }
@@ -31,7 +39,7 @@ fn sharing_pod(containers: Value) -> Value {
 
 fn paths(decision: &Decision) -> Vec<String> {
     match decision {
-        Decision::Inject { patch, .. } => patch
+        Decision::Inject { patch, target } => rfc6902(patch, target, &cfg())
             .0
             .iter()
             .map(|op| match op {
@@ -187,7 +195,7 @@ fn named_container_that_does_not_exist_is_denied() {
         "metadata": {"annotations": {"gpu-memory": "1024", "gpu-fraction-container-name": "ghost"}},
         "spec": {"containers": [{"name": "app"}]}
     });
-    match plan(&pod(original), &cfg()) {
+    match plan_for(&original, &cfg()) {
         Decision::Deny { message } => assert!(message.contains("\"ghost\""), "{message}"),
         other => panic!("expected a denial, got {other:?}"),
     }
@@ -200,17 +208,13 @@ fn opt_out_is_case_insensitive() {
             "metadata": {"annotations": {"gpu-memory": "1024", "kai-resource-isolator.io/inject": value}},
             "spec": {"containers": [{"name": "app"}]}
         });
-        assert_eq!(
-            plan(&pod(original), &cfg()),
-            Decision::OptedOut,
-            "{value:?}"
-        );
+        assert_eq!(plan_for(&original, &cfg()), Decision::OptedOut, "{value:?}");
     }
     let kept = json!({
         "metadata": {"annotations": {"gpu-memory": "1024", "kai-resource-isolator.io/inject": "true"}},
         "spec": {"containers": [{"name": "app"}]}
     });
-    assert_eq!(plan(&pod(kept), &cfg()).label(), "injected");
+    assert_eq!(plan_for(&kept, &cfg()).label(), "injected");
 }
 
 #[test]
@@ -249,14 +253,14 @@ fn unrelated_pod_gets_no_patch() {
         "spec": {"containers": [{"name": "app", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
     });
     assert_eq!(
-        plan(&pod(original), &cfg()),
+        plan_for(&original, &cfg()),
         Decision::NotSharing {
             share_resource: Some("nvidia.com/gpu".into())
         }
     );
     let plain = json!({"metadata": {}, "spec": {"containers": [{"name": "app"}]}});
     assert_eq!(
-        plan(&pod(plain), &cfg()),
+        plan_for(&plain, &cfg()),
         Decision::NotSharing {
             share_resource: None
         }
@@ -269,7 +273,7 @@ fn a_foreign_mount_at_our_path_is_denied_not_duplicated() {
         "name": "main",
         "volumeMounts": [{"name": "mine", "mountPath": "/etc/ld.so.preload", "subPath": "x"}]
     }]));
-    match plan(&pod(original), &cfg()) {
+    match plan_for(&original, &cfg()) {
         Decision::Deny { message } => {
             assert!(message.contains("/etc/ld.so.preload") && message.contains("mine"))
         }
@@ -301,11 +305,11 @@ fn partially_injected_pod_gets_only_what_is_missing() {
 fn custom_mount_is_used_everywhere() {
     let custom = InjectConfig::new("/opt/hami", vec![]).expect("valid");
     let original = sharing_pod(json!([{"name": "main"}]));
-    let Decision::Inject { patch, .. } = plan(&pod(original.clone()), &custom) else {
+    let Decision::Inject { patch, target } = plan_for(&original, &custom) else {
         panic!("expected injection");
     };
     let mut doc = original;
-    json_patch::patch(&mut doc, &patch).expect("applies");
+    json_patch::patch(&mut doc, &rfc6902(&patch, &target, &custom)).expect("applies");
     assert_eq!(doc["spec"]["volumes"][0]["hostPath"]["path"], "/opt/hami");
     assert_eq!(
         doc["spec"]["volumes"][1]["hostPath"]["path"],
@@ -322,5 +326,5 @@ fn custom_mount_is_used_everywhere() {
 fn pod_without_containers_is_left_to_the_api_server() {
     let original =
         json!({"metadata": {"annotations": {"gpu-memory": "1"}}, "spec": {"containers": []}});
-    assert_eq!(plan(&pod(original), &cfg()), Decision::NoContainers);
+    assert_eq!(plan_for(&original, &cfg()), Decision::NoContainers);
 }

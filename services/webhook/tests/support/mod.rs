@@ -32,6 +32,51 @@ pub fn review_of(uid: &str, operation: &str, pod: &Value) -> Value {
     })
 }
 
+/// `review` as the API server writes it: fields in the Go structs' order,
+/// so the request's `kind` and `operation` precede its `object` (which the
+/// webhook then decodes in the same pass). `serde_json::Value` sorts keys,
+/// which puts `object` first. Keys we do not know go last.
+pub fn api_server_order(review: &Value) -> Vec<u8> {
+    const TOP: &[&str] = &["kind", "apiVersion", "request"];
+    const REQUEST: &[&str] = &[
+        "uid",
+        "kind",
+        "resource",
+        "subResource",
+        "requestKind",
+        "requestResource",
+        "requestSubResource",
+        "name",
+        "namespace",
+        "operation",
+        "userInfo",
+        "object",
+        "oldObject",
+        "dryRun",
+        "options",
+    ];
+    fn ordered(value: &Value, order: &[&str], inner: Option<(&str, &[&str])>) -> String {
+        let Value::Object(map) = value else {
+            return value.to_string();
+        };
+        let mut keys: Vec<&String> = map.keys().collect();
+        keys.sort_by_key(|k| order.iter().position(|o| o == k).unwrap_or(order.len()));
+        let fields: Vec<String> = keys
+            .into_iter()
+            .map(|k| {
+                let v = &map[k];
+                let text = match inner {
+                    Some((name, order)) if name == k => ordered(v, order, None),
+                    _ => v.to_string(),
+                };
+                format!("{}:{text}", Value::String(k.clone()))
+            })
+            .collect();
+        format!("{{{}}}", fields.join(","))
+    }
+    ordered(review, TOP, Some(("request", REQUEST))).into_bytes()
+}
+
 /// The JSON patch carried by a response, decoded from base64.
 pub fn patch_of(response: &Value) -> Option<json_patch::Patch> {
     let b64 = response["response"]["patch"].as_str()?;
@@ -84,6 +129,11 @@ impl Rng {
 /// One random corruption of a valid review: replace or delete a random
 /// node, truncate the text, or flip bytes.
 pub fn mutate(review: &Value, seed: u64) -> Vec<u8> {
+    mutate_with(review, seed, |v| serde_json::to_vec(v).unwrap_or_default())
+}
+
+/// [`mutate`], writing the review with `encode`.
+pub fn mutate_with(review: &Value, seed: u64, encode: impl Fn(&Value) -> Vec<u8>) -> Vec<u8> {
     let mut rng = Rng::new(seed);
     match rng.below(4) {
         0 | 1 => {
@@ -130,15 +180,15 @@ pub fn mutate(review: &Value, seed: u64) -> Vec<u8> {
             if let Some(slot) = doc.pointer_mut(&pointer) {
                 *slot = replacement;
             }
-            serde_json::to_vec(&doc).unwrap_or_default()
+            encode(&doc)
         }
         2 => {
-            let mut bytes = serde_json::to_vec(review).unwrap_or_default();
+            let mut bytes = encode(review);
             bytes.truncate(rng.below(bytes.len()));
             bytes
         }
         _ => {
-            let mut bytes = serde_json::to_vec(review).unwrap_or_default();
+            let mut bytes = encode(review);
             for _ in 0..=rng.below(8) {
                 let i = rng.below(bytes.len());
                 bytes[i] = rng.next() as u8;
