@@ -1,10 +1,14 @@
-//! Per-update cost of a WatchContainers stream carrying 100 containers:
-//! building the message from the node state and encoding it (what each
-//! subscriber costs per update).
+//! Per-message cost of a WatchContainers stream carrying 100 containers,
+//! against its floor, interleaved in one run (only the ratios are claims).
+//!
+//! `cargo bench -p kai-node --bench watch` (`ROUNDS` overrides).
 
 use std::collections::BTreeSet;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use kai_node::agent::encoded::Encoded;
 use kai_node::agent::grpc::update;
 use kai_node::agent::isolation::Isolation;
 use kai_node::agent::state::{ContainerView, NodeState, PodMeta};
@@ -58,25 +62,110 @@ fn state(n: usize) -> NodeState {
     }
 }
 
-fn benches(c: &mut Criterion) {
-    let state = state(100);
-    let message = update(&state, "", "");
-    println!(
-        "one update with 100 containers: {} bytes encoded",
-        message.encoded_len()
-    );
-    let mut group = c.benchmark_group("watch_update_100_containers");
-    group.bench_function("build", |b| {
-        b.iter(|| update(std::hint::black_box(&state), "", ""))
-    });
-    group.bench_function("build_and_encode", |b| {
-        b.iter(|| update(std::hint::black_box(&state), "", "").encode_to_vec())
-    });
-    group.bench_function("build_filtered_one_namespace", |b| {
-        b.iter(|| update(std::hint::black_box(&state), "team-3", ""))
-    });
-    group.finish();
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
 }
 
-criterion_group!(watch, benches);
-criterion_main!(watch);
+/// Runs both `rounds` times (each `reps` calls), alternating which goes
+/// first; medians per call.
+fn interleaved(
+    rounds: usize,
+    reps: u32,
+    ours: &mut impl FnMut(),
+    floor: &mut impl FnMut(),
+) -> (Duration, Duration) {
+    let (mut t_ours, mut t_floor) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        for ours_now in [round % 2 == 0, round % 2 != 0] {
+            let start = Instant::now();
+            for _ in 0..reps {
+                if ours_now {
+                    ours();
+                } else {
+                    floor();
+                }
+            }
+            let per_call = start.elapsed() / reps;
+            if ours_now {
+                t_ours.push(per_call);
+            } else {
+                t_floor.push(per_call);
+            }
+        }
+    }
+    (median(t_ours), median(t_floor))
+}
+
+fn report(job: &str, (ours, floor): (Duration, Duration), floor_is: &str) {
+    println!(
+        "{job}: ours {ours:.2?}, floor ({floor_is}) {floor:.2?}, ratio {:.2}",
+        ours.as_secs_f64() / floor.as_secs_f64()
+    );
+}
+
+fn main() {
+    let rounds = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let state = state(100);
+    let built = update(&state, "", "");
+    let size = built.encoded_len();
+    println!("one update with 100 containers: {size} bytes encoded");
+    let mut buf = Vec::with_capacity(2 * size);
+
+    // What each message costs once its revision is encoded: every heartbeat
+    // and every further subscriber. Floor: copying the bytes.
+    let cached = Encoded::of(&state, "", "", 1);
+    let bytes = cached.at(0);
+    let mut raw = Vec::new();
+    bytes.write_to(&mut raw);
+    let mut now = 1_796_000_000_000u64;
+    let mut copy = Vec::with_capacity(2 * size);
+    report(
+        "WatchContainers message, 100 containers, revision already encoded",
+        interleaved(
+            rounds,
+            200,
+            &mut || {
+                now += 1;
+                buf.clear();
+                Encoded::of(black_box(&state), "", "", now).write_to(&mut buf);
+                black_box(&buf);
+            },
+            &mut || {
+                copy.clear();
+                copy.extend_from_slice(black_box(&raw));
+                black_box(&copy);
+            },
+        ),
+        "memcpy of the same bytes",
+    );
+
+    // Once per revision (shared by every unfiltered subscriber): build the
+    // message from the node state and encode it. Floor: encoding the
+    // already-built message.
+    let mut fresh = state.clone();
+    let mut floor_buf = Vec::with_capacity(2 * size);
+    report(
+        "WatchContainers update, 100 containers, new revision: build + encode",
+        interleaved(
+            rounds,
+            20,
+            &mut || {
+                // A new revision arrives with an empty cache.
+                fresh.encoded_update = Default::default();
+                buf.clear();
+                Encoded::of(black_box(&fresh), "", "", 1).write_to(&mut buf);
+                black_box(&buf);
+            },
+            &mut || {
+                floor_buf.clear();
+                black_box(&built).encode(&mut floor_buf).expect("encodes");
+                black_box(&floor_buf);
+            },
+        ),
+        "encoding the built message",
+    );
+}

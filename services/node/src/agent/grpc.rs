@@ -4,7 +4,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use kai_proto::v1 as pb;
 use kai_proto::v1::vgpu_node_server::VgpuNode;
 use tokio::sync::watch;
@@ -164,6 +164,46 @@ pub fn update(state: &NodeState, namespace: &str, pod: &str) -> pb::ContainersUp
 
 type UpdateStream = Pin<Box<dyn Stream<Item = Result<pb::ContainersUpdate, Status>> + Send>>;
 
+/// The messages of one `WatchContainers` stream.
+pub type Updates<T> = tokio_stream::wrappers::ReceiverStream<Result<T, Status>>;
+
+impl Service {
+    /// Sends `next(state, fresh, now_ms)` now, on every new revision
+    /// (`fresh`) and every heartbeat interval (`interval_ms`, 0 = the
+    /// default) until the client goes away.
+    pub fn follow<T: Send + 'static>(
+        &self,
+        interval_ms: u32,
+        mut next: impl FnMut(&NodeState, bool, u64) -> T + Send + 'static,
+    ) -> Updates<T> {
+        let interval = match interval_ms {
+            0 => self.default_interval,
+            ms => Duration::from_millis(u64::from(ms)).max(MIN_INTERVAL),
+        };
+        let mut state = self.state.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut current = state.borrow_and_update().clone();
+            let mut fresh = true;
+            loop {
+                let item = next(&current, fresh, super::store::unix_ms());
+                if tx.send(Ok(item)).await.is_err() {
+                    break; // client went away
+                }
+                tokio::select! {
+                    changed = state.changed() => if changed.is_err() { break },
+                    () = tokio::time::sleep(interval) => {}
+                    () = tx.closed() => break,
+                }
+                let latest = state.borrow_and_update().clone();
+                fresh = !Arc::ptr_eq(&latest, &current);
+                current = latest;
+            }
+        });
+        tokio_stream::wrappers::ReceiverStream::new(rx)
+    }
+}
+
 #[tonic::async_trait]
 impl VgpuNode for Service {
     async fn list_containers(
@@ -187,33 +227,18 @@ impl VgpuNode for Service {
         &self,
         request: Request<pb::WatchContainersRequest>,
     ) -> Result<Response<Self::WatchContainersStream>, Status> {
+        // Served by `encoded::NodeServer` in the agent; this typed path is
+        // what a plain `VgpuNodeServer` of this service would use.
         let req = request.into_inner();
-        let interval = match req.interval_ms {
-            0 => self.default_interval,
-            ms => Duration::from_millis(u64::from(ms)).max(MIN_INTERVAL),
-        };
-        let mut state = self.state.clone();
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        tokio::spawn(async move {
-            loop {
-                let current = state.borrow_and_update().clone();
-                if tx
-                    .send(Ok(update(&current, &req.namespace, &req.pod)))
-                    .await
-                    .is_err()
-                {
-                    break; // client went away
-                }
-                tokio::select! {
-                    changed = state.changed() => if changed.is_err() { break },
-                    () = tokio::time::sleep(interval) => {}
-                    () = tx.closed() => break,
-                }
-            }
+        let stream = self.follow(req.interval_ms, move |state, _, now| {
+            Ok(pb::ContainersUpdate {
+                sent_at_unix_ms: now,
+                ..update(state, &req.namespace, &req.pod)
+            })
         });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        Ok(Response::new(
+            Box::pin(stream.map(|item| item.and_then(|u| u))) as UpdateStream,
+        ))
     }
 
     async fn list_devices(
@@ -250,5 +275,62 @@ impl VgpuNode for Service {
             nvml_status: self.devices.status().to_owned(),
             corrupt_regions: state.corrupt_regions,
         }))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::collections::BTreeSet;
+
+    use kai_proto::v1::IsolationState;
+    use kai_region::decode;
+    use kai_region::discovery::ContainerKey;
+    use kai_region::writer::{RegionBuilder, UsageSpec};
+
+    use crate::agent::isolation::Isolation;
+    use crate::agent::state::{ContainerView, NodeState, PodMeta};
+
+    /// `n` capped containers over 8 GPUs and 10 namespaces.
+    pub(crate) fn sample_state(n: usize) -> NodeState {
+        let containers = (0..n)
+            .map(|i| {
+                let bytes = RegionBuilder::v1()
+                    .device(
+                        &format!("GPU-{:08x}-0000-4000-8000-000000000000", i % 8),
+                        4 << 30,
+                    )
+                    .process(100, vec![UsageSpec::data(512 << 20, 600 << 20)])
+                    .process(101, vec![UsageSpec::data(64 << 20, 70 << 20)])
+                    .to_bytes();
+                ContainerView {
+                    key: ContainerKey {
+                        pod_uid: format!("{i:08x}-0000-4000-8000-000000000000"),
+                        container: "main".into(),
+                    },
+                    pod: Some(PodMeta {
+                        namespace: format!("team-{}", i % 10),
+                        name: format!("job-{i}-0"),
+                        sharing: true,
+                        gpu_container: Some("main".into()),
+                        running: Vec::new(),
+                    }),
+                    snapshot: decode(&bytes).expect("decodes"),
+                    observed_at_ms: 1,
+                    isolation: Isolation {
+                        state: IsolationState::Capped,
+                        ..Isolation::default()
+                    },
+                }
+            })
+            .collect();
+        NodeState {
+            node: "gpu-node-1".into(),
+            revision: 42,
+            containers,
+            layouts_seen: BTreeSet::from(["v1.2".to_owned()]),
+            kube_status: "ready".into(),
+            scanned: true,
+            ..NodeState::default()
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! The node agent: regions → pods → gRPC and metrics.
 
+pub mod encoded;
 mod exposition;
 pub mod grpc;
 pub mod isolation;
@@ -15,7 +16,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kai_proto::v1::vgpu_node_server::VgpuNodeServer;
 use kai_runtime::watch::{Depth, DirWatch};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -493,6 +493,7 @@ async fn poll(
             missing: assessed.missing,
             escaped: assessed.escaped,
             checks: assessed.checks,
+            encoded_update: state::EncodedCache::default(),
         };
         scans.fetch_add(1, Ordering::Relaxed);
         tx.send_if_modified(|state| {
@@ -571,12 +572,10 @@ async fn serve_grpc(
     shutdown: CancellationToken,
 ) -> Result<(), AgentError> {
     let (health_reporter, health) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<VgpuNodeServer<grpc::Service>>()
-        .await;
+    health_reporter.set_serving::<encoded::NodeServer>().await;
     let router = kai_proto::add_reflection(tonic::transport::Server::builder().add_service(health))
         .map_err(|e| AgentError::Reflection(e.to_string()))?
-        .add_service(VgpuNodeServer::new(service));
+        .add_service(encoded::NodeServer::new(service));
     match tls {
         Some(config) => {
             let incoming = kai_runtime::tls::incoming(listener, config, shutdown.clone());

@@ -84,6 +84,28 @@ pub struct NodeState {
     /// GPU processes no region accounts for.
     pub escaped: Vec<Escaped>,
     pub checks: Checks,
+    /// The unfiltered `WatchContainers` update of this state, encoded at
+    /// most once (see `agent::encoded`).
+    pub encoded_update: EncodedCache,
+}
+
+/// A state's encoded update. Empty in every copy, so a state changed after
+/// cloning never serves the bytes of the one it was cloned from.
+#[derive(Debug, Default)]
+pub struct EncodedCache(std::sync::OnceLock<bytes::Bytes>);
+
+impl Clone for EncodedCache {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl std::ops::Deref for EncodedCache {
+    type Target = std::sync::OnceLock<bytes::Bytes>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 impl NodeState {
