@@ -1,16 +1,103 @@
-//! A simulated cluster of 1000 nodes × 100 containers fed through the same
-//! code path as real agents (`Cluster::apply_update`), then rendered with
-//! the `/metrics` handler's function.
+//! The aggregator's hot paths against their floors, interleaved in one run
+//! on a simulated cluster (NODES × CONTAINERS, default 1000 × 100):
 //!
-//! `cargo bench -p kai-aggregator --bench cluster` (NODES, CONTAINERS env
-//! override the size). Reports update throughput, memory held (RSS delta)
-//! and /metrics render time.
+//! - update path: one `WatchContainers` message at a time, decoded by the
+//!   same tonic stream the subscriber reads and handed to
+//!   `subscriber::receive`; floor: the same stream decoding the same message
+//!   and dropping it.
+//! - `/metrics` render: the streamed page (`MetricsPage`, every chunk
+//!   rendered and dropped as hyper would after sending it); floor: the same
+//!   lines written with `itoa` into one buffer by `floor_page` below (the
+//!   bench checks it produces the same text).
+//! - scrape memory: peak live heap of a real HTTP scrape over loopback
+//!   (server and client in this process) above the heap before it, against
+//!   the size of the text. Live bytes come from a counting global
+//!   allocator, so the figure is exact and repeatable.
+//!
+//! `cargo bench -p kai-aggregator --bench cluster` (NODES, CONTAINERS and
+//! ROUNDS override the defaults). Ratios are the result; absolute times
+//! are context for this machine.
 
-use std::time::Instant;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
-use kai_aggregator::cluster::Cluster;
-use kai_aggregator::http::render_metrics;
+use bytes::Bytes;
+use kai_aggregator::cluster::{Cluster, NodeEntry};
+use kai_aggregator::http::{self, MetricsPage};
+use kai_aggregator::subscriber;
 use kai_proto::v1 as pb;
+use kai_proto::v1::vgpu_node_client::VgpuNodeClient;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+use warp::hyper::body::Frame;
+
+/// The system allocator, counting live bytes and their high-water mark.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+fn grew(size: usize) {
+    let live = LIVE.fetch_add(size, Ordering::Relaxed) + size;
+    PEAK.fetch_max(live, Ordering::Relaxed);
+}
+
+// The one unsafe block of the crate (see Cargo.toml): a GlobalAlloc must be
+// an `unsafe impl`. It only forwards to `System` and counts.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded unchanged; the caller upholds `alloc`'s contract.
+        let ptr = unsafe { System.alloc(layout) };
+        if !ptr.is_null() {
+            grew(layout.size());
+        }
+        ptr
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as `alloc`.
+        let ptr = unsafe { System.alloc_zeroed(layout) };
+        if !ptr.is_null() {
+            grew(layout.size());
+        }
+        ptr
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator with `layout`.
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: `ptr` came from this allocator with `layout`.
+        let new = unsafe { System.realloc(ptr, layout, new_size) };
+        if !new.is_null() {
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+            grew(new_size);
+        }
+        new
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn live() -> usize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// Restarts the high-water mark from the live bytes now; returns them.
+fn reset_peak() -> usize {
+    let now = live();
+    PEAK.store(now, Ordering::Relaxed);
+    now
+}
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -19,21 +106,33 @@ fn env_or(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .nth(1)
-                .and_then(|p| p.parse::<u64>().ok())
-        })
-        .map_or(0, |pages| pages * 4096)
+const MIB: f64 = (1 << 20) as f64;
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
 }
 
-fn update(node: usize, containers: usize, round: u64) -> pb::ContainersUpdate {
+/// Median of the per-round ratios ours / floor: each pair ran back to back,
+/// so load from outside the bench moves both sides of a ratio together.
+fn ratio(ours: &[Duration], floor: &[Duration]) -> f64 {
+    let mut ratios: Vec<f64> = ours
+        .iter()
+        .zip(floor)
+        .map(|(o, f)| o.as_secs_f64() / f.as_secs_f64())
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    ratios.get(ratios.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples.get(samples.len() / 2).copied().unwrap_or_default()
+}
+
+fn update(node: usize, containers: usize, revision: u64) -> pb::ContainersUpdate {
     pb::ContainersUpdate {
         node: format!("gpu-node-{node:04}"),
-        revision: round,
+        revision,
         sent_at_unix_ms: 0,
         containers: (0..containers)
             .map(|c| pb::ContainerUsage {
@@ -47,7 +146,7 @@ fn update(node: usize, containers: usize, round: u64) -> pb::ContainersUpdate {
                     index: 0,
                     uuid: format!("GPU-{node:08x}-{:04x}-4000-8000-000000000000", c % 8),
                     limit_bytes: 4 << 30,
-                    used_bytes: (c as u64 + round) << 20,
+                    used_bytes: (c as u64 + revision) << 20,
                     context_bytes: 300 << 20,
                     module_bytes: 12 << 20,
                     buffer_bytes: (c as u64) << 20,
@@ -59,8 +158,6 @@ fn update(node: usize, containers: usize, round: u64) -> pb::ContainersUpdate {
                 processes: 1,
                 last_kernel_time: 1_796_000_000,
                 pod_known: true,
-                process_slots: Vec::new(),
-                observed_at_unix_ms: 0,
                 isolation_state: pb::IsolationState::Capped.into(),
                 ..pb::ContainerUsage::default()
             })
@@ -73,65 +170,650 @@ fn update(node: usize, containers: usize, round: u64) -> pb::ContainersUpdate {
     }
 }
 
+/// Protobuf wire encoding of the fields `update` sets. Written out here
+/// because the crate does not depend on prost; checked against the decoder
+/// at start-up.
+mod wire {
+    use kai_proto::v1 as pb;
+
+    fn varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+
+    fn uint(out: &mut Vec<u8>, field: u32, v: u64) {
+        if v != 0 {
+            varint(out, u64::from(field << 3));
+            varint(out, v);
+        }
+    }
+
+    fn bytes(out: &mut Vec<u8>, field: u32, v: &[u8]) {
+        varint(out, u64::from(field << 3 | 2));
+        varint(out, v.len() as u64);
+        out.extend_from_slice(v);
+    }
+
+    fn string(out: &mut Vec<u8>, field: u32, v: &str) {
+        if !v.is_empty() {
+            bytes(out, field, v.as_bytes());
+        }
+    }
+
+    fn message(out: &mut Vec<u8>, field: u32, write: impl FnOnce(&mut Vec<u8>)) {
+        let mut inner = Vec::new();
+        write(&mut inner);
+        bytes(out, field, &inner);
+    }
+
+    fn device(out: &mut Vec<u8>, d: &pb::DeviceUsage) {
+        uint(out, 1, u64::from(d.index));
+        string(out, 2, &d.uuid);
+        uint(out, 3, d.limit_bytes);
+        uint(out, 4, d.used_bytes);
+        uint(out, 5, d.context_bytes);
+        uint(out, 6, d.module_bytes);
+        uint(out, 7, d.buffer_bytes);
+        uint(out, 8, d.monitor_used_bytes);
+        uint(out, 9, u64::from(d.sm_util_percent));
+        uint(out, 10, d.sm_limit);
+        uint(out, 11, d.stale_bytes);
+    }
+
+    fn container(out: &mut Vec<u8>, c: &pb::ContainerUsage) {
+        string(out, 1, &c.namespace);
+        string(out, 2, &c.pod);
+        string(out, 3, &c.pod_uid);
+        string(out, 4, &c.container);
+        string(out, 5, &c.node);
+        string(out, 6, &c.layout);
+        for d in &c.devices {
+            message(out, 7, |out| device(out, d));
+        }
+        uint(out, 8, u64::from(c.processes));
+        uint(out, 9, c.last_kernel_time);
+        uint(out, 10, u64::from(c.pod_known));
+        uint(out, 12, c.observed_at_unix_ms);
+        uint(out, 13, c.isolation_state as u64);
+    }
+
+    /// One gRPC frame (uncompressed flag, length, message) of `u`.
+    pub fn frame(u: &pb::ContainersUpdate) -> Vec<u8> {
+        let mut msg = Vec::new();
+        string(&mut msg, 1, &u.node);
+        uint(&mut msg, 2, u.revision);
+        for c in &u.containers {
+            message(&mut msg, 3, |out| container(out, c));
+        }
+        uint(&mut msg, 4, u.sent_at_unix_ms);
+        if let Some(checks) = &u.checks {
+            message(&mut msg, 6, |out| {
+                string(out, 1, &checks.escaped_processes);
+                string(out, 2, &checks.host_pids);
+            });
+        }
+        let mut framed = vec![0];
+        framed.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+        framed.extend_from_slice(&msg);
+        framed
+    }
+}
+
+type WireBody = http_body_util::StreamBody<
+    futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>,
+>;
+
+/// A `WatchContainers` stream whose response body is `frames` (one data
+/// frame per message, as reads from a socket arrive), decoded by tonic as
+/// the subscriber's stream is.
+async fn watch(frames: &[Bytes]) -> tonic::Streaming<pb::ContainersUpdate> {
+    let (service, mut handle) =
+        tower_test::mock::pair::<::http::Request<tonic::body::Body>, ::http::Response<WireBody>>();
+    let frames: Vec<_> = frames.iter().cloned().map(|b| Ok(Frame::data(b))).collect();
+    let respond = async move {
+        let (_, send) = handle.next_request().await.expect("the client asks");
+        let body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+        send.send_response(
+            ::http::Response::builder()
+                .header("content-type", "application/grpc")
+                .body(body)
+                .expect("response"),
+        );
+    };
+    let mut client = VgpuNodeClient::new(service);
+    let (response, ()) = tokio::join!(
+        client.watch_containers(pb::WatchContainersRequest::default()),
+        respond
+    );
+    response.expect("WatchContainers").into_inner()
+}
+
+/// Reads every message of `frames` and hands each to `each`; the time of
+/// the reads and `each`, per message.
+async fn drain(frames: &[Bytes], mut each: impl FnMut(usize, pb::ContainersUpdate)) -> Duration {
+    let mut stream = watch(frames).await;
+    let started = Instant::now();
+    for i in 0..frames.len() {
+        let update = stream
+            .message()
+            .await
+            .expect("decodes")
+            .expect("one message per frame");
+        each(i, update);
+    }
+    started.elapsed() / frames.len().max(1) as u32
+}
+
+/// The floor of a render: the page's lines with `itoa` into one buffer,
+/// nothing else (no escaping: the bench's values need none; no chunking).
+/// Families and label order as the page has them, so the text is the same.
+fn floor_page(nodes: &[NodeEntry], handle: &PrometheusHandle, now: u64, out: &mut String) {
+    fn header(out: &mut String, name: &str, help: &str) {
+        out.push_str("# HELP ");
+        out.push_str(name);
+        out.push(' ');
+        out.push_str(help);
+        out.push_str("\n# TYPE ");
+        out.push_str(name);
+        out.push_str(" gauge\n");
+    }
+    fn int(out: &mut String, v: u64) {
+        out.push_str(kai_exposition::itoa::Buffer::new().format(v));
+    }
+    let containers = || nodes.iter().flat_map(|n| n.containers.iter());
+    let devices = || containers().flat_map(|c| c.devices.iter().map(move |d| (c, d)));
+    let hami = |out: &mut String, name: &str, c: &pb::ContainerUsage, d: &pb::DeviceUsage| {
+        out.push_str(name);
+        out.push_str("{namespace=\"");
+        out.push_str(&c.namespace);
+        out.push_str("\",pod=\"");
+        out.push_str(&c.pod);
+        out.push_str("\",container=\"");
+        out.push_str(&c.container);
+        out.push_str("\",vdevice_index=\"");
+        int(out, u64::from(d.index));
+        out.push_str("\",device_uuid=\"");
+        out.push_str(&d.uuid);
+        out.push_str("\",node=\"");
+        out.push_str(&c.node);
+        out.push('"');
+    };
+    for (name, help) in [
+        (
+            "hami_host_gpu_memory_used_bytes",
+            "GPU memory used on the host device, from NVML.",
+        ),
+        (
+            "hami_host_gpu_utilization_ratio",
+            "GPU utilization of the host device (0-1), from NVML.",
+        ),
+    ] {
+        // The bench's nodes report no host GPUs (ListDevices is not simulated).
+        header(out, name, help);
+    }
+    /// A family's name, help and value.
+    type Plain = (&'static str, &'static str, fn(&pb::DeviceUsage) -> u64);
+    let plain: [Plain; 5] = [
+        (
+            "hami_vgpu_memory_used_bytes",
+            "GPU memory accounted by libvgpu for the container's live processes.",
+            |d| d.used_bytes,
+        ),
+        (
+            "hami_vgpu_memory_limit_bytes",
+            "GPU memory cap libvgpu enforces for the container (0 = uncapped).",
+            |d| d.limit_bytes,
+        ),
+        (
+            "hami_vgpu_memory_context_bytes",
+            "CUDA context memory of the container.",
+            |d| d.context_bytes,
+        ),
+        (
+            "hami_vgpu_memory_module_bytes",
+            "CUDA module memory of the container.",
+            |d| d.module_bytes,
+        ),
+        (
+            "hami_vgpu_memory_buffer_bytes",
+            "Allocated buffer memory of the container.",
+            |d| d.buffer_bytes,
+        ),
+    ];
+    for (name, help, value) in plain {
+        header(out, name, help);
+        for (c, d) in devices() {
+            hami(out, name, c, d);
+            out.push_str("} ");
+            int(out, value(d));
+            out.push('\n');
+        }
+    }
+    let name = "hami_container_device_utilization_ratio";
+    header(
+        out,
+        name,
+        "SM utilization of the container's processes (0-1).",
+    );
+    for (c, d) in devices() {
+        hami(out, name, c, d);
+        out.push_str("} ");
+        let p = d.sm_util_percent;
+        int(out, u64::from(p / 100));
+        if p % 100 != 0 {
+            out.push('.');
+            out.push(char::from(b'0' + (p % 100 / 10) as u8));
+            if p % 10 != 0 {
+                out.push(char::from(b'0' + (p % 10) as u8));
+            }
+        }
+        out.push('\n');
+    }
+    let name = "hami_container_last_kernel_elapsed_seconds";
+    header(
+        out,
+        name,
+        "Seconds since the container last launched a kernel.",
+    );
+    for (c, d) in devices() {
+        if c.last_kernel_time != 0 {
+            hami(out, name, c, d);
+            out.push_str("} ");
+            int(out, now.saturating_sub(c.last_kernel_time));
+            out.push('\n');
+        }
+    }
+    let name = "hami_container_device_memory_bytes";
+    header(
+        out,
+        name,
+        "GPU memory of the container with its breakdown as labels.",
+    );
+    for (c, d) in devices() {
+        hami(out, name, c, d);
+        out.push_str(",context_size=\"");
+        int(out, d.context_bytes);
+        out.push_str("\",module_size=\"");
+        int(out, d.module_bytes);
+        out.push_str("\",buffer_size=\"");
+        int(out, d.buffer_bytes);
+        out.push_str("\",offset=\"0\"} ");
+        int(out, d.used_bytes);
+        out.push('\n');
+    }
+    let name = "kai_isolator_container_isolation_state";
+    header(
+        out,
+        name,
+        "1 for the container's isolation state: capped, uncapped_no_limit, no_region, over_cap or pending.",
+    );
+    for c in containers() {
+        out.push_str(name);
+        out.push_str("{namespace=\"");
+        out.push_str(&c.namespace);
+        out.push_str("\",pod=\"");
+        out.push_str(&c.pod);
+        out.push_str("\",container=\"");
+        out.push_str(&c.container);
+        out.push_str("\",node=\"");
+        out.push_str(&c.node);
+        out.push_str("\",state=\"");
+        out.push_str(c.isolation_state().label());
+        out.push_str("\"} 1\n");
+    }
+    // The bench has no stale slots, near-cap devices or escaped processes.
+    header(
+        out,
+        "kai_isolator_container_stale_slots",
+        "Region slots holding usage of processes that are gone (only while non-zero).",
+    );
+    header(
+        out,
+        "kai_isolator_container_near_cap",
+        "1 while the container's usage of a device is at or above the near-cap threshold.",
+    );
+    header(
+        out,
+        "kai_isolator_escaped_process_memory_bytes",
+        "GPU memory of a process that no libvgpu region accounts for (uncapped).",
+    );
+    let name = "kai_isolator_check_available";
+    header(
+        out,
+        name,
+        "1 when an isolation check can run on the node, 0 when it is unavailable (not passing).",
+    );
+    for n in nodes {
+        if let Some(checks) = &n.checks {
+            for (check, status) in [
+                ("escaped_processes", &checks.escaped_processes),
+                ("host_pids", &checks.host_pids),
+            ] {
+                out.push_str(name);
+                out.push_str("{check=\"");
+                out.push_str(check);
+                out.push_str("\",node=\"");
+                out.push_str(&n.node);
+                out.push_str(if status == "ok" { "\"} 1\n" } else { "\"} 0\n" });
+            }
+        }
+    }
+    out.push_str(&handle.render());
+}
+
+/// Renders the streamed page, dropping each chunk as hyper does once it is
+/// written; returns the bytes produced.
+fn stream_page(page: MetricsPage) -> usize {
+    page.map(|chunk| std::hint::black_box(chunk).len()).sum()
+}
+
+/// What a real scrape over loopback delivered and the heap it took.
+struct Scrape {
+    body_bytes: usize,
+    content_type: String,
+    chunked: bool,
+    peak_above_start: usize,
+    took: Duration,
+}
+
+/// `GET /metrics` from the server at `addr` over a socket, reading into
+/// one fixed buffer and decoding the chunked framing as it goes (the body
+/// is counted, not kept, so the client adds nothing to the heap).
+async fn scrape(addr: std::net::SocketAddr) -> std::io::Result<Scrape> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut tcp = tokio::net::TcpStream::connect(addr).await?;
+    let start = reset_peak();
+    let started = Instant::now();
+    tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut head = Vec::new();
+    let mut body = Chunked::default();
+    loop {
+        let n = tcp.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        let mut data = &buf[..n];
+        if !body.started {
+            head.extend_from_slice(data);
+            let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") else {
+                continue;
+            };
+            body.started = true;
+            let rest = head.split_off(end + 4);
+            body.feed(&rest);
+            data = &[];
+        }
+        body.feed(data);
+    }
+    let peak = PEAK.load(Ordering::Relaxed);
+    let head = String::from_utf8_lossy(&head).to_lowercase();
+    let header = |name: &str| {
+        head.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    Ok(Scrape {
+        body_bytes: body.payload,
+        content_type: header("content-type:"),
+        chunked: header("transfer-encoding:") == "chunked" && body.ended,
+        peak_above_start: peak.saturating_sub(start),
+        took: started.elapsed(),
+    })
+}
+
+/// Incremental decoder of `Transfer-Encoding: chunked` that counts payload.
+#[derive(Default)]
+struct Chunked {
+    started: bool,
+    ended: bool,
+    payload: usize,
+    /// Payload bytes left in the current chunk, then its CRLF.
+    left: usize,
+    crlf: usize,
+    size_line: Vec<u8>,
+}
+
+impl Chunked {
+    fn feed(&mut self, mut data: &[u8]) {
+        while !data.is_empty() && !self.ended {
+            if self.left > 0 {
+                let take = self.left.min(data.len());
+                self.payload += take;
+                self.left -= take;
+                data = &data[take..];
+                if self.left == 0 {
+                    self.crlf = 2;
+                }
+            } else if self.crlf > 0 {
+                self.crlf -= 1;
+                data = &data[1..];
+            } else {
+                let byte = data[0];
+                data = &data[1..];
+                if byte != b'\n' {
+                    self.size_line.push(byte);
+                    continue;
+                }
+                let line = String::from_utf8_lossy(&self.size_line);
+                let hex = line.trim().split(';').next().unwrap_or_default();
+                let size = usize::from_str_radix(hex, 16).expect("chunk size");
+                self.size_line.clear();
+                if size == 0 {
+                    self.ended = true;
+                } else {
+                    self.left = size;
+                }
+            }
+        }
+    }
+}
+
 fn main() {
     let nodes = env_or("NODES", 1000);
     let containers = env_or("CONTAINERS", 100);
+    let rounds = env_or("ROUNDS", 7).max(1);
     let handle = kai_aggregator::metrics::install();
-    let cluster = Cluster::default();
-
-    // Build the updates outside the timed section: they arrive from the wire.
-    let rss_before = rss_bytes();
-    let first: Vec<_> = (0..nodes).map(|n| update(n, containers, 1)).collect();
-    let started = Instant::now();
-    for (n, u) in first.into_iter().enumerate() {
-        cluster.apply_update(&format!("sim-node-{n:04}:50051"), u);
-    }
-    let initial = started.elapsed();
-    let rss_held = rss_bytes().saturating_sub(rss_before);
-
-    // Steady state: every node sends a new revision.
-    let rounds = 3u64;
-    let batches: Vec<Vec<_>> = (0..rounds)
-        .map(|r| (0..nodes).map(|n| update(n, containers, r + 2)).collect())
+    let cluster = Arc::new(Cluster::default());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let endpoints: Vec<String> = (0..nodes)
+        .map(|n| format!("sim-node-{n:04}:50051"))
         .collect();
-    let started = Instant::now();
-    for batch in batches {
-        for (n, u) in batch.into_iter().enumerate() {
-            cluster.apply_update(&format!("sim-node-{n:04}:50051"), u);
-        }
-    }
-    let steady = started.elapsed();
-    let updates = nodes as f64 * rounds as f64;
 
-    let mut renders = Vec::new();
-    let mut size = 0;
-    for _ in 0..10 {
-        let started = Instant::now();
-        let text = render_metrics(&cluster.snapshot(), &handle, false);
-        renders.push(started.elapsed());
-        size = text.len();
-        std::hint::black_box(text);
+    // The wire: two revisions of every node's message, gRPC-framed, so each
+    // update changes the view.
+    let revisions: Vec<Vec<Bytes>> = (1..=2)
+        .map(|rev| {
+            (0..nodes)
+                .map(|n| Bytes::from(wire::frame(&update(n, containers, rev))))
+                .collect()
+        })
+        .collect();
+    if let Some(first) = revisions[1].first() {
+        runtime.block_on(async {
+            let mut stream = watch(std::slice::from_ref(first)).await;
+            let decoded = stream.message().await.expect("decodes").expect("a message");
+            assert_eq!(
+                decoded,
+                update(0, containers, 2),
+                "hand encoding decodes to the message"
+            );
+        });
     }
-    renders.sort();
-    let series = nodes * containers * 8;
+    let wire_bytes: usize = revisions[0].iter().map(Bytes::len).sum();
+
+    // First fill, through the live path; the live-heap growth is the view.
+    let before = live();
+    runtime.block_on(drain(&revisions[0], |i, u| {
+        subscriber::receive(&cluster, &endpoints[i], u);
+    }));
+    let view_bytes = live().saturating_sub(before);
+
+    // Update path, interleaved with its floor.
+    let (mut ours, mut floor) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let frames = &revisions[(round + 1) % 2];
+        floor.push(runtime.block_on(drain(frames, |_, u| drop(std::hint::black_box(u)))));
+        ours.push(runtime.block_on(drain(frames, |i, u| {
+            subscriber::receive(&cluster, &endpoints[i], u);
+        })));
+    }
+    let update_ratio = ratio(&ours, &floor);
+    let (update_ours, update_floor) = (median(ours), median(floor));
+
+    // Render: the same text from both, then interleaved timings.
+    let now = kai_aggregator::cluster::unix_ms() / 1000;
+    let text: Vec<u8> = MetricsPage::new(cluster.snapshot(), handle.clone(), false, now).fold(
+        Vec::new(),
+        |mut all, chunk| {
+            all.extend_from_slice(&chunk);
+            all
+        },
+    );
+    let text = String::from_utf8(text).expect("UTF-8 page");
+    let mut floor_text = String::new();
+    floor_page(&cluster.snapshot(), &handle, now, &mut floor_text);
+    // The health series come last, in the exporter's per-render hash order:
+    // the families before them must be identical, the rest as long.
+    let families_end = text.find("# HELP kai_aggregator_").expect("health series");
+    if let Some(at) = text[..families_end]
+        .bytes()
+        .zip(floor_text.bytes())
+        .position(|(a, b)| a != b)
+    {
+        panic!(
+            "floor differs from the page at byte {at}: {:?} vs {:?}",
+            &text[at.saturating_sub(80)..(at + 80).min(text.len())],
+            &floor_text[at.saturating_sub(80)..(at + 80).min(floor_text.len())]
+        );
+    }
+    assert_eq!(text.len(), floor_text.len(), "floor and page lengths");
+    let text_len = text.len();
+    drop((text, floor_text));
+
+    let (mut ours, mut floor, mut floor_warm) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ours_peak, mut floor_peak) = (0, 0);
+    let mut warm = String::with_capacity(text_len);
+    for _ in 0..rounds {
+        let start = reset_peak();
+        let started = Instant::now();
+        let mut out = String::with_capacity(text_len);
+        floor_page(&cluster.snapshot(), &handle, now, &mut out);
+        std::hint::black_box(&out);
+        drop(out);
+        floor.push(started.elapsed());
+        floor_peak = floor_peak.max(PEAK.load(Ordering::Relaxed).saturating_sub(start));
+
+        let start = reset_peak();
+        let started = Instant::now();
+        let sent = stream_page(MetricsPage::new(
+            cluster.snapshot(),
+            handle.clone(),
+            false,
+            now,
+        ));
+        ours.push(started.elapsed());
+        ours_peak = ours_peak.max(PEAK.load(Ordering::Relaxed).saturating_sub(start));
+        assert_eq!(sent, text_len, "streamed page length");
+
+        let started = Instant::now();
+        warm.clear();
+        floor_page(&cluster.snapshot(), &handle, now, &mut warm);
+        std::hint::black_box(&warm);
+        floor_warm.push(started.elapsed());
+    }
+    drop(warm);
+    let (fresh_ratio, warm_ratio) = (ratio(&ours, &floor), ratio(&ours, &floor_warm));
+    let (render_ours, render_floor, render_warm) =
+        (median(ours), median(floor), median(floor_warm));
+
+    // A real scrape over loopback: server and client in this process.
+    let shutdown = CancellationToken::new();
+    let scrapes: Vec<Scrape> = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let state = http::State {
+            cluster: cluster.clone(),
+            handle: handle.clone(),
+            legacy: false,
+            synced: tokio::sync::watch::channel(true).1,
+        };
+        let server = tokio::spawn(http::serve(listener, state, shutdown.clone()));
+        let mut scrapes = Vec::new();
+        for _ in 0..3 {
+            scrapes.push(scrape(addr).await.expect("scrape"));
+        }
+        shutdown.cancel();
+        server.await.expect("server stops");
+        scrapes
+    });
+    for s in &scrapes {
+        assert!(s.chunked, "the body is chunked and complete");
+        assert_eq!(s.content_type, http::METRICS_CONTENT_TYPE);
+        // The elapsed-seconds values follow the server's clock; their width
+        // does not change within a run.
+        assert_eq!(s.body_bytes, text_len, "the scrape delivered the page");
+    }
+    let scrape_peak = scrapes
+        .iter()
+        .map(|s| s.peak_above_start)
+        .max()
+        .unwrap_or_default();
+    let scrape_took = median(scrapes.iter().map(|s| s.took).collect());
+
+    let text_mib = text_len as f64 / MIB;
     println!(
-        "aggregator: {nodes} nodes x {containers} containers = {} containers, ~{series} series",
-        nodes * containers
+        "aggregator: {nodes} nodes x {containers} containers, {rounds} interleaved rounds; page {text_mib:.1} MiB, wire {:.1} MiB per round",
+        wire_bytes as f64 / MIB
     );
     println!(
-        "  updates: first fill {:.1} ms; steady {:.0} node updates/s ({:.0} containers/s)",
-        initial.as_secs_f64() * 1000.0,
-        updates / steady.as_secs_f64(),
-        updates * containers as f64 / steady.as_secs_f64()
+        "  cluster view: {:.1} MiB live heap after the first fill",
+        view_bytes as f64 / MIB
+    );
+    println!("job | ours (median) | floor (median) | ratio (median of per-round ratios)");
+    println!(
+        "/metrics render, {text_mib:.0} MiB | {:.1} ms | {:.1} ms (itoa, one fresh buffer) | {:.2}",
+        ms(render_ours),
+        ms(render_floor),
+        fresh_ratio
     );
     println!(
-        "  memory held by the cluster view: {:.1} MiB (RSS delta after the first fill)",
-        rss_held as f64 / (1 << 20) as f64
+        "/metrics render vs warm buffer | {:.1} ms | {:.1} ms (itoa, reused buffer: formatting only) | {:.2}",
+        ms(render_ours),
+        ms(render_warm),
+        warm_ratio
     );
     println!(
-        "  /metrics render: median {:.1} ms, max {:.1} ms, {:.1} MiB of text",
-        renders[renders.len() / 2].as_secs_f64() * 1000.0,
-        renders[renders.len() - 1].as_secs_f64() * 1000.0,
-        size as f64 / (1 << 20) as f64
+        "scrape peak heap over loopback | +{:.2} MiB | {text_mib:.1} MiB (the text) | {:.4}",
+        scrape_peak as f64 / MIB,
+        scrape_peak as f64 / text_len as f64
+    );
+    println!(
+        "render peak heap, in process | +{:.2} MiB | +{:.1} MiB (floor: one buffer) | {:.4}",
+        ours_peak as f64 / MIB,
+        floor_peak as f64 / MIB,
+        ours_peak as f64 / text_len as f64
+    );
+    println!(
+        "update, one message of {containers} containers | {:.1} us ({:.0}/s) | {:.1} us decode+drop ({:.0}/s) | {:.2}",
+        update_ours.as_secs_f64() * 1e6,
+        1.0 / update_ours.as_secs_f64(),
+        update_floor.as_secs_f64() * 1e6,
+        1.0 / update_floor.as_secs_f64(),
+        update_ratio
+    );
+    println!(
+        "  scrape over loopback: median {:.1} ms for {text_mib:.1} MiB",
+        ms(scrape_took)
     );
 }

@@ -2,14 +2,16 @@
 //! query API under `/api/v1/`, `/healthz` and `/readyz`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
 
-use kai_exposition::{HostDevices, NodeIsolation, Options};
+use kai_exposition::{NodeView, Options, Page, View};
 use kai_proto::v1 as pb;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use warp::hyper::body::Bytes;
 use warp::{Filter, Reply};
 
 use crate::cluster::{Cluster, NodeEntry, unix_ms};
@@ -23,38 +25,167 @@ pub struct State {
     pub synced: watch::Receiver<bool>,
 }
 
-/// The whole `/metrics` text: HAMi families with a `node` label, then the
-/// aggregator's own series.
-pub fn render_metrics(nodes: &[NodeEntry], handle: &PrometheusHandle, legacy: bool) -> String {
-    metrics::record_view(nodes);
-    let containers: usize = nodes.iter().map(|n| n.containers.len()).sum();
-    let mut out = String::with_capacity(4096 + containers * 2400);
-    let opts = Options {
-        node_label: true,
-        legacy,
-        now_secs: unix_ms() / 1000,
-    };
-    kai_exposition::render(
-        &mut out,
-        nodes.iter().map(|n| HostDevices {
-            node: &n.node,
-            devices: &n.devices,
-        }),
-        nodes.iter().flat_map(|n| n.containers.iter()),
-        opts,
-    );
-    kai_exposition::render_isolation(
-        &mut out,
-        nodes.iter().flat_map(|n| n.containers.iter()),
-        nodes.iter().map(|n| NodeIsolation {
-            node: &n.node,
-            escaped: &n.escaped,
-            checks: n.checks.as_ref(),
-        }),
-        opts,
-    );
-    out.push_str(&handle.render());
-    out
+/// Text rendered into one chunk before it goes to the connection. Per-chunk
+/// costs vanish at this size (~3000 chunks for a 1000-node page), and a
+/// scrape holds a few chunks at most: hyper stops polling the body while
+/// ~400 KiB are queued for the socket. Kept under glibc's 64 KiB free-time
+/// consolidation threshold (with the slack below), so freeing a sent chunk
+/// does not sweep the allocator's fast bins.
+pub const CHUNK_BYTES: usize = 56 * 1024;
+/// Room for the item that crosses [`CHUNK_BYTES`] (a container's lines),
+/// so a chunk is allocated once.
+const CHUNK_SLACK: usize = 4 * 1024;
+
+/// Sent chunks kept for reuse: as many as hyper queues (~400 KiB), so a
+/// steady scrape renders into warm buffers instead of faulting fresh memory
+/// in for every chunk.
+const POOLED_CHUNKS: usize = 8;
+
+/// `Content-Type` of the text exposition format.
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+impl View for NodeEntry {
+    fn view(&self) -> NodeView<'_> {
+        NodeView {
+            node: &self.node,
+            devices: &self.devices,
+            containers: &self.containers,
+            escaped: &self.escaped,
+            checks: self.checks.as_ref(),
+        }
+    }
+}
+
+/// Buffers of one page's sent chunks, for the next chunks to reuse.
+#[derive(Clone, Default)]
+struct Pool(Arc<Mutex<Vec<String>>>);
+
+impl Pool {
+    fn take(&self) -> String {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|mut free| free.pop())
+            .unwrap_or_else(|| String::with_capacity(CHUNK_BYTES + CHUNK_SLACK))
+    }
+}
+
+/// A chunk's text; returns its buffer to the pool when hyper drops it.
+struct Chunk {
+    text: String,
+    pool: Pool,
+}
+
+impl AsRef<[u8]> for Chunk {
+    fn as_ref(&self) -> &[u8] {
+        self.text.as_bytes()
+    }
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        let mut text = std::mem::take(&mut self.text);
+        text.clear();
+        // A poisoned pool only costs reuse.
+        if let Ok(mut free) = self.pool.0.lock()
+            && free.len() < POOLED_CHUNKS
+        {
+            free.push(text);
+        }
+    }
+}
+
+/// One scrape's `/metrics` page, rendered chunk by chunk as the client
+/// reads it: the HAMi and isolation families with a `node` label, from one
+/// snapshot of the cluster, then the aggregator's own series. Nothing is
+/// rendered ahead of the reader, so a scrape holds a few chunks, not the
+/// page (~180 MiB at 1000 nodes × 100 containers).
+pub struct MetricsPage {
+    nodes: Vec<NodeEntry>,
+    page: Page,
+    pool: Pool,
+    /// Taken when the health series, the last chunk, are rendered.
+    handle: Option<PrometheusHandle>,
+    sent: usize,
+    chunks: usize,
+}
+
+impl MetricsPage {
+    /// Starts a page over `nodes` (a [`Cluster::snapshot`]); `now_secs` is
+    /// the clock of `hami_container_last_kernel_elapsed_seconds`.
+    pub fn new(
+        nodes: Vec<NodeEntry>,
+        handle: PrometheusHandle,
+        legacy: bool,
+        now_secs: u64,
+    ) -> Self {
+        // The health gauges describe the view this page shows.
+        metrics::record_view(&nodes);
+        let page = Page::new(Options {
+            node_label: true,
+            legacy,
+            now_secs,
+        });
+        Self {
+            nodes,
+            page,
+            pool: Pool::default(),
+            handle: Some(handle),
+            sent: 0,
+            chunks: 0,
+        }
+    }
+
+    /// The page of the cluster as it is now.
+    pub fn current(state: &State) -> Self {
+        Self::new(
+            state.cluster.snapshot(),
+            state.handle.clone(),
+            state.legacy,
+            unix_ms() / 1000,
+        )
+    }
+
+    fn next_chunk(&mut self) -> Option<Bytes> {
+        if !self.page.is_done() {
+            let mut text = self.pool.take();
+            self.page.fill(&self.nodes, &mut text, CHUNK_BYTES);
+            let pool = self.pool.clone();
+            return Some(Bytes::from_owner(Chunk { text, pool }));
+        }
+        let health = self.handle.take()?.render();
+        tracing::debug!(
+            nodes = self.nodes.len(),
+            bytes = self.sent + health.len(),
+            chunks = self.chunks + 1,
+            "/metrics page rendered"
+        );
+        Some(Bytes::from(health))
+    }
+}
+
+impl Iterator for MetricsPage {
+    type Item = Bytes;
+
+    fn next(&mut self) -> Option<Bytes> {
+        // An empty chunk would read as the end of a chunked body: skip any.
+        let chunk = std::iter::from_fn(|| self.next_chunk()).find(|c| !c.is_empty())?;
+        self.sent += chunk.len();
+        self.chunks += 1;
+        Some(chunk)
+    }
+}
+
+/// The streamed `/metrics` response: chunked, each chunk rendered when
+/// hyper polls for it (that is, when the socket has room).
+pub fn metrics_response(page: MetricsPage) -> warp::reply::Response {
+    let body = futures_util::stream::iter(page.map(Ok::<_, Infallible>));
+    warp::reply::with_header(
+        warp::reply::stream(body),
+        http::header::CONTENT_TYPE,
+        METRICS_CONTENT_TYPE,
+    )
+    .into_response()
 }
 
 fn param<'a>(q: &'a HashMap<String, String>, key: &str) -> &'a str {
@@ -73,15 +204,7 @@ pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationTo
     let metrics = warp::path!("metrics")
         .and(warp::get())
         .and(with.clone())
-        .map(|s: State| {
-            let nodes = s.cluster.snapshot();
-            warp::reply::with_header(
-                render_metrics(&nodes, &s.handle, s.legacy),
-                http::header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )
-            .into_response()
-        });
+        .map(|s: State| metrics_response(MetricsPage::current(&s)));
     let query_params = warp::query::<HashMap<String, String>>();
     let containers = warp::path!("api" / "v1" / "containers")
         .and(warp::get())

@@ -1,3 +1,7 @@
+// No unsafe code (the crate denies it only so its cluster bench can count
+// allocations).
+#![forbid(unsafe_code)]
+
 use anyhow::Context;
 use clap::Parser;
 

@@ -111,6 +111,14 @@ pub async fn run(
     }
 }
 
+/// Takes in one `WatchContainers` message from `endpoint`: the whole live
+/// update path after decoding (the cluster bench drives it too).
+pub fn receive(cluster: &Cluster, endpoint: &str, update: pb::ContainersUpdate) {
+    let lag_ms = unix_ms().saturating_sub(update.sent_at_unix_ms);
+    metrics::record_update(lag_ms);
+    cluster.apply_update(endpoint, update);
+}
+
 /// Connects and follows the stream until it fails. A received update
 /// resets the backoff.
 async fn stream_once(
@@ -155,9 +163,7 @@ async fn stream_once(
             message = stream.message() => match message {
                 Ok(Some(update)) => {
                     *attempt = 0;
-                    let lag_ms = unix_ms().saturating_sub(update.sent_at_unix_ms);
-                    metrics::record_update(lag_ms);
-                    cluster.apply_update(endpoint, update);
+                    receive(cluster, endpoint, update);
                 }
                 Ok(None) => return Ok(()),
                 Err(status) => return Err(format!("stream: {}", status.message())),

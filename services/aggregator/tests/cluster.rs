@@ -109,7 +109,31 @@ async fn http_get(addr: SocketAddr, path: &str) -> String {
     tcp.read_to_string(&mut out).await.expect("read");
     let (head, body) = out.split_once("\r\n\r\n").expect("HTTP response");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    body.to_owned()
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    }
+}
+
+/// The payload of a chunked body (`/metrics` is streamed).
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n").expect("chunk size line");
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or(size), 16)
+            .expect("hex chunk size");
+        if size == 0 {
+            return out;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..]
+            .strip_prefix("\r\n")
+            .expect("CRLF after a chunk");
+    }
 }
 
 /// `series → value` of a Prometheus text page (HELP/TYPE skipped).

@@ -3,9 +3,10 @@
 //! (stale slots, near-cap devices, escaped processes) only have series
 //! while they exist, so a healthy cluster pays one series per container.
 
-use kai_proto::v1::{ContainerUsage, EscapedProcess, IsolationChecks, IsolationState};
+use kai_proto::v1::{ContainerUsage, EscapedProcess, IsolationChecks};
 
-use crate::{Family, Labels, Options};
+use crate::Options;
+use crate::families::{self, Ctx, ISOLATION, Scope};
 
 /// One node's isolation findings besides its containers.
 pub struct NodeIsolation<'a> {
@@ -22,87 +23,45 @@ pub fn render_isolation<'a>(
     nodes: impl IntoIterator<Item = NodeIsolation<'a>>,
     opts: Options,
 ) {
-    let mut state = Family::gauge(
-        "kai_isolator_container_isolation_state",
-        "1 for the container's isolation state: capped, uncapped_no_limit, no_region, over_cap or pending.",
-    );
-    let mut stale = Family::gauge(
-        "kai_isolator_container_stale_slots",
-        "Region slots holding usage of processes that are gone (only while non-zero).",
-    );
-    let mut near = Family::gauge(
-        "kai_isolator_container_near_cap",
-        "1 while the container's usage of a device is at or above the near-cap threshold.",
-    );
-    let mut escaped = Family::gauge(
-        "kai_isolator_escaped_process_memory_bytes",
-        "GPU memory of a process that no libvgpu region accounts for (uncapped).",
-    );
-    let mut checks = Family::gauge(
-        "kai_isolator_check_available",
-        "1 when an isolation check can run on the node, 0 when it is unavailable (not passing).",
-    );
-
-    let mut labels = Labels::default();
-    let mut extended = Labels::default();
-    for c in containers {
-        labels.clear();
-        labels.push("namespace", &c.namespace);
-        labels.push("pod", &c.pod);
-        labels.push("container", &c.container);
-        if opts.node_label {
-            labels.push("node", &c.node);
-        }
-        extended.copy_from(&labels);
-        let name = IsolationState::try_from(c.isolation_state)
-            .unwrap_or(IsolationState::Unspecified)
-            .label();
-        extended.push("state", name);
-        state.sample_with(&extended, 1.0);
-        if c.stale_slots > 0 {
-            stale.sample_with(&labels, f64::from(c.stale_slots));
-        }
-        for uuid in &c.near_cap_devices {
-            extended.copy_from(&labels);
-            extended.push("device_uuid", uuid);
-            near.sample_with(&extended, 1.0);
-        }
-    }
-    for node in nodes {
-        for e in node.escaped {
-            labels.clear();
-            labels.push("device_uuid", &e.gpu_uuid);
-            labels.push_u64("pid", u64::from(e.host_pid));
-            labels.push("namespace", &e.namespace);
-            labels.push("pod", &e.pod);
-            labels.push("container", &e.container);
-            if opts.node_label {
-                labels.push("node", node.node);
-            }
-            escaped.sample_with(&labels, e.used_bytes as f64);
-        }
-        if let Some(c) = node.checks {
-            for (check, status) in [
-                ("escaped_processes", &c.escaped_processes),
-                ("host_pids", &c.host_pids),
-            ] {
-                labels.clear();
-                labels.push("check", check);
-                if opts.node_label {
-                    labels.push("node", node.node);
+    // Each family walks them again (samples stay contiguous per family).
+    let containers: Vec<&ContainerUsage> = containers.into_iter().collect();
+    let nodes: Vec<NodeIsolation<'a>> = nodes.into_iter().collect();
+    let ctx = Ctx {
+        opts: &opts,
+        clean: families::all_clean(containers.iter().copied()),
+    };
+    for spec in ISOLATION {
+        spec.header(out);
+        match spec.scope() {
+            Scope::Container => {
+                for c in &containers {
+                    families::container(out, spec, c, ctx);
                 }
-                checks.sample_with(&labels, if status == "ok" { 1.0 } else { 0.0 });
             }
+            Scope::Escaped => {
+                for node in &nodes {
+                    for e in node.escaped {
+                        families::escaped(out, spec, node.node, e, &opts);
+                    }
+                }
+            }
+            Scope::Checks => {
+                for node in &nodes {
+                    if let Some(checks) = node.checks {
+                        families::checks(out, spec, node.node, checks, &opts);
+                    }
+                }
+            }
+            // No isolation family is drawn from host GPUs.
+            Scope::Host => {}
         }
-    }
-    for family in [&state, &stale, &near, &escaped, &checks] {
-        family.render(out);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kai_proto::v1::IsolationState;
 
     fn container(state: IsolationState, stale: u32, near: &[&str]) -> ContainerUsage {
         ContainerUsage {

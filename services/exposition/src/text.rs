@@ -1,8 +1,9 @@
 //! The text format itself: `# HELP`, `# TYPE`, samples with escaped labels.
 //!
-//! Built for ~10^6 samples per scrape: a caller writes a label set once
-//! (escaped) and reuses it across families; integers are printed with
-//! `itoa`; family buffers grow geometrically and are concatenated once.
+//! [`Family`] accumulates a family sample by sample (small pages, ad-hoc
+//! series). The large pages are written line by line straight into the
+//! output by `families`, with the helpers here so both print the same bytes:
+//! integers through `itoa`, everything else as Rust prints an `f64`.
 
 use std::fmt::Write;
 
@@ -64,8 +65,7 @@ impl Family {
 
     /// Writes the family (HELP and TYPE even when empty, so dashboards see it).
     pub fn render(&self, out: &mut String) {
-        let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
-        let _ = writeln!(out, "# TYPE {} {}", self.name, self.kind);
+        push_header(out, self.name, self.help, self.kind);
         out.push_str(&self.samples);
     }
 }
@@ -100,6 +100,19 @@ impl Labels {
     }
 }
 
+/// `# HELP` and `# TYPE` lines of a family.
+pub(crate) fn push_header(out: &mut String, name: &str, help: &str, kind: &str) {
+    out.push_str("# HELP ");
+    out.push_str(name);
+    out.push(' ');
+    out.push_str(help);
+    out.push_str("\n# TYPE ");
+    out.push_str(name);
+    out.push(' ');
+    out.push_str(kind);
+    out.push('\n');
+}
+
 /// Integers (every byte count) print exactly and fast; others as Rust does.
 fn push_value(s: &mut String, value: f64) {
     if value.fract() == 0.0 && value.abs() < 9.0e15 {
@@ -109,12 +122,76 @@ fn push_value(s: &mut String, value: f64) {
     }
 }
 
-/// Label values escape `\`, `"` and newline.
-fn escape_into(out: &mut String, value: &str) {
-    if !value.contains(['\\', '"', '\n']) {
-        out.push_str(value);
-        return;
+/// A `u64` sample value, printed as [`push_value`] prints `value as f64`
+/// without the float: below 9e15 (< 2^53) the conversion is exact, so the
+/// integer itself is the same text.
+pub(crate) fn push_u64_value(s: &mut String, value: u64) {
+    if value < 9_000_000_000_000_000 {
+        s.push_str(itoa::Buffer::new().format(value));
+    } else {
+        push_value(s, value as f64);
     }
+}
+
+/// `percent / 100` as [`push_value`] prints `f64::from(percent) / 100.0`,
+/// without float formatting (the per-container utilization ratios are a
+/// tenth of all samples). Rust prints the shortest decimal that reads back
+/// as the same `f64`; a decimal of at most 15 significant digits is that
+/// decimal itself, and `percent / 100` has at most 12, so the text is the
+/// integer part, then the hundredths without trailing zeros.
+pub(crate) fn push_percent_ratio(s: &mut String, percent: u32) {
+    let (whole, hundredths) = (percent / 100, percent % 100);
+    s.push_str(itoa::Buffer::new().format(whole));
+    if hundredths != 0 {
+        s.push('.');
+        s.push(char::from(b'0' + (hundredths / 10) as u8));
+        if hundredths % 10 != 0 {
+            s.push(char::from(b'0' + (hundredths % 10) as u8));
+        }
+    }
+}
+
+/// Whether a label value needs escaping. Every label value of every sample
+/// goes through here, so it tests eight bytes at a time: a word has a byte
+/// equal to `b` exactly when `word ^ b…b` has a zero byte, and
+/// `(x - 0x01…01) & !x & 0x80…80` is non-zero exactly when `x` has one.
+/// The tail is the value's last eight bytes (overlapping the words before:
+/// testing a byte twice is harmless), or, for a short value, the value
+/// padded with zero bytes, which are none of the three.
+#[inline]
+pub(crate) fn needs_escape(value: &str) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    let special = |word: &[u8; 8]| {
+        let word = u64::from_ne_bytes(*word);
+        [b'\\', b'"', b'\n'].into_iter().any(|byte| {
+            let x = word ^ (ONES * u64::from(byte));
+            x.wrapping_sub(ONES) & !x & HIGHS != 0
+        })
+    };
+    let bytes = value.as_bytes();
+    match bytes.last_chunk::<8>() {
+        Some(last) => bytes.as_chunks::<8>().0.iter().any(special) || special(last),
+        None => {
+            let mut padded = [0u8; 8];
+            padded[..bytes.len()].copy_from_slice(bytes);
+            special(&padded)
+        }
+    }
+}
+
+/// Label values escape `\`, `"` and newline.
+#[inline]
+pub(crate) fn escape_into(out: &mut String, value: &str) {
+    if needs_escape(value) {
+        escape_slow(out, value);
+    } else {
+        out.push_str(value);
+    }
+}
+
+#[cold]
+fn escape_slow(out: &mut String, value: &str) {
     for c in value.chars() {
         match c {
             '\\' => out.push_str("\\\\"),
@@ -142,5 +219,77 @@ mod tests {
             out,
             "# HELP x_bytes help text\n# TYPE x_bytes gauge\nx_bytes{pod=\"a\\\"b\\\\c\\nd\",ns=\"plain\"} 1.5\nx_bytes 1073741824\nx_bytes{i=\"0\"} 0.37\nx_bytes{big=\"1\"} 18446744073709552000\n"
         );
+    }
+
+    fn via_f64(value: f64) -> String {
+        let mut s = String::new();
+        push_value(&mut s, value);
+        s
+    }
+
+    #[test]
+    fn integer_values_print_as_through_f64() {
+        let edges = [
+            0,
+            1,
+            1 << 20,
+            (1 << 53) - 1,
+            8_999_999_999_999_999,
+            9_000_000_000_000_000,
+            9_007_199_254_740_993,
+            u64::MAX,
+        ];
+        for value in edges
+            .into_iter()
+            .chain((0..64).map(|shift| 3u64 << shift.min(62)))
+        {
+            let mut s = String::new();
+            push_u64_value(&mut s, value);
+            assert_eq!(s, via_f64(value as f64), "{value}");
+        }
+    }
+
+    #[test]
+    fn percent_ratios_print_as_through_f64() {
+        let large = (0..100_000u32).map(|i| u32::MAX - i);
+        let strided = (0..u32::MAX / 7919).map(|i| i * 7919);
+        for percent in (0..=1_000_000u32).chain(large).chain(strided) {
+            let mut s = String::new();
+            push_percent_ratio(&mut s, percent);
+            assert_eq!(s, via_f64(f64::from(percent) / 100.0), "{percent}");
+        }
+    }
+
+    #[test]
+    fn escape_is_detected_anywhere_in_long_values() {
+        for special in ['\\', '"', '\n'] {
+            for at in 0..40 {
+                let mut value = "x".repeat(40);
+                value.replace_range(at..=at, &special.to_string());
+                assert!(needs_escape(&value), "{special:?} at {at}");
+            }
+        }
+        assert!(!needs_escape(&"GPU-0123-abcd".repeat(7)));
+        for len in 0..20 {
+            let plain = "y".repeat(len);
+            assert!(!needs_escape(&plain), "{len}");
+            for at in 0..len {
+                let mut value = plain.clone();
+                value.replace_range(at..=at, "\"");
+                assert!(needs_escape(&value), "{len}, at {at}");
+            }
+        }
+        // No other byte, next to any other, is taken for one of the three.
+        for byte in (0..=255u8).filter(|b| !matches!(b, b'\\' | b'"' | b'\n')) {
+            for neighbour in 0..=255u8 {
+                let value: String = [neighbour, byte]
+                    .repeat(8)
+                    .into_iter()
+                    .map(char::from)
+                    .collect();
+                let special = matches!(neighbour, b'\\' | b'"' | b'\n');
+                assert_eq!(needs_escape(&value), special, "{byte} next to {neighbour}");
+            }
+        }
     }
 }

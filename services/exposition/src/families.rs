@@ -1,0 +1,479 @@
+//! Every family of the page, in page order, and how one item (a host GPU, a
+//! container, an escaped process, a node's checks) becomes its lines.
+//!
+//! Lines are written straight into the output: a label set is not built
+//! and then copied, because a page of ~10^6 samples is mostly label text.
+//! The whole-page renderers and the streamed [`crate::Page`] share these
+//! writers, so they cannot disagree on a byte.
+
+use kai_proto::v1::{
+    ContainerUsage, DeviceUsage, EscapedProcess, HostDevice, IsolationChecks, IsolationState,
+};
+
+use crate::Options;
+use crate::text::{escape_into, needs_escape, push_header, push_percent_ratio, push_u64_value};
+
+/// What one family's samples are drawn from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Scope {
+    /// One line per host GPU.
+    Host,
+    /// Lines per container (one per device, or per anomaly).
+    Container,
+    /// One line per process that escaped accounting.
+    Escaped,
+    /// Two lines per node that reported its checks.
+    Checks,
+}
+
+/// Which series a family holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Metric {
+    HostUsed,
+    HostUtil,
+    LegacyHostUsed,
+    LegacyHostUtil,
+    Used,
+    Limit,
+    Context,
+    Module,
+    Buffer,
+    Util,
+    Elapsed,
+    Breakdown,
+    LegacyUsed,
+    LegacyLimit,
+    LegacyDesc,
+    LegacyUtil,
+    LegacyKernel,
+    State,
+    Stale,
+    NearCap,
+    Escaped,
+    Checks,
+}
+
+/// One family: its name, help, and where its samples come from.
+#[derive(Debug)]
+pub(crate) struct Spec {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub metric: Metric,
+    /// Rendered only with [`Options::legacy`].
+    pub legacy: bool,
+}
+
+impl Spec {
+    const fn new(name: &'static str, help: &'static str, metric: Metric) -> Self {
+        Self {
+            name,
+            help,
+            metric,
+            legacy: false,
+        }
+    }
+
+    const fn legacy(name: &'static str, help: &'static str, metric: Metric) -> Self {
+        Self {
+            name,
+            help,
+            metric,
+            legacy: true,
+        }
+    }
+
+    pub fn scope(&self) -> Scope {
+        match self.metric {
+            Metric::HostUsed
+            | Metric::HostUtil
+            | Metric::LegacyHostUsed
+            | Metric::LegacyHostUtil => Scope::Host,
+            Metric::Escaped => Scope::Escaped,
+            Metric::Checks => Scope::Checks,
+            _ => Scope::Container,
+        }
+    }
+
+    pub fn header(&self, out: &mut String) {
+        push_header(out, self.name, self.help, "gauge");
+    }
+}
+
+/// The HAMi families (host, then container; the legacy ones last), as
+/// [`crate::render`] writes them.
+pub(crate) const HAMI: &[Spec] = &[
+    Spec::new(
+        "hami_host_gpu_memory_used_bytes",
+        "GPU memory used on the host device, from NVML.",
+        Metric::HostUsed,
+    ),
+    Spec::new(
+        "hami_host_gpu_utilization_ratio",
+        "GPU utilization of the host device (0-1), from NVML.",
+        Metric::HostUtil,
+    ),
+    Spec::new(
+        "hami_vgpu_memory_used_bytes",
+        "GPU memory accounted by libvgpu for the container's live processes.",
+        Metric::Used,
+    ),
+    Spec::new(
+        "hami_vgpu_memory_limit_bytes",
+        "GPU memory cap libvgpu enforces for the container (0 = uncapped).",
+        Metric::Limit,
+    ),
+    Spec::new(
+        "hami_vgpu_memory_context_bytes",
+        "CUDA context memory of the container.",
+        Metric::Context,
+    ),
+    Spec::new(
+        "hami_vgpu_memory_module_bytes",
+        "CUDA module memory of the container.",
+        Metric::Module,
+    ),
+    Spec::new(
+        "hami_vgpu_memory_buffer_bytes",
+        "Allocated buffer memory of the container.",
+        Metric::Buffer,
+    ),
+    Spec::new(
+        "hami_container_device_utilization_ratio",
+        "SM utilization of the container's processes (0-1).",
+        Metric::Util,
+    ),
+    Spec::new(
+        "hami_container_last_kernel_elapsed_seconds",
+        "Seconds since the container last launched a kernel.",
+        Metric::Elapsed,
+    ),
+    Spec::new(
+        "hami_container_device_memory_bytes",
+        "GPU memory of the container with its breakdown as labels.",
+        Metric::Breakdown,
+    ),
+    Spec::legacy(
+        "HostGPUMemoryUsage",
+        "Legacy: GPU memory used on the host device.",
+        Metric::LegacyHostUsed,
+    ),
+    Spec::legacy(
+        "HostCoreUtilization",
+        "Legacy: GPU core utilization of the host device.",
+        Metric::LegacyHostUtil,
+    ),
+    Spec::legacy(
+        "vGPU_device_memory_usage_in_bytes",
+        "Legacy: vGPU memory used by the container.",
+        Metric::LegacyUsed,
+    ),
+    Spec::legacy(
+        "vGPU_device_memory_limit_in_bytes",
+        "Legacy: vGPU memory limit of the container.",
+        Metric::LegacyLimit,
+    ),
+    Spec::legacy(
+        "Device_memory_desc_of_container",
+        "Legacy: container GPU memory with its breakdown.",
+        Metric::LegacyDesc,
+    ),
+    Spec::legacy(
+        "Device_utilization_desc_of_container",
+        "Legacy: container SM utilization (percent).",
+        Metric::LegacyUtil,
+    ),
+    Spec::legacy(
+        "Device_last_kernel_of_container",
+        "Legacy: seconds since the container's last kernel.",
+        Metric::LegacyKernel,
+    ),
+];
+
+/// The isolation families (docs/isolation.md), as
+/// [`crate::render_isolation`] writes them.
+pub(crate) const ISOLATION: &[Spec] = &[
+    Spec::new(
+        "kai_isolator_container_isolation_state",
+        "1 for the container's isolation state: capped, uncapped_no_limit, no_region, over_cap or pending.",
+        Metric::State,
+    ),
+    Spec::new(
+        "kai_isolator_container_stale_slots",
+        "Region slots holding usage of processes that are gone (only while non-zero).",
+        Metric::Stale,
+    ),
+    Spec::new(
+        "kai_isolator_container_near_cap",
+        "1 while the container's usage of a device is at or above the near-cap threshold.",
+        Metric::NearCap,
+    ),
+    Spec::new(
+        "kai_isolator_escaped_process_memory_bytes",
+        "GPU memory of a process that no libvgpu region accounts for (uncapped).",
+        Metric::Escaped,
+    ),
+    Spec::new(
+        "kai_isolator_check_available",
+        "1 when an isolation check can run on the node, 0 when it is unavailable (not passing).",
+        Metric::Checks,
+    ),
+];
+
+/// Writes `fragment`, then `value` escaped. Fragments carry the syntax
+/// between values (`{pod="`, `",node="`), so a label costs two appends, as
+/// in a renderer written by hand for one page.
+fn text(out: &mut String, fragment: &str, value: &str) {
+    out.push_str(fragment);
+    escape_into(out, value);
+}
+
+/// [`text`] for a value known not to need escaping when `clean`.
+fn text_if(out: &mut String, fragment: &str, value: &str, clean: bool) {
+    if clean {
+        out.push_str(fragment);
+        out.push_str(value);
+    } else {
+        text(out, fragment, value);
+    }
+}
+
+/// Whether none of a container's label values needs escaping. Its values
+/// are in every container family (ten or more), so a page asks once per
+/// node ([`all_clean`]) and then copies them as they are: checking each
+/// value in each family costs as much as writing the page.
+fn clean(c: &ContainerUsage) -> bool {
+    [&c.namespace, &c.pod, &c.container, &c.node]
+        .into_iter()
+        .chain(c.devices.iter().map(|d| &d.uuid))
+        .chain(&c.near_cap_devices)
+        .all(|v| !needs_escape(v))
+}
+
+/// Whether no label value of these containers needs escaping.
+pub(crate) fn all_clean<'a>(containers: impl IntoIterator<Item = &'a ContainerUsage>) -> bool {
+    containers.into_iter().all(clean)
+}
+
+fn int(out: &mut String, fragment: &str, value: u64) {
+    out.push_str(fragment);
+    out.push_str(itoa::Buffer::new().format(value));
+}
+
+/// A sample's value, in the two shapes the page has.
+#[derive(Clone, Copy)]
+enum Value {
+    /// Bytes, seconds, counts, percents, flags.
+    Int(u64),
+    /// A percentage shown as a 0-1 ratio.
+    Ratio(u32),
+}
+
+/// `"} value\n`: closes the last label value, the set, and the line.
+fn close(out: &mut String, value: Value) {
+    out.push_str("\"} ");
+    match value {
+        Value::Int(v) => push_u64_value(out, v),
+        Value::Ratio(percent) => push_percent_ratio(out, percent),
+    }
+    out.push('\n');
+}
+
+/// One host GPU's line of a [`Scope::Host`] family.
+pub(crate) fn host(out: &mut String, spec: &Spec, node: &str, d: &HostDevice, opts: &Options) {
+    let (value, legacy) = match spec.metric {
+        Metric::HostUsed => (Value::Int(d.memory_used_bytes), false),
+        Metric::HostUtil => (Value::Ratio(d.gpu_utilization_percent), false),
+        Metric::LegacyHostUsed => (Value::Int(d.memory_used_bytes), true),
+        Metric::LegacyHostUtil => (Value::Int(u64::from(d.gpu_utilization_percent)), true),
+        // Not a host family: nothing of this host belongs to it.
+        _ => return,
+    };
+    let (index, uuid, ty) = if legacy {
+        (
+            "{deviceidx=\"",
+            "\",deviceuuid=\"",
+            "\",devicetype=\"NVIDIA-",
+        )
+    } else {
+        (
+            "{device_index=\"",
+            "\",device_uuid=\"",
+            "\",device_type=\"NVIDIA-",
+        )
+    };
+    out.push_str(spec.name);
+    int(out, index, u64::from(d.index));
+    text(out, uuid, &d.uuid);
+    text(out, ty, &d.name);
+    if opts.node_label {
+        text(out, "\",node=\"", node);
+    }
+    close(out, value);
+}
+
+/// The HAMi label set of a container device (open: [`close`] ends it).
+fn hami_labels(out: &mut String, c: &ContainerUsage, d: &DeviceUsage, ctx: Ctx<'_>) {
+    text_if(out, "{namespace=\"", &c.namespace, ctx.clean);
+    text_if(out, "\",pod=\"", &c.pod, ctx.clean);
+    text_if(out, "\",container=\"", &c.container, ctx.clean);
+    int(out, "\",vdevice_index=\"", u64::from(d.index));
+    text_if(out, "\",device_uuid=\"", &d.uuid, ctx.clean);
+    if ctx.opts.node_label {
+        text_if(out, "\",node=\"", &c.node, ctx.clean);
+    }
+}
+
+/// The legacy label set of a container device (open).
+fn legacy_labels(out: &mut String, c: &ContainerUsage, d: &DeviceUsage, ctx: Ctx<'_>) {
+    text_if(out, "{podnamespace=\"", &c.namespace, ctx.clean);
+    text_if(out, "\",podname=\"", &c.pod, ctx.clean);
+    text_if(out, "\",ctrname=\"", &c.container, ctx.clean);
+    int(out, "\",vdeviceid=\"", u64::from(d.index));
+    text_if(out, "\",deviceuuid=\"", &d.uuid, ctx.clean);
+    if ctx.opts.node_label {
+        text_if(out, "\",node=\"", &c.node, ctx.clean);
+    }
+}
+
+/// The isolation label set of a container (open).
+fn container_labels(out: &mut String, c: &ContainerUsage, ctx: Ctx<'_>) {
+    text_if(out, "{namespace=\"", &c.namespace, ctx.clean);
+    text_if(out, "\",pod=\"", &c.pod, ctx.clean);
+    text_if(out, "\",container=\"", &c.container, ctx.clean);
+    if ctx.opts.node_label {
+        text_if(out, "\",node=\"", &c.node, ctx.clean);
+    }
+}
+
+/// Seconds since the container's last kernel; `None` before its first.
+fn since_last_kernel(c: &ContainerUsage, opts: &Options) -> Option<u64> {
+    (c.last_kernel_time != 0).then(|| opts.now_secs.saturating_sub(c.last_kernel_time))
+}
+
+/// What a container's lines are written with.
+#[derive(Clone, Copy)]
+pub(crate) struct Ctx<'a> {
+    pub opts: &'a Options,
+    /// [`all_clean`] holds for the containers written: copy values as they are.
+    pub clean: bool,
+}
+
+/// A container's lines of a [`Scope::Container`] family.
+pub(crate) fn container(out: &mut String, spec: &Spec, c: &ContainerUsage, ctx: Ctx<'_>) {
+    match spec.metric {
+        Metric::State => {
+            out.push_str(spec.name);
+            container_labels(out, c, ctx);
+            let state = IsolationState::try_from(c.isolation_state)
+                .unwrap_or(IsolationState::Unspecified)
+                .label();
+            text(out, "\",state=\"", state);
+            close(out, Value::Int(1));
+        }
+        Metric::Stale => {
+            if c.stale_slots > 0 {
+                out.push_str(spec.name);
+                container_labels(out, c, ctx);
+                close(out, Value::Int(u64::from(c.stale_slots)));
+            }
+        }
+        Metric::NearCap => {
+            for uuid in &c.near_cap_devices {
+                out.push_str(spec.name);
+                container_labels(out, c, ctx);
+                text_if(out, "\",device_uuid=\"", uuid, ctx.clean);
+                close(out, Value::Int(1));
+            }
+        }
+        _ => {
+            for d in &c.devices {
+                device(out, spec, c, d, ctx);
+            }
+        }
+    }
+}
+
+/// One container device's line of a per-device family.
+fn device(out: &mut String, spec: &Spec, c: &ContainerUsage, d: &DeviceUsage, ctx: Ctx<'_>) {
+    let value = match spec.metric {
+        Metric::Used | Metric::LegacyUsed | Metric::Breakdown | Metric::LegacyDesc => {
+            Value::Int(d.used_bytes)
+        }
+        Metric::Limit | Metric::LegacyLimit => Value::Int(d.limit_bytes),
+        Metric::Context => Value::Int(d.context_bytes),
+        Metric::Module => Value::Int(d.module_bytes),
+        Metric::Buffer => Value::Int(d.buffer_bytes),
+        Metric::Util => Value::Ratio(d.sm_util_percent),
+        Metric::LegacyUtil => Value::Int(u64::from(d.sm_util_percent)),
+        // No series before the container's first kernel.
+        Metric::Elapsed | Metric::LegacyKernel => match since_last_kernel(c, ctx.opts) {
+            Some(since) => Value::Int(since),
+            None => return,
+        },
+        // Not a per-device family.
+        _ => return,
+    };
+    out.push_str(spec.name);
+    match spec.metric {
+        Metric::LegacyUsed | Metric::LegacyLimit | Metric::LegacyUtil | Metric::LegacyKernel => {
+            legacy_labels(out, c, d, ctx);
+        }
+        Metric::LegacyDesc => {
+            legacy_labels(out, c, d, ctx);
+            int(out, "\",context=\"", d.context_bytes);
+            int(out, "\",module=\"", d.module_bytes);
+            int(out, "\",data=\"", d.buffer_bytes);
+            out.push_str("\",offset=\"0");
+        }
+        Metric::Breakdown => {
+            hami_labels(out, c, d, ctx);
+            int(out, "\",context_size=\"", d.context_bytes);
+            int(out, "\",module_size=\"", d.module_bytes);
+            int(out, "\",buffer_size=\"", d.buffer_bytes);
+            out.push_str("\",offset=\"0");
+        }
+        _ => hami_labels(out, c, d, ctx),
+    }
+    close(out, value);
+}
+
+/// One escaped process's line.
+pub(crate) fn escaped(
+    out: &mut String,
+    spec: &Spec,
+    node: &str,
+    e: &EscapedProcess,
+    opts: &Options,
+) {
+    out.push_str(spec.name);
+    text(out, "{device_uuid=\"", &e.gpu_uuid);
+    int(out, "\",pid=\"", u64::from(e.host_pid));
+    text(out, "\",namespace=\"", &e.namespace);
+    text(out, "\",pod=\"", &e.pod);
+    text(out, "\",container=\"", &e.container);
+    if opts.node_label {
+        text(out, "\",node=\"", node);
+    }
+    close(out, Value::Int(e.used_bytes));
+}
+
+/// A node's check lines (1 = the check can run, 0 = it cannot).
+pub(crate) fn checks(
+    out: &mut String,
+    spec: &Spec,
+    node: &str,
+    checks: &IsolationChecks,
+    opts: &Options,
+) {
+    for (check, status) in [
+        ("escaped_processes", &checks.escaped_processes),
+        ("host_pids", &checks.host_pids),
+    ] {
+        out.push_str(spec.name);
+        text(out, "{check=\"", check);
+        if opts.node_label {
+            text(out, "\",node=\"", node);
+        }
+        close(out, Value::Int(u64::from(status == "ok")));
+    }
+}
