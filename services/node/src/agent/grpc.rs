@@ -26,7 +26,7 @@ pub struct Service {
 /// Smallest heartbeat a client may ask for.
 const MIN_INTERVAL: Duration = Duration::from_millis(100);
 
-fn matches(view: &ContainerView, namespace: &str, pod: &str) -> bool {
+pub(crate) fn matches(view: &ContainerView, namespace: &str, pod: &str) -> bool {
     (namespace.is_empty() || view.namespace() == namespace)
         && (pod.is_empty() || view.pod_name() == pod || view.key.pod_uid == pod)
 }
@@ -131,12 +131,17 @@ pub fn host_to_pb(d: super::nvml::HostDevice) -> pb::HostDevice {
     }
 }
 
+pub(crate) fn missing_matches(m: &MissingRegion, namespace: &str, pod: &str) -> bool {
+    (namespace.is_empty() || m.namespace == namespace)
+        && (pod.is_empty() || m.pod == pod || m.pod_uid == pod)
+}
+
 /// Containers with a region, then those missing one, filtered.
 pub fn filtered(state: &NodeState, namespace: &str, pod: &str) -> Vec<pb::ContainerUsage> {
-    let missing = state.missing.iter().filter(|m| {
-        (namespace.is_empty() || m.namespace == namespace)
-            && (pod.is_empty() || m.pod == pod || m.pod_uid == pod)
-    });
+    let missing = state
+        .missing
+        .iter()
+        .filter(|m| missing_matches(m, namespace, pod));
     state
         .containers
         .iter()

@@ -29,6 +29,9 @@ use tonic::{Request, Response, Status};
 
 use super::grpc::{self, Service};
 use super::state::NodeState;
+use wire::Encode;
+
+mod wire;
 
 /// The gRPC path this module serves.
 const WATCH_PATH: &str = "/vgpu.v1.VgpuNode/WatchContainers";
@@ -88,13 +91,16 @@ impl Encoded {
     }
 }
 
-/// Everything but the send time.
+/// Everything but the send time, written straight from the state.
 fn encode_body(state: &NodeState, namespace: &str, pod: &str) -> Bytes {
-    let message = pb::ContainersUpdate {
-        sent_at_unix_ms: 0,
-        ..grpc::update(state, namespace, pod)
+    let update = wire::Update {
+        state,
+        namespace,
+        pod,
     };
-    Bytes::from(message.encode_to_vec())
+    let mut buf = Vec::with_capacity(update.encoded_len());
+    update.encode(&mut wire::Write(&mut buf));
+    Bytes::from(buf)
 }
 
 /// Decodes requests with prost, writes [`Encoded`] responses as they are.
