@@ -245,6 +245,23 @@ impl Region {
         &self.path
     }
 
+    /// Reads the region now, trusting the caller that the path still names
+    /// the mapped file (an inotify watch on its directory saw no create,
+    /// rename or delete since the last read). Only the mapped file's size is
+    /// checked, on its descriptor, which needs no path lookup; any doubt
+    /// (nothing mapped, a size change) falls back to [`snapshot`](Self::snapshot).
+    pub fn snapshot_unreplaced(&mut self) -> Result<RegionSnapshot, RegionError> {
+        let covered = self.mapping.as_ref().is_some_and(|(map, _)| {
+            map.file()
+                .metadata()
+                .is_ok_and(|m| m.len() == map.len() as u64)
+        });
+        if !covered {
+            return self.snapshot();
+        }
+        self.read_mapped()
+    }
+
     /// Reads the region now. Remaps when the file was replaced or grew;
     /// refuses to touch a mapping the file no longer covers. A file that
     /// does not exist (yet) is [`RegionError::NotReady`].
@@ -280,14 +297,22 @@ impl Region {
                 .map_err(|e| RegionError::Io(e.to_string()))?;
             self.mapping = Some((map, (meta.dev(), meta.ino())));
         }
-        let Some((map, _)) = &self.mapping else {
-            return Err(RegionError::NotReady);
-        };
-        if stale && !map.still_covers() {
+        if stale
+            && let Some((map, _)) = &self.mapping
+            && !map.still_covers()
+        {
             // Shrunk between mapping and now.
             self.mapping = None;
             return Err(RegionError::Shrunk);
         }
+        self.read_mapped()
+    }
+
+    /// Decodes the current mapping under the SIGBUS guard.
+    fn read_mapped(&mut self) -> Result<RegionSnapshot, RegionError> {
+        let Some((map, _)) = &self.mapping else {
+            return Err(RegionError::NotReady);
+        };
         match map.guarded(decode_from) {
             Ok(result) => result,
             Err(crate::map::Faulted) => {

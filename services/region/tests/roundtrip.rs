@@ -342,3 +342,39 @@ fn usage_that_overflows_when_summed_is_rejected() {
         .process(1, vec![huge]);
     assert!(decode(&single.to_bytes()).is_ok());
 }
+
+/// The periodic read trusts the path (a watch vouches for it) but still
+/// sees in-place updates and any change of size.
+#[test]
+fn unreplaced_reads_follow_in_place_updates_and_fall_back_on_resize() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("usage.cache");
+    let mut region = Region::new(&path);
+    // Nothing mapped yet (no file): the full path is taken.
+    assert_eq!(region.snapshot_unreplaced(), Err(RegionError::NotReady));
+
+    busy(RegionBuilder::v1()).write(&path).expect("write");
+    let first = region.snapshot_unreplaced().expect("maps and reads");
+    assert_eq!(first.live_processes(), 2);
+
+    // libvgpu updates its mapping in place: same inode, same size.
+    RegionBuilder::v1()
+        .device("GPU-0", GIB)
+        .process(1, vec![UsageSpec::data(GIB / 2, GIB / 2)])
+        .write(&path)
+        .expect("rewrite in place");
+    let updated = region.snapshot_unreplaced().expect("reads");
+    assert_eq!(updated.live_processes(), 1);
+    assert_eq!(updated.devices[0].used, GIB / 2);
+
+    // A size change is noticed on the descriptor and re-checked in full.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.set_len(4096))
+        .expect("truncate");
+    assert!(matches!(
+        region.snapshot_unreplaced(),
+        Err(RegionError::Truncated { len: 4096 })
+    ));
+}

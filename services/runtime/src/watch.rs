@@ -83,6 +83,9 @@ pub struct DirWatch {
     generation: u64,
     /// A change was seen since the last [`take_changes`](Self::take_changes).
     dirty: bool,
+    /// Subdirectories that could not be watched (gone again, or out of
+    /// `fs.inotify.max_user_watches`): changes in them may go unseen.
+    child_failures: usize,
 }
 
 impl std::fmt::Debug for DirWatch {
@@ -121,6 +124,7 @@ impl DirWatch {
             unarmed_reason: vec![None; n],
             generation: 0,
             dirty: false,
+            child_failures: 0,
         };
         this.rearm();
         Ok(this)
@@ -139,12 +143,18 @@ impl DirWatch {
             unarmed_reason: Vec::new(),
             generation: 0,
             dirty: false,
+            child_failures: 0,
         }
     }
 
-    /// Whether every root is watched right now.
+    /// Whether every root (and, with [`Depth::RootAndChildren`], every
+    /// subdirectory seen) is watched right now: whether a quiet watch means
+    /// nothing changed.
     pub fn fully_armed(&self) -> bool {
-        self.stream.is_some() && !self.roots.is_empty() && self.armed.iter().all(|a| *a)
+        self.stream.is_some()
+            && !self.roots.is_empty()
+            && self.armed.iter().all(|a| *a)
+            && self.child_failures == 0
     }
 
     /// Changes with every (re-)arming of a root. An owner that read the
@@ -174,7 +184,7 @@ impl DirWatch {
                         tracing::info!(dir = %root.display(), "directory watched again");
                     }
                     if self.depth == Depth::RootAndChildren {
-                        watch_children(watches, &mut self.by_wd, root);
+                        self.child_failures += watch_children(watches, &mut self.by_wd, root);
                     }
                 }
                 Err(error) => {
@@ -273,7 +283,9 @@ impl DirWatch {
                     && let (Some(name), Some(watches)) = (name, self.watches.as_mut())
                 {
                     let child = self.roots[i].join(name);
-                    add_child(watches, &mut self.by_wd, &child);
+                    if !add_child(watches, &mut self.by_wd, &child) {
+                        self.child_failures += 1;
+                    }
                 }
                 true
             }
@@ -284,30 +296,40 @@ impl DirWatch {
     }
 }
 
+/// Watches every subdirectory of `root`; returns how many could not be.
 fn watch_children(
     watches: &mut Watches,
     by_wd: &mut HashMap<WatchDescriptor, Watched>,
     root: &Path,
-) {
+) -> usize {
     let Ok(entries) = std::fs::read_dir(root) else {
-        return;
+        return 0;
     };
-    for entry in entries.flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            add_child(watches, by_wd, &entry.path());
-        }
-    }
+    entries
+        .flatten()
+        .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+        .filter(|entry| !add_child(watches, by_wd, &entry.path()))
+        .count()
 }
 
-fn add_child(watches: &mut Watches, by_wd: &mut HashMap<WatchDescriptor, Watched>, dir: &Path) {
+/// `false` when the directory could not be watched: gone again already, or
+/// out of watches (`fs.inotify.max_user_watches`). The owner's periodic
+/// re-read still covers it, and [`DirWatch::fully_armed`] stays false.
+fn add_child(
+    watches: &mut Watches,
+    by_wd: &mut HashMap<WatchDescriptor, Watched>,
+    dir: &Path,
+) -> bool {
     match watches.add(dir, entry_mask()) {
         Ok(wd) => {
             by_wd.insert(wd, Watched::Child);
+            true
         }
-        // Gone again already, or out of watches (fs.inotify.max_user_watches):
-        // the periodic re-read still covers it.
+        // Removed before we got to it: nothing left to watch.
+        Err(error) if error.kind() == io::ErrorKind::NotFound => true,
         Err(error) => {
-            tracing::debug!(dir = %dir.display(), %error, "cannot watch subdirectory")
+            tracing::warn!(dir = %dir.display(), %error, "cannot watch subdirectory; its changes are seen by periodic re-reads");
+            false
         }
     }
 }

@@ -50,8 +50,11 @@ pub enum Listing {
     /// List it: something may have appeared or vanished (a directory event,
     /// the first scan, or no watch to tell).
     Refresh,
-    /// Reuse the last listing: the directory watch is armed and reported
-    /// nothing. Every region is still re-read (its values change in place).
+    /// Reuse the last listing: the directory watch is armed on the
+    /// directory and every container directory in it and reported nothing,
+    /// so no directory came or went and no region file was created,
+    /// replaced or removed. Every region is still re-read (its values change
+    /// in place), checking only that its mapped file kept its size.
     Unchanged,
 }
 
@@ -87,7 +90,11 @@ impl RegionStore {
             dirs: self.listing.clone(),
         };
         for (f, tracked) in self.listing.iter().zip(&mut self.tracked) {
-            match tracked.region.snapshot() {
+            let read = match listing {
+                Listing::Refresh => tracked.region.snapshot(),
+                Listing::Unchanged => tracked.region.snapshot_unreplaced(),
+            };
+            match read {
                 Ok(snapshot) => {
                     if tracked
                         .last_error
