@@ -20,7 +20,7 @@ pub struct LogArgs {
     #[arg(
         long = "log-level",
         env = "LOG_LEVEL",
-        default_value = "info,notify=warn"
+        default_value = "info"
     )]
     pub level: String,
     /// Log line format.

@@ -1,0 +1,253 @@
+//! What each service costs while nothing happens: CPU % and RSS of the
+//! release binaries over one window (`IDLE_SECONDS`, default 60), all four
+//! running side by side as on a node plus the control plane:
+//!
+//! - the node agent (`--no-kube --no-nvml`) on 1024 regions (`CONTAINERS`),
+//!   default 1 s scan interval, its scans counted from `/metrics`;
+//! - libsync keeping a 2 MiB library and `ld.so.preload` in a temp "host";
+//! - the webhook with a self-signed certificate (its reload watch armed);
+//! - the aggregator following that agent.
+//!
+//! `cargo build --release --bins && cargo bench -p kai-node --bench idle`.
+//! The agent and libsync come from this package; the webhook and the
+//! aggregator are taken from the same target directory and skipped, with a
+//! message, when they were not built.
+//!
+//! The floor of an idle service is 0 % CPU; the agent's own floor is one
+//! re-read of every region per interval, which the scan bench measures
+//! (`--bench scan`): the figure printed beside it is that cost at this
+//! interval.
+
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kai_region::writer::{RegionBuilder, UsageSpec};
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn free_port() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr")
+}
+
+/// Only pages with data are written (~50 MB of disk for 1024 regions).
+fn write_sparse(path: &Path, bytes: &[u8]) {
+    let file = std::fs::File::create(path).expect("create");
+    file.set_len(bytes.len() as u64).expect("size");
+    for (i, page) in bytes.chunks(4096).enumerate() {
+        if page.iter().any(|b| *b != 0) {
+            file.write_all_at(page, (i * 4096) as u64).expect("write");
+        }
+    }
+}
+
+/// utime + stime of `pid` in clock ticks (USER_HZ = 100 on Linux).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    // Fields after the parenthesised command name; utime and stime are
+    // fields 14 and 15 of the whole line.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0)
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+/// Waits (bounded) until `addr` answers `path` with 200.
+fn wait_ready(name: &str, addr: SocketAddr, path: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if http_get(addr, path).is_some_and(|r| r.starts_with("HTTP/1.1 200")) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{name} not ready on {addr}{path}");
+}
+
+fn scans(metrics: SocketAddr) -> u64 {
+    http_get(metrics, "/metrics")
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("kai_node_agent_scans_total "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+struct Service {
+    name: &'static str,
+    child: Child,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(name: &'static str, program: &Path, args: &[&str]) -> Service {
+    let child = Command::new(program)
+        .args(args)
+        .env("LOG_LEVEL", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{name} starts: {e}"));
+    Service { name, child }
+}
+
+fn sibling(name: &str) -> Option<PathBuf> {
+    let node = PathBuf::from(env!("CARGO_BIN_EXE_kai-node"));
+    let path = node.parent()?.join(name);
+    path.is_file().then_some(path)
+}
+
+fn main() {
+    let seconds = env("IDLE_SECONDS", 60);
+    let containers = env("CONTAINERS", 1024);
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("containers");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    for i in 0..containers {
+        let d = dir.join(format!("{i:08x}-0000-4000-8000-000000000000_main"));
+        std::fs::create_dir(&d).expect("mkdir");
+        let region = RegionBuilder::v1()
+            .device(
+                &format!("GPU-{:08x}-0000-4000-8000-000000000000", i % 8),
+                4 << 30,
+            )
+            .process(1000, vec![UsageSpec::data(512 << 20, 600 << 20)]);
+        write_sparse(&d.join("usage.cache"), &region.to_bytes());
+    }
+    let node = PathBuf::from(env!("CARGO_BIN_EXE_kai-node"));
+    let mut services = Vec::new();
+
+    let (agent_grpc, agent_metrics) = (free_port(), free_port());
+    services.push(spawn(
+        "node agent",
+        &node,
+        &[
+            "agent",
+            "--no-kube",
+            "--no-nvml",
+            "--containers-dir",
+            dir.to_str().expect("utf-8 path"),
+            "--grpc-listen",
+            &agent_grpc.to_string(),
+            "--metrics-listen",
+            &agent_metrics.to_string(),
+        ],
+    ));
+    wait_ready("node agent", agent_metrics, "/readyz");
+
+    let host = root.path().join("host");
+    for d in ["artifacts", "vgpu", "vgpulock"] {
+        std::fs::create_dir_all(host.join(d)).expect("mkdir");
+    }
+    std::fs::write(host.join("artifacts/libvgpu.so"), vec![0x7f; 2 << 20]).expect("lib");
+    let libsync_health = free_port();
+    services.push(spawn(
+        "libsync",
+        &node,
+        &[
+            "libsync",
+            "--source-dir",
+            host.join("artifacts").to_str().expect("utf-8 path"),
+            "--host-vgpu-dir",
+            host.join("vgpu").to_str().expect("utf-8 path"),
+            "--host-vgpulock-dir",
+            host.join("vgpulock").to_str().expect("utf-8 path"),
+            "--health-listen",
+            &libsync_health.to_string(),
+        ],
+    ));
+    wait_ready("libsync", libsync_health, "/readyz");
+
+    match sibling("kai-webhook") {
+        Some(webhook) => {
+            kai_runtime::install_crypto_provider();
+            let tls = root.path().join("tls");
+            std::fs::create_dir_all(&tls).expect("mkdir");
+            kai_runtime::tls::generate("kai-webhook", &["localhost".to_owned()], 1)
+                .expect("certificate")
+                .write_to(&tls)
+                .expect("write certificate");
+            services.push(spawn(
+                "webhook",
+                &webhook,
+                &[
+                    "--listen",
+                    &free_port().to_string(),
+                    "--tls-cert-file",
+                    tls.join("tls.crt").to_str().expect("utf-8 path"),
+                    "--tls-private-key-file",
+                    tls.join("tls.key").to_str().expect("utf-8 path"),
+                ],
+            ));
+        }
+        None => println!("webhook: not built here (cargo build --release --bins); skipped"),
+    }
+    match sibling("kai-aggregator") {
+        Some(aggregator) => {
+            let listen = free_port();
+            services.push(spawn(
+                "aggregator",
+                &aggregator,
+                &[
+                    "--node-agent",
+                    &agent_grpc.to_string(),
+                    "--listen",
+                    &listen.to_string(),
+                    "--grpc-listen",
+                    &free_port().to_string(),
+                ],
+            ));
+            wait_ready("aggregator", listen, "/healthz");
+        }
+        None => println!("aggregator: not built here (cargo build --release --bins); skipped"),
+    }
+
+    // Let start-up work (first scans, first sync, first subscription) pass.
+    std::thread::sleep(Duration::from_secs(3));
+    let before: Vec<u64> = services.iter().map(|s| cpu_ticks(s.child.id())).collect();
+    let scans_before = scans(agent_metrics);
+    let start = Instant::now();
+    std::thread::sleep(Duration::from_secs(seconds));
+    let wall = start.elapsed().as_secs_f64();
+    let scans_during = scans(agent_metrics) - scans_before;
+    println!(
+        "idle for {wall:.0} s; the agent scanned {containers} regions {scans_during} times ({:.2}/s)",
+        scans_during as f64 / wall
+    );
+    for (service, ticks) in services.iter().zip(before) {
+        let cpu = (cpu_ticks(service.child.id()) - ticks) as f64 / 100.0 / wall * 100.0;
+        let stat = kai_runtime::procstat::sample(Some(service.child.id())).expect("sample");
+        println!(
+            "{:<11} CPU {cpu:>5.2} % of a core, RSS {:>6.1} MiB, {} threads",
+            service.name,
+            stat.rss_bytes as f64 / f64::from(1u32 << 20),
+            stat.threads
+        );
+    }
+}
