@@ -150,6 +150,10 @@ async fn main() -> anyhow::Result<()> {
         node.agent.metrics_addr
     );
     println!(
+        "  curl -s http://{}/metrics | grep kai_node_agent_scans_total   # one scan per second, plus one per new or removed region",
+        node.agent.metrics_addr
+    );
+    println!(
         "  ls -la {}/usr/local/vgpu   # what libsync installed",
         node.host.display()
     );
