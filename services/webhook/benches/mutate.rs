@@ -3,7 +3,8 @@
 //! this body can beat.
 //!
 //! `cargo bench -p kai-webhook --bench mutate` (env: MUTATE_ROUNDS, default
-//! 300). Ours and the floor run in alternating short batches (about 2 ms)
+//! 300; MUTATE_ONLY, how the names of the jobs to run end, e.g. for `perf
+//! record` on one job). Ours and the floor run in alternating short batches (about 2 ms)
 //! in the same process, so frequency changes and noisy neighbours hit
 //! both; each line reports the time per review of each, as the best batch
 //! (the one least disturbed by preemption, which on a shared machine
@@ -164,7 +165,8 @@ fn main() {
             sorted_keys(&small),
         ),
     ];
-    for (job, body) in &jobs {
+    let only = std::env::var("MUTATE_ONLY").unwrap_or_default();
+    for (job, body) in jobs.iter().filter(|(job, _)| job.ends_with(only.as_str())) {
         let decision = review(body, &cfg).map(|r| r.decision);
         assert_eq!(decision, Ok("injected"), "{job}: the bench must inject");
         let (ours, floor) = interleaved(

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use kai_runtime::telemetry::LogArgs;
 
+use crate::inject::PatchPieces;
+
 /// Default host and container directory that holds libvgpu.so.
 pub const DEFAULT_VGPU_MOUNT: &str = "/usr/local/vgpu";
 /// Default value of `GPU_SHARE_RESOURCES` (the Go chart's).
@@ -19,6 +21,8 @@ pub struct InjectConfig {
     /// KAI's annotations; these only explain, in the log, why a pod that asks
     /// for e.g. `nvidia.com/gpumem` without the annotations was left alone.
     pub share_resources: Vec<String>,
+    /// The fixed parts of this config's patches, encoded on first use.
+    pub(crate) patch_pieces: PatchPieces,
 }
 
 impl Default for InjectConfig {
@@ -29,6 +33,7 @@ impl Default for InjectConfig {
                 .split(',')
                 .map(str::to_owned)
                 .collect(),
+            patch_pieces: PatchPieces::default(),
         }
     }
 }
@@ -55,6 +60,7 @@ impl InjectConfig {
                 .map(|r| r.trim().to_owned())
                 .filter(|r| !r.is_empty())
                 .collect(),
+            patch_pieces: PatchPieces::default(),
         })
     }
 
@@ -105,7 +111,8 @@ mod tests {
             cfg,
             Ok(InjectConfig {
                 vgpu_mount: "/opt/vgpu".into(),
-                share_resources: vec!["a".into()]
+                share_resources: vec!["a".into()],
+                patch_pieces: PatchPieces::default(),
             })
         );
         assert!(InjectConfig::new("relative/dir", vec![]).is_err());

@@ -28,6 +28,8 @@ use serde_json::value::RawValue;
 
 use crate::inject::{ENV_NAMES, VOLUME_NAMES};
 
+mod scan;
+
 /// A JSON string, borrowed from the input unless it had to be unescaped.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Str<'a>(pub Cow<'a, str>);
@@ -118,7 +120,7 @@ impl Spec<'_> {
     /// Which of our volumes the pod already has; `None` when it has no
     /// volume list.
     pub fn volumes(&self) -> Result<Option<Found<VolumeNames>>, serde_json::Error> {
-        lazy(self.volumes)
+        lazy_with(self.volumes, Found::scan)
     }
 }
 
@@ -135,11 +137,11 @@ impl<'a> Container<'a> {
     /// Which of our env vars the container already sets; `None` when it
     /// has no env list.
     pub fn env(&self) -> Result<Option<Found<EnvNames>>, serde_json::Error> {
-        lazy(self.env)
+        lazy_with(self.env, Found::scan)
     }
 
     pub fn volume_mounts(&self) -> Result<Option<Vec<Mount<'a>>>, serde_json::Error> {
-        lazy(self.volume_mounts)
+        lazy_with(self.volume_mounts, Mount::scan)
     }
 
     pub fn resources(&self) -> Result<Option<Resources<'a>>, serde_json::Error> {
@@ -150,6 +152,16 @@ impl<'a> Container<'a> {
 /// Decodes a field kept raw (`null` was already turned into `None`).
 fn lazy<'a, T: Deserialize<'a>>(raw: Option<&'a RawValue>) -> Result<Option<T>, serde_json::Error> {
     raw.map(|raw| serde_json::from_str(raw.get())).transpose()
+}
+
+/// [`lazy`], trying `fast` first: a reader of the common shape only, which
+/// gives `None` for anything it does not handle (see [`scan`]).
+fn lazy_with<'a, T: Deserialize<'a>>(
+    raw: Option<&'a RawValue>,
+    fast: impl FnOnce(&'a str) -> Option<T>,
+) -> Result<Option<T>, serde_json::Error> {
+    raw.map(|raw| fast(raw.get()).map_or_else(|| serde_json::from_str(raw.get()), Ok))
+        .transpose()
 }
 
 /// A fixed list of names looked for in a list of named objects (a marker
@@ -194,6 +206,16 @@ impl<N: Names> Found<N> {
             self.bits |= 1 << i;
         }
     }
+
+    /// Reads the list as [`Named`] items would, when [`scan`] can.
+    fn scan(text: &str) -> Option<Self> {
+        let mut found = Self::default();
+        scan::objects(text, ["name"], |[name]| {
+            // A missing or null name is empty, as in `Named`.
+            found.insert(name.flatten().unwrap_or_default());
+        })?;
+        Some(found)
+    }
 }
 
 /// An item of a list we only read names from.
@@ -208,6 +230,26 @@ pub struct Mount<'a> {
     pub name: Str<'a>,
     pub mount_path: Str<'a>,
     pub sub_path: Option<Str<'a>>,
+}
+
+impl<'a> Mount<'a> {
+    /// Reads the list as serde would, when [`scan`] can.
+    fn scan(text: &'a str) -> Option<Vec<Self>> {
+        let mut mounts = Vec::new();
+        scan::objects(
+            text,
+            ["name", "mountPath", "subPath"],
+            |[name, path, sub]| {
+                let borrowed = |s: &'a str| Str(Cow::Borrowed(s));
+                mounts.push(Mount {
+                    name: borrowed(name.flatten().unwrap_or_default()),
+                    mount_path: borrowed(path.flatten().unwrap_or_default()),
+                    sub_path: sub.flatten().map(borrowed),
+                });
+            },
+        )?;
+        Some(mounts)
+    }
 }
 
 /// `resources`: only the resource names are read (to explain, in the log,
@@ -693,6 +735,51 @@ mod tests {
         );
         let env = c.env().expect("valid").expect("env");
         assert_eq!((env.has(0), env.has(1), env.has(2)), (true, false, false));
+    }
+
+    /// Where the fast path reads a list, it reads what serde_json reads.
+    #[test]
+    fn scanned_lists_match_serde() {
+        let texts = [
+            r#"[]"#,
+            r#"[{"name":"POD_UID"},{"name":"CONTAINER_NAME","value":"x"}]"#,
+            r#"[ {"value":"a\"b","name":"CONTAINER_VGPU_MOUNT"} , {"name":null}, {} ]"#,
+            r#"[{"name":"POD_UID","name":"other"},{"name":"x","name":"POD_UID"}]"#,
+            r#"[{"valueFrom":{"fieldRef":{"fieldPath":"]}\""}},"name":"POD_UID"}]"#,
+            r#"[{"name":"kai-resource-isolator-vgpu","hostPath":{"path":"/p","type":null}}]"#,
+            r#"[{"name":"m","mountPath":"/m","subPath":"s","readOnly":true}]"#,
+            r#"[{"mountPath":null,"subPath":null,"name":"m"},{"n":[1,2.5e3,false]}]"#,
+            r#"[{"name":"POD_UID"}]"#,
+            r#"[{"name":5}]"#,
+            r#"[null]"#,
+            r#"{"name":"POD_UID"}"#,
+        ];
+        for text in texts {
+            let env = Found::<EnvNames>::scan(text);
+            if env.is_some() {
+                assert_eq!(
+                    env.ok_or(()),
+                    serde_json::from_str(text).map_err(|_| ()),
+                    "{text}"
+                );
+            }
+            let volumes = Found::<VolumeNames>::scan(text);
+            if volumes.is_some() {
+                assert_eq!(
+                    volumes.ok_or(()),
+                    serde_json::from_str(text).map_err(|_| ()),
+                    "{text}"
+                );
+            }
+            let mounts = Mount::scan(text);
+            if mounts.is_some() {
+                let serde: Result<Vec<Mount<'_>>, _> = serde_json::from_str(text);
+                assert_eq!(mounts.ok_or(()), serde.map_err(|_| ()), "{text}");
+            }
+        }
+        // The common shape is read by the fast path.
+        assert!(Found::<EnvNames>::scan(texts[1]).is_some_and(|f| f.has(0) && f.has(1)));
+        assert!(Mount::scan(texts[6]).is_some());
     }
 
     #[test]

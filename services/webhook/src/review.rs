@@ -7,14 +7,13 @@
 use std::cell::Cell;
 use std::fmt;
 
-use base64::Engine;
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::error::Category;
 use serde_json::value::RawValue;
 
 use crate::config::InjectConfig;
-use crate::inject::{self, Decision};
+use crate::inject::{self, Decision, EncodedPatch};
 use crate::json;
 use crate::pod::{Pod, Str};
 
@@ -86,18 +85,18 @@ const RESPONSE_HEAD: &str =
     r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"#;
 
 /// How a review is answered.
-enum Answer {
+enum Answer<'c> {
     Allow,
-    /// Allow with this RFC 6902 patch (JSON text).
-    Patch(String),
+    /// Allow with this patch.
+    Patch(EncodedPatch<'c>),
     /// Refuse with this message.
     Deny(String),
 }
 
-fn response_json(uid: &str, answer: &Answer) -> Vec<u8> {
+fn response_json(uid: &str, answer: &Answer<'_>) -> Vec<u8> {
     let extra = match answer {
         Answer::Allow => 0,
-        Answer::Patch(patch) => patch.len() / 3 * 4 + 64,
+        Answer::Patch(patch) => patch.len_bound() + 64,
         Answer::Deny(message) => message.len() + 96,
     };
     let mut out = String::with_capacity(RESPONSE_HEAD.len() + uid.len() + 32 + extra);
@@ -107,7 +106,7 @@ fn response_json(uid: &str, answer: &Answer) -> Vec<u8> {
         Answer::Allow => out.push_str(r#","allowed":true}}"#),
         Answer::Patch(patch) => {
             out.push_str(r#","allowed":true,"patch":""#);
-            base64::engine::general_purpose::STANDARD.encode_string(patch, &mut out);
+            patch.write(&mut out);
             out.push_str(r#"","patchType":"JSONPatch"}}"#);
         }
         Answer::Deny(message) => {
@@ -380,7 +379,7 @@ pub fn review(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, BadRequest> {
         reviewed.decision = decision.label();
         match decision {
             Decision::Inject { target, patch } => {
-                answer = Answer::Patch(patch.to_json(&target, cfg));
+                answer = Answer::Patch(patch.encode(&target, cfg));
                 reviewed.container = Some(target.name);
             }
             Decision::AlreadyInjected { target } => reviewed.container = Some(target.name),

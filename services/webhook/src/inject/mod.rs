@@ -10,6 +10,10 @@ use crate::config::InjectConfig;
 use crate::json;
 use crate::pod::{self, Container, Pod};
 
+mod encoded;
+pub use encoded::EncodedPatch;
+pub(crate) use encoded::PatchPieces;
+
 /// KAI-Scheduler's fractional-GPU annotation.
 pub const ANNOTATION_GPU_FRACTION: &str = "gpu-fraction";
 /// KAI-Scheduler's GPU-memory (MiB) annotation.
@@ -346,18 +350,28 @@ fn mount_json(mount: &MountSpec, cfg: &InjectConfig, out: &mut String) {
 /// `CUDA_DEVICE_MEMORY_SHARED_CACHE` is deliberately never set: any value
 /// disables that path, and an empty one makes libvgpu exit at cuInit.
 fn env_json(i: usize, container: &str, cfg: &InjectConfig, out: &mut String) {
-    out.push_str(r#"{"name":"#);
-    json::string(out, &[ENV_NAMES[i]]);
     match env_value(i, container, cfg) {
         Some(value) => {
-            out.push_str(r#","value":"#);
+            env_literal_head(i, out);
             json::string(out, &[value]);
         }
-        None => out.push_str(
-            r#","valueFrom":{"fieldRef":{"apiVersion":"v1","fieldPath":"metadata.uid"}}"#,
-        ),
+        None => {
+            out.push_str(r#"{"name":"#);
+            json::string(out, &[ENV_NAMES[i]]);
+            out.push_str(
+                r#","valueFrom":{"fieldRef":{"apiVersion":"v1","fieldPath":"metadata.uid"}}"#,
+            );
+        }
     }
     out.push('}');
+}
+
+/// `{"name":<ENV_NAMES[i]>,"value":` — the value's JSON string and `}`
+/// follow.
+fn env_literal_head(i: usize, out: &mut String) {
+    out.push_str(r#"{"name":"#);
+    json::string(out, &[ENV_NAMES[i]]);
+    out.push_str(r#","value":"#);
 }
 
 /// The literal value of env var `ENV_NAMES[i]`; `None` for the pod UID,
