@@ -19,7 +19,6 @@
 //! interval.
 
 use std::net::{SocketAddr, TcpListener};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -38,16 +37,6 @@ fn free_port() -> SocketAddr {
     listener.local_addr().expect("addr")
 }
 
-/// Only pages with data are written (~50 MB of disk for 1024 regions).
-fn write_sparse(path: &Path, bytes: &[u8]) {
-    let file = std::fs::File::create(path).expect("create");
-    file.set_len(bytes.len() as u64).expect("size");
-    for (i, page) in bytes.chunks(4096).enumerate() {
-        if page.iter().any(|b| *b != 0) {
-            file.write_all_at(page, (i * 4096) as u64).expect("write");
-        }
-    }
-}
 
 /// utime + stime of `pid` in clock ticks (USER_HZ = 100 on Linux).
 fn cpu_ticks(pid: u32) -> u64 {
@@ -138,7 +127,7 @@ fn main() {
                 4 << 30,
             )
             .process(1000, vec![UsageSpec::data(512 << 20, 600 << 20)]);
-        write_sparse(&d.join("usage.cache"), &region.to_bytes());
+        region.write_sparse(&d.join("usage.cache")).expect("region");
     }
     let node = PathBuf::from(env!("CARGO_BIN_EXE_kai-node"));
     let mut services = Vec::new();

@@ -13,13 +13,14 @@
 //! `cargo bench -p kai-node --bench scan` (`ROUNDS`, `CONTAINERS` override).
 
 use std::os::unix::fs::FileExt;
-use std::path::Path;
-use std::time::{Duration, Instant};
 
 use kai_node::agent::store::{Listing, RegionStore};
 use kai_region::discovery;
 use kai_region::layout::V1;
 use kai_region::writer::{RegionBuilder, UsageSpec};
+
+mod support;
+use support::{interleaved, report};
 
 const PROCS: usize = 4;
 
@@ -30,17 +31,6 @@ fn env(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// Only pages with data are written, so 1024 regions of 2 MB take ~50 MB
-/// of disk; the reader sees the same bytes.
-fn write_sparse(path: &Path, bytes: &[u8]) {
-    let file = std::fs::File::create(path).expect("create");
-    file.set_len(bytes.len() as u64).expect("size");
-    for (i, page) in bytes.chunks(4096).enumerate() {
-        if page.iter().any(|b| *b != 0) {
-            file.write_all_at(page, (i * 4096) as u64).expect("write");
-        }
-    }
-}
 
 fn region(i: usize) -> RegionBuilder {
     let mut b =
@@ -55,11 +45,6 @@ fn region(i: usize) -> RegionBuilder {
     b
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
 fn main() {
     let containers = env("CONTAINERS", 1024);
     let rounds = env("ROUNDS", 200);
@@ -69,7 +54,7 @@ fn main() {
             .path()
             .join(format!("{i:08x}-0000-4000-8000-000000000000_c{i}"));
         std::fs::create_dir(&d).expect("mkdir");
-        write_sparse(&d.join(discovery::CACHE_FILE), &region(i).to_bytes());
+        region(i).write_sparse(&d.join(discovery::CACHE_FILE)).expect("region");
     }
 
     let mut store = RegionStore::new(dir.path());
@@ -105,34 +90,10 @@ fn main() {
             assert_eq!(scan.regions.len(), containers);
             std::hint::black_box(scan);
         };
-        let (o, f) = interleaved(rounds, &mut ours, &mut floor);
-        println!(
-            "region scan + read, {containers} regions, {what} ({rounds} interleaved rounds, medians): \
-             ours {o:.2?}, floor (pread of {wanted} B from each open file) {f:.2?}, ratio {:.2}",
-            o.as_secs_f64() / f.as_secs_f64()
+        report(
+            &format!("region scan + read, {containers} regions, {what}"),
+            interleaved(rounds, 1, &mut ours, &mut floor),
+            &format!("pread of {wanted} B from each open file"),
         );
     }
-}
-
-/// Runs both `rounds` times, alternating which goes first so neither always
-/// runs on a warmer cache; medians of each.
-fn interleaved(
-    rounds: usize,
-    ours: &mut impl FnMut(),
-    floor: &mut impl FnMut(),
-) -> (Duration, Duration) {
-    let (mut t_ours, mut t_floor) = (Vec::new(), Vec::new());
-    for round in 0..rounds {
-        for ours_now in [round % 2 == 0, round % 2 != 0] {
-            let start = Instant::now();
-            if ours_now {
-                ours();
-                t_ours.push(start.elapsed());
-            } else {
-                floor();
-                t_floor.push(start.elapsed());
-            }
-        }
-    }
-    (median(t_ours), median(t_floor))
 }

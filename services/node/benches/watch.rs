@@ -6,7 +6,6 @@
 use std::collections::BTreeSet;
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
 
 use kai_node::agent::encoded::Encoded;
 use kai_node::agent::grpc::update;
@@ -17,6 +16,9 @@ use kai_region::decode;
 use kai_region::discovery::ContainerKey;
 use kai_region::writer::{RegionBuilder, UsageSpec};
 use prost::Message;
+
+mod support;
+use support::{interleaved, report};
 
 fn state(n: usize) -> NodeState {
     let containers = (0..n)
@@ -60,48 +62,6 @@ fn state(n: usize) -> NodeState {
         scanned: true,
         ..NodeState::default()
     }
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-/// Runs both `rounds` times (each `reps` calls), alternating which goes
-/// first; medians per call.
-fn interleaved(
-    rounds: usize,
-    reps: u32,
-    ours: &mut impl FnMut(),
-    floor: &mut impl FnMut(),
-) -> (Duration, Duration) {
-    let (mut t_ours, mut t_floor) = (Vec::new(), Vec::new());
-    for round in 0..rounds {
-        for ours_now in [round % 2 == 0, round % 2 != 0] {
-            let start = Instant::now();
-            for _ in 0..reps {
-                if ours_now {
-                    ours();
-                } else {
-                    floor();
-                }
-            }
-            let per_call = start.elapsed() / reps;
-            if ours_now {
-                t_ours.push(per_call);
-            } else {
-                t_floor.push(per_call);
-            }
-        }
-    }
-    (median(t_ours), median(t_floor))
-}
-
-fn report(job: &str, (ours, floor): (Duration, Duration), floor_is: &str) {
-    println!(
-        "{job}: ours {ours:.2?}, floor ({floor_is}) {floor:.2?}, ratio {:.2}",
-        ours.as_secs_f64() / floor.as_secs_f64()
-    );
 }
 
 fn main() {

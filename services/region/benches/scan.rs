@@ -2,8 +2,6 @@
 //! Regions are written sparsely (only pages with data), so the bench needs
 //! ~50 MB of disk instead of 2 GB; the reader sees the same bytes.
 
-use std::os::unix::fs::FileExt;
-use std::path::Path;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use kai_region::discovery;
@@ -12,15 +10,6 @@ use kai_region::{Region, decode};
 
 const CONTAINERS: usize = 1024;
 
-fn write_sparse(path: &Path, bytes: &[u8]) {
-    let file = std::fs::File::create(path).expect("create");
-    file.set_len(bytes.len() as u64).expect("size");
-    for (i, page) in bytes.chunks(4096).enumerate() {
-        if page.iter().any(|b| *b != 0) {
-            file.write_all_at(page, (i * 4096) as u64).expect("write");
-        }
-    }
-}
 
 fn region(i: usize) -> RegionBuilder {
     let mut b =
@@ -42,7 +31,7 @@ fn benches(c: &mut Criterion) {
             .path()
             .join(format!("{:08x}-0000-4000-8000-000000000000_c{i}", i));
         std::fs::create_dir(&d).expect("mkdir");
-        write_sparse(&d.join(discovery::CACHE_FILE), &region(i).to_bytes());
+        region(i).write_sparse(&d.join(discovery::CACHE_FILE)).expect("region");
     }
     // The agent's steady state (mappings kept) is measured against its
     // floor in `cargo bench -p kai-node --bench scan`; this is the first

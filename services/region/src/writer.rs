@@ -222,6 +222,21 @@ impl RegionBuilder {
         Ok(())
     }
 
+    /// Creates `path` holding the region, writing only the pages with data
+    /// (the file reads the same; a region is 2 MB, mostly zeros, so 1024 of
+    /// them take ~50 MB of disk instead of 2 GB). For benches and soaks.
+    pub fn write_sparse(&self, path: &Path) -> std::io::Result<()> {
+        let bytes = self.to_bytes();
+        let file = std::fs::File::create(path)?;
+        file.set_len(bytes.len() as u64)?;
+        for (i, page) in bytes.chunks(4096).enumerate() {
+            if page.iter().any(|b| *b != 0) {
+                file.write_all_at(page, (i * 4096) as u64)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Writes a new file and renames it over `path` (a recreated region: a
     /// new inode).
     pub fn replace(&self, path: &Path) -> std::io::Result<()> {

@@ -9,7 +9,7 @@
 //! `grpc::container_to_pb` with every field set.
 
 use bytes::BufMut;
-use kai_region::{DeviceUsage, ProcessSlot};
+use kai_region::{DeviceUsage, LayoutVersion, ProcessSlot};
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
 
 use crate::agent::grpc;
@@ -180,7 +180,8 @@ impl Encode for Container<'_> {
         s.bytes(3, view.key.pod_uid.as_bytes());
         s.bytes(4, view.key.container.as_bytes());
         s.bytes(5, self.node.as_bytes());
-        s.bytes(6, snapshot.layout.name().as_bytes());
+        let mut name = [0u8; 24];
+        s.bytes(6, layout_name(snapshot.layout, &mut name));
         for device in &snapshot.devices {
             s.message(7, &Device(device));
         }
@@ -198,6 +199,23 @@ impl Encode for Container<'_> {
         }
         s.varint(16, u64::from(view.isolation.stale_slots));
     }
+}
+
+/// `LayoutVersion::name` without allocating (it runs once per container
+/// per revision).
+fn layout_name(layout: LayoutVersion, buf: &mut [u8; 24]) -> &[u8] {
+    use std::io::Write as _;
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    let written = match layout {
+        LayoutVersion::V0 => cursor.write_all(b"v0"),
+        LayoutVersion::V1 { major, minor } => write!(cursor, "v{major}.{minor}"),
+    };
+    let len = if written.is_ok() {
+        cursor.position() as usize
+    } else {
+        0
+    };
+    &buf[..len]
 }
 
 /// `vgpu.v1.DeviceUsage`.
@@ -237,7 +255,7 @@ impl Encode for Slot<'_> {
 #[cfg(test)]
 mod tests {
     use kai_proto::v1 as pb;
-    use kai_region::{LayoutVersion, SlotDevice};
+    use kai_region::SlotDevice;
     use prost::Message;
 
     use super::*;
@@ -308,6 +326,21 @@ mod tests {
             host_pids: Err("no host /proc".into()),
         };
         state
+    }
+
+    #[test]
+    fn layout_names_match_the_region_crate() {
+        for layout in [
+            LayoutVersion::V0,
+            LayoutVersion::V1 { major: 1, minor: 2 },
+            LayoutVersion::V1 {
+                major: u32::MAX,
+                minor: u32::MAX,
+            },
+        ] {
+            let mut buf = [0u8; 24];
+            assert_eq!(layout_name(layout, &mut buf), layout.name().as_bytes());
+        }
     }
 
     #[test]
