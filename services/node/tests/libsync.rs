@@ -198,11 +198,12 @@ async fn the_loop_follows_changes_and_stays_quiet_otherwise() {
     }
     let after_update = *syncs.borrow();
 
-    // Nothing changes for a second: the confirming re-sync after our own
-    // writes may come, nothing driven by reading the files.
+    // Nothing changes for a second: a confirming re-sync per burst of our
+    // own writes may come (at most one per file installed, when an fsync
+    // splits them), nothing driven by reading the files (a loop did ~20).
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     let idle = *syncs.borrow() - after_update;
-    assert!(idle <= 1, "{idle} syncs while nothing changed");
+    assert!(idle <= 2, "{idle} syncs while nothing changed");
 
     shutdown.cancel();
     running.wait().await.expect("clean stop");

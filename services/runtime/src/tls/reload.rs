@@ -211,11 +211,12 @@ mod tests {
         let after_rotation = resolver.checks();
         assert!(after_rotation >= 1);
 
-        // Nothing changes for a second: at most the tail of the rotation's
-        // burst may still arrive, nothing driven by the reloads' own reads.
+        // Nothing changes for a second: the tail of the rotation may still
+        // arrive (at most one burst per file written), nothing driven by the
+        // reloads' own reads (a loop did ~20).
         tokio::time::sleep(Duration::from_secs(1)).await;
         let idle = resolver.checks() - after_rotation;
-        assert!(idle <= 1, "{idle} reloads while nothing changed");
+        assert!(idle <= 3, "{idle} reloads while nothing changed");
         shutdown.cancel();
         task.await?;
         Ok(())
