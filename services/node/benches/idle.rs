@@ -37,7 +37,6 @@ fn free_port() -> SocketAddr {
     listener.local_addr().expect("addr")
 }
 
-
 /// utime + stime of `pid` in clock ticks (USER_HZ = 100 on Linux).
 fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");

@@ -31,7 +31,6 @@ fn env(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-
 fn region(i: usize) -> RegionBuilder {
     let mut b =
         RegionBuilder::v1().device(&format!("GPU-{i:08x}-0000-4000-8000-000000000000"), 4 << 30);
@@ -54,7 +53,9 @@ fn main() {
             .path()
             .join(format!("{i:08x}-0000-4000-8000-000000000000_c{i}"));
         std::fs::create_dir(&d).expect("mkdir");
-        region(i).write_sparse(&d.join(discovery::CACHE_FILE)).expect("region");
+        region(i)
+            .write_sparse(&d.join(discovery::CACHE_FILE))
+            .expect("region");
     }
 
     let mut store = RegionStore::new(dir.path());

@@ -2,14 +2,12 @@
 //! Regions are written sparsely (only pages with data), so the bench needs
 //! ~50 MB of disk instead of 2 GB; the reader sees the same bytes.
 
-
 use criterion::{Criterion, criterion_group, criterion_main};
 use kai_region::discovery;
 use kai_region::writer::{RegionBuilder, UsageSpec};
 use kai_region::{Region, decode};
 
 const CONTAINERS: usize = 1024;
-
 
 fn region(i: usize) -> RegionBuilder {
     let mut b =
@@ -31,7 +29,9 @@ fn benches(c: &mut Criterion) {
             .path()
             .join(format!("{:08x}-0000-4000-8000-000000000000_c{i}", i));
         std::fs::create_dir(&d).expect("mkdir");
-        region(i).write_sparse(&d.join(discovery::CACHE_FILE)).expect("region");
+        region(i)
+            .write_sparse(&d.join(discovery::CACHE_FILE))
+            .expect("region");
     }
     // The agent's steady state (mappings kept) is measured against its
     // floor in `cargo bench -p kai-node --bench scan`; this is the first

@@ -17,11 +17,7 @@ pub enum LogFormat {
 #[derive(Clone, Debug, clap::Args)]
 pub struct LogArgs {
     /// Log filter, in `tracing` EnvFilter syntax (e.g. `info,kai_webhook=debug`).
-    #[arg(
-        long = "log-level",
-        env = "LOG_LEVEL",
-        default_value = "info"
-    )]
+    #[arg(long = "log-level", env = "LOG_LEVEL", default_value = "info")]
     pub level: String,
     /// Log line format.
     #[arg(long = "log-format", env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
