@@ -81,10 +81,18 @@ pub struct DirWatch {
     /// Increases whenever a root gets a (new) watch: changes made before
     /// that were not seen.
     generation: u64,
-    /// A change was seen since the last [`take_changes`](Self::take_changes).
+    /// The generation of the last [`unchanged_since_last_asked`] that found
+    /// the watch fully armed.
+    ///
+    /// [`unchanged_since_last_asked`]: Self::unchanged_since_last_asked
+    asked_at: Option<u64>,
+    /// A change was seen since the last [`unchanged_since_last_asked`].
+    ///
+    /// [`unchanged_since_last_asked`]: Self::unchanged_since_last_asked
     dirty: bool,
-    /// Subdirectories that could not be watched (gone again, or out of
-    /// `fs.inotify.max_user_watches`): changes in them may go unseen.
+    /// Subdirectories that exist but could not be watched (out of
+    /// `fs.inotify.max_user_watches`, no permission): changes in them may
+    /// go unseen.
     child_failures: usize,
 }
 
@@ -113,19 +121,9 @@ impl DirWatch {
         let inotify = Inotify::init()?;
         let watches = inotify.watches();
         let stream = inotify.into_event_stream(vec![0u8; 16 * 1024])?;
-        let n = unique.len();
-        let mut this = Self {
-            roots: unique,
-            depth,
-            stream: Some(stream),
-            watches: Some(watches),
-            by_wd: HashMap::new(),
-            armed: vec![false; n],
-            unarmed_reason: vec![None; n],
-            generation: 0,
-            dirty: false,
-            child_failures: 0,
-        };
+        let mut this = Self::unarmed(unique, depth);
+        this.stream = Some(stream);
+        this.watches = Some(watches);
         this.rearm();
         Ok(this)
     }
@@ -133,23 +131,29 @@ impl DirWatch {
     /// A watch that never fires: for owners whose inotify set-up failed and
     /// who carry on with periodic re-reads.
     pub fn disabled() -> Self {
+        Self::unarmed(Vec::new(), Depth::Root)
+    }
+
+    /// `roots`, none of them watched yet, and no inotify instance.
+    fn unarmed(roots: Vec<PathBuf>, depth: Depth) -> Self {
+        let n = roots.len();
         Self {
-            roots: Vec::new(),
-            depth: Depth::Root,
+            roots,
+            depth,
             stream: None,
             watches: None,
             by_wd: HashMap::new(),
-            armed: Vec::new(),
-            unarmed_reason: Vec::new(),
+            armed: vec![false; n],
+            unarmed_reason: vec![None; n],
             generation: 0,
+            asked_at: None,
             dirty: false,
             child_failures: 0,
         }
     }
 
     /// Whether every root (and, with [`Depth::RootAndChildren`], every
-    /// subdirectory seen) is watched right now: whether a quiet watch means
-    /// nothing changed.
+    /// subdirectory seen) is watched right now.
     pub fn fully_armed(&self) -> bool {
         self.stream.is_some()
             && !self.roots.is_empty()
@@ -157,12 +161,19 @@ impl DirWatch {
             && self.child_failures == 0
     }
 
-    /// Changes with every (re-)arming of a root. An owner that read the
-    /// roots while `fully_armed` and sees the same generation (and no
-    /// [`changed`](Self::changed)) since knows no entry of a root appeared
-    /// or vanished in between.
-    pub fn generation(&self) -> u64 {
-        self.generation
+    /// Whether nothing under the roots can have changed since the last
+    /// call: the watch was fully armed then and is now, no root was
+    /// re-armed in between (changes before a re-arm go unseen), and no
+    /// change was seen, including one whose burst a timer cut short in
+    /// [`changed`](Self::changed). `false` on the first call. An owner asks
+    /// this right before each re-read and may skip what only a change
+    /// could make stale.
+    pub fn unchanged_since_last_asked(&mut self) -> bool {
+        let changed = std::mem::take(&mut self.dirty);
+        let armed_at = self.fully_armed().then_some(self.generation);
+        let unchanged = !changed && armed_at.is_some() && armed_at == self.asked_at;
+        self.asked_at = armed_at;
+        unchanged
     }
 
     /// Adds the watch of every root that has none yet (it may have appeared
@@ -198,17 +209,10 @@ impl DirWatch {
         }
     }
 
-    /// Whether a change was seen since the last call. A caller that races
-    /// [`changed`](Self::changed) against a timer asks this after either
-    /// wins: a burst cut short by the timer is still reported here.
-    pub fn take_changes(&mut self) -> bool {
-        std::mem::take(&mut self.dirty)
-    }
-
     /// Waits for the next change under the roots, then for the burst it
     /// belongs to to end. Pending forever when nothing can be watched.
     /// Cancel-safe: a change consumed before the future is dropped is kept
-    /// for [`take_changes`](Self::take_changes).
+    /// for [`unchanged_since_last_asked`](Self::unchanged_since_last_asked).
     pub async fn changed(&mut self) {
         if !self.next_relevant().await {
             return std::future::pending().await;
@@ -382,16 +386,21 @@ mod tests {
     async fn a_burst_is_one_change_and_new_children_are_watched() -> io::Result<()> {
         let root = tempfile::tempdir()?;
         let mut watch = DirWatch::new([root.path().to_owned()], Depth::RootAndChildren)?;
+        assert!(
+            !watch.unchanged_since_last_asked(),
+            "nothing to compare with on the first ask"
+        );
+        assert!(watch.unchanged_since_last_asked(), "armed and quiet");
         // A container directory and its region, as libvgpu creates them.
         let child = root.path().join("uid_ctr");
         std::fs::create_dir(&child)?;
         std::fs::write(child.join("usage.cache"), b"region")?;
         assert!(fired(&mut watch).await);
         assert!(
-            watch.take_changes(),
+            !watch.unchanged_since_last_asked(),
             "the burst is also reported to pollers"
         );
-        assert!(!watch.take_changes(), "once");
+        assert!(watch.unchanged_since_last_asked(), "once");
         assert!(
             watch.by_wd.values().any(|w| matches!(w, Watched::Child)),
             "the new directory got a watch of its own"

@@ -4,7 +4,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{Stream, StreamExt};
+use futures_util::Stream;
 use kai_proto::v1 as pb;
 use kai_proto::v1::vgpu_node_server::VgpuNode;
 use tokio::sync::watch;
@@ -235,15 +235,11 @@ impl VgpuNode for Service {
         // Served by `encoded::NodeServer` in the agent; this typed path is
         // what a plain `VgpuNodeServer` of this service would use.
         let req = request.into_inner();
-        let stream = self.follow(req.interval_ms, move |state, _, now| {
-            Ok(pb::ContainersUpdate {
-                sent_at_unix_ms: now,
-                ..update(state, &req.namespace, &req.pod)
-            })
+        let stream = self.follow(req.interval_ms, move |state, _, now| pb::ContainersUpdate {
+            sent_at_unix_ms: now,
+            ..update(state, &req.namespace, &req.pod)
         });
-        Ok(Response::new(
-            Box::pin(stream.map(|item| item.and_then(|u| u))) as UpdateStream,
-        ))
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn list_devices(

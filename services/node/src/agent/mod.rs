@@ -408,8 +408,6 @@ async fn poll(
         .host_proc
         .as_deref()
         .map(isolation::hostproc::HostProc::new);
-    // The watch generation under which the directory was last listed.
-    let mut listed_under: Option<u64> = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -417,15 +415,11 @@ async fn poll(
             _ = tick.tick() => dir_watch.rearm(),
             () = dir_watch.changed() => {}
         }
-        // Also true when the tick cut a burst short.
-        let changed = dir_watch.take_changes();
         // Listing 1024 directories costs as much as reading their regions;
         // skip it when the watch vouches that no directory came or went.
-        let armed = dir_watch.fully_armed().then(|| dir_watch.generation());
-        let listing = if !changed && armed.is_some() && armed == listed_under {
+        let listing = if dir_watch.unchanged_since_last_asked() {
             store::Listing::Unchanged
         } else {
-            listed_under = armed;
             store::Listing::Refresh
         };
         let scan_store = store.clone();

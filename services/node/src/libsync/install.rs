@@ -106,14 +106,19 @@ fn sha256_of_file(path: &Path) -> Option<[u8; 32]> {
 /// created in its directory (a temp file there would be a change the sync
 /// loop watches for, waking it again).
 pub fn install_bytes(dest: &Path, bytes: &[u8], mode: u32) -> Result<Outcome, InstallError> {
+    if holds(dest, &Sha256::digest(bytes).into(), mode) {
+        return Ok(Outcome::Unchanged);
+    }
+    // Just checked: the temp file is committed without checking again.
+    through_temp(dest, &mut &bytes[..], mode, |_| false)
+}
+
+/// Whether `dest` has these bytes (by SHA-256) and this mode.
+fn holds(dest: &Path, digest: &[u8; 32], mode: u32) -> bool {
     let dest_mode = std::fs::metadata(dest)
         .ok()
         .map(|m| m.permissions().mode() & 0o7777);
-    let digest: [u8; 32] = Sha256::digest(bytes).into();
-    if dest_mode == Some(mode) && sha256_of_file(dest) == Some(digest) {
-        return Ok(Outcome::Unchanged);
-    }
-    install_atomic(dest, &mut &bytes[..], mode)
+    dest_mode == Some(mode) && sha256_of_file(dest).as_ref() == Some(digest)
 }
 
 /// Installs what `source` yields at `dest` with `mode`, atomically: temp
@@ -125,6 +130,18 @@ pub fn install_atomic(
     dest: &Path,
     source: &mut impl Read,
     mode: u32,
+) -> Result<Outcome, InstallError> {
+    through_temp(dest, source, mode, |digest| holds(dest, digest, mode))
+}
+
+/// Copies `source` to a temp file beside `dest`, then, unless `unchanged`
+/// says so of the copied bytes' SHA-256, commits it over `dest` (fsync,
+/// rename, fsync the directory). The temp file never stays behind.
+fn through_temp(
+    dest: &Path,
+    source: &mut impl Read,
+    mode: u32,
+    unchanged: impl FnOnce(&[u8; 32]) -> bool,
 ) -> Result<Outcome, InstallError> {
     let dir = dest.parent().unwrap_or_else(|| Path::new("."));
     let name = dest
@@ -154,11 +171,7 @@ pub fn install_atomic(
             file.write_all(&buf[..n])
                 .map_err(|e| InstallError::io(&tmp, e))?;
         }
-        let digest: [u8; 32] = hasher.finalize().into();
-        let dest_mode = std::fs::metadata(dest)
-            .ok()
-            .map(|m| m.permissions().mode() & 0o7777);
-        if sha256_of_file(dest) == Some(digest) && dest_mode == Some(mode) {
+        if unchanged(&hasher.finalize().into()) {
             return Ok(Outcome::Unchanged);
         }
         // umask may have narrowed the mode at create time.
