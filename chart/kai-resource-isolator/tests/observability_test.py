@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""The chart's Grafana dashboard ConfigMap and PrometheusRule: rendered only
+when asked (dashboard) or when the cluster serves the CRD (rule), carrying
+files/dashboard.json and files/alerts.yaml unchanged; every alert has a
+summary, a description and a runbook anchor that docs/isolation.md has.
+
+Usage: observability_test.py HELM_BINARY
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import yaml
+
+CHART = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(CHART, "..", "..", "docs", "isolation.md")
+HELM = sys.argv[1] if len(sys.argv) > 1 else "helm"
+RULE_API = "monitoring.coreos.com/v1/PrometheusRule"
+passed, failed = 0, []
+
+
+def check(name, fn):
+    global passed
+    try:
+        fn()
+        passed += 1
+        print(f"ok   {name}")
+    except AssertionError as e:
+        failed.append(name)
+        print(f"FAIL {name}: {e}")
+
+
+def render(*extra):
+    r = subprocess.run([HELM, "template", "kai", CHART, "-n", "kai-system", *extra], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return [d for d in yaml.safe_load_all(r.stdout) if d]
+
+
+def named(docs, kind):
+    return [d for d in docs if d["kind"] == kind]
+
+
+def off_by_default():
+    docs = render()
+    assert not [d for d in named(docs, "ConfigMap") if d["metadata"]["name"].endswith("-dashboard")]
+    assert not named(docs, "PrometheusRule"), "no PrometheusRule without the CRD"
+
+
+def dashboard_configmap():
+    docs = render("--set", "observability.grafanaDashboard.enabled=true",
+                  "--set", "observability.grafanaDashboard.namespace=monitoring")
+    cms = [d for d in named(docs, "ConfigMap") if d["metadata"]["name"].endswith("-dashboard")]
+    assert len(cms) == 1, cms
+    cm = cms[0]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["namespace"] == "monitoring"
+    with open(os.path.join(CHART, "files", "dashboard.json")) as f:
+        assert json.loads(cm["data"]["kai-resource-isolator.json"]) == json.load(f)
+    off = render("--set", "observability.grafanaDashboard.enabled=true", "--set", "monitor.enabled=false")
+    assert not [d for d in named(off, "ConfigMap") if d["metadata"]["name"].endswith("-dashboard")], "no aggregator, no dashboard"
+
+
+def rule_with_crd():
+    docs = render("--api-versions", RULE_API, "--set", "observability.prometheusRule.labels.release=prometheus")
+    rules = named(docs, "PrometheusRule")
+    assert len(rules) == 1, rules
+    rule = rules[0]
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    with open(os.path.join(CHART, "files", "alerts.yaml")) as f:
+        assert rule["spec"] == yaml.safe_load(f), "the rule carries files/alerts.yaml unchanged"
+    assert not named(render("--api-versions", RULE_API, "--set", "observability.prometheusRule.enabled=false"), "PrometheusRule")
+
+
+def alerts_documented():
+    with open(os.path.join(CHART, "files", "alerts.yaml")) as f:
+        groups = yaml.safe_load(f)["groups"]
+    with open(DOCS) as f:
+        anchors = {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
+                   for h in re.findall(r"^#+ (.+)$", f.read(), re.M)}
+    names = []
+    for g in groups:
+        for r in g["rules"]:
+            a = r["annotations"]
+            names.append(r["alert"])
+            assert a.get("summary") and a.get("description"), r["alert"]
+            assert "$labels" in a["summary"] + a["description"] or r["alert"] == "KaiNodeAgentStreamStale", r["alert"]
+            anchor = a["runbook_url"].split("#", 1)[1]
+            assert anchor in anchors, f"{r['alert']}: docs/isolation.md has no #{anchor}"
+    want = {"KaiGpuContainerUncapped", "KaiGpuProcessEscaped", "KaiGpuContainerOverCap", "KaiGpuContainerNearCap",
+            "KaiNodeAgentDown", "KaiNodeAgentStreamStale", "KaiAggregatorDown"}
+    assert want <= set(names), want - set(names)
+
+
+def schema_rejects_unknown():
+    r = subprocess.run([HELM, "template", "kai", CHART, "--set", "observability.grafanaDashbord.enabled=true"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "schema" in r.stderr.lower(), r.stderr[:300]
+
+
+check("observability: nothing rendered by default", off_by_default)
+check("observability: dashboard ConfigMap for the Grafana sidecar, files/dashboard.json verbatim", dashboard_configmap)
+check("observability: PrometheusRule only with the CRD, files/alerts.yaml verbatim", rule_with_crd)
+check("observability: every alert has a summary, description and runbook anchor in docs/isolation.md", alerts_documented)
+check("observability: schema rejects a misspelt key", schema_rejects_unknown)
+print(f"\n{passed} passed, {len(failed)} failed")
+sys.exit(1 if failed else 0)
