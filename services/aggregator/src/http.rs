@@ -1,5 +1,6 @@
 //! Plain-HTTP routes on the metrics port (:9394): `/metrics`, the JSON
-//! query API under `/api/v1/`, `/healthz` and `/readyz`.
+//! query API under `/api/v1/`, `/healthz`, `/readyz` and the web view
+//! ([`crate::web`]).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -257,6 +258,8 @@ pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationTo
         .or(healthz)
         .unify()
         .or(readyz)
+        .unify()
+        .or(crate::web::routes(state, shutdown.clone()))
         .unify();
     warp::serve(routes)
         .incoming(listener)

@@ -16,6 +16,7 @@ pub mod http;
 pub mod metrics;
 pub mod query;
 pub mod subscriber;
+pub mod web;
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;

@@ -124,6 +124,14 @@ async fn main() -> anyhow::Result<()> {
     let ca = tls_dir.join("ca.crt");
     println!("\nTry it yourself:");
     println!(
+        "  open http://{}/   # the web view: live per-container GPU memory and isolation state",
+        aggregator.http_addr
+    );
+    println!(
+        "  kubectl-vgpu --aggregator http://{} top -A   # the kubectl plugin (cargo install --path services/kubectl-vgpu)",
+        aggregator.http_addr
+    );
+    println!(
         "  curl -s --cacert {ca} -H 'Content-Type: application/json' --data @{} https://localhost:{port}/mutate | jq -r .response.patch | base64 -d | jq",
         reviews_dir.join("gpu-sharing-pod.json").display(),
         ca = ca.display()

@@ -1,0 +1,325 @@
+// The web view of kai-aggregator. Draws /api/v1/view; refetches it when
+// /api/v1/view/events says the cluster changed (or every 5 s when the
+// event stream cannot be held open). Lists are virtualised: only the rows
+// in sight exist in the DOM, and an update rewrites those rows in place.
+"use strict";
+
+(function () {
+  const $ = (id) => document.getElementById(id);
+  const MIB = 1024 * 1024;
+  const GIB = 1024 * MIB;
+
+  function bytes(n) {
+    if (n === null || n === undefined) return "–";
+    if (n >= GIB) return (n / GIB).toFixed(n >= 10 * GIB ? 0 : 1) + " GiB";
+    return Math.round(n / MIB) + " MiB";
+  }
+  function shortUuid(u) {
+    return u.length > 14 ? u.slice(0, 13) + "…" : u || "–";
+  }
+
+  // A list that keeps one absolutely positioned element per visible row.
+  class VList {
+    constructor(el, build, fill) {
+      this.el = el;
+      this.build = build;
+      this.fill = fill;
+      this.h = Number(el.dataset.rowHeight) || 26;
+      this.items = [];
+      this.pool = [];
+      this.spacer = document.createElement("div");
+      this.spacer.className = "spacer";
+      el.appendChild(this.spacer);
+      this.empty = document.createElement("div");
+      this.empty.className = "empty";
+      el.appendChild(this.empty);
+      let queued = false;
+      el.addEventListener("scroll", () => {
+        if (queued) return;
+        queued = true;
+        requestAnimationFrame(() => { queued = false; this.render(); });
+      });
+    }
+    setItems(items, emptyText) {
+      this.items = items;
+      this.spacer.style.height = items.length * this.h + "px";
+      this.empty.textContent = items.length ? "" : emptyText;
+      this.empty.style.display = items.length ? "none" : "";
+      this.render();
+    }
+    render() {
+      const first = Math.floor(this.el.scrollTop / this.h);
+      const count = Math.ceil(this.el.clientHeight / this.h) + 2;
+      while (this.pool.length < count) {
+        const row = this.build();
+        row.classList.add("row");
+        this.el.appendChild(row);
+        this.pool.push(row);
+      }
+      for (let i = 0; i < this.pool.length; i++) {
+        const row = this.pool[i];
+        const item = this.items[first + i];
+        if (i >= count || item === undefined) {
+          row.style.display = "none";
+          row.removeAttribute("data-key");
+          continue;
+        }
+        row.style.display = "";
+        row.style.transform = "translateY(" + (first + i) * this.h + "px)";
+        this.fill(row, item);
+      }
+    }
+  }
+
+  function cells(row, n, numeric) {
+    for (let i = 0; i < n; i++) {
+      const span = document.createElement("span");
+      if (numeric.includes(i)) span.className = "num";
+      row.appendChild(span);
+    }
+  }
+  function bar() {
+    const b = document.createElement("div");
+    b.className = "bar";
+    const fill = document.createElement("div");
+    fill.className = "fill";
+    const stale = document.createElement("div");
+    stale.className = "stale";
+    b.append(fill, stale);
+    return b;
+  }
+  // Used and stale as parts of `whole`; clamped so an overrun shows full.
+  function setBar(b, used, stale, whole, cls) {
+    const pct = (x) => (whole > 0 ? Math.min(100, (100 * x) / whole) : 0);
+    const u = pct(used);
+    const s = Math.min(100 - u, pct(stale));
+    b.className = "bar" + (cls ? " " + cls : "");
+    b.children[0].style.width = u.toFixed(1) + "%";
+    b.children[1].style.left = u.toFixed(1) + "%";
+    b.children[1].style.width = s.toFixed(1) + "%";
+    b.dataset.used = Math.round(u);
+  }
+
+  const gpuList = new VList(
+    $("gpus"),
+    () => {
+      const row = document.createElement("div");
+      row.classList.add("gpu-grid");
+      cells(row, 7, [2, 3, 4, 5, 6]);
+      row.appendChild(bar());
+      return row;
+    },
+    (row, g) => {
+      const c = row.children;
+      row.dataset.key = g.node + "/" + g.uuid;
+      c[0].textContent = g.node;
+      c[0].title = "agent " + g.nodeState;
+      c[1].textContent = (g.name ? g.name + " " : "") + shortUuid(g.uuid);
+      c[1].title = g.uuid;
+      c[2].textContent = g.capacity ? bytes(g.capacity) : "unknown";
+      c[3].textContent = bytes(g.allocated);
+      c[4].textContent = bytes(g.used);
+      c[5].textContent = bytes(g.stale);
+      c[6].textContent = g.capacity ? bytes(g.headroom) : "–";
+      // Caps against capacity; without a known capacity, against the caps.
+      const whole = g.capacity || g.allocated || g.used + g.stale;
+      setBar(c[7], g.allocated, 0, whole, g.allocated > g.capacity && g.capacity ? "over" : "");
+      c[7].title = "allocated " + bytes(g.allocated) + " of " + (g.capacity ? bytes(g.capacity) : "unknown");
+    }
+  );
+
+  const containerList = new VList(
+    $("containers"),
+    () => {
+      const row = document.createElement("div");
+      row.classList.add("container-grid");
+      cells(row, 3, []);
+      row.appendChild(bar());
+      cells(row, 4, [0, 1, 2]);
+      // cells() appends; the last four are used, limit, headroom, state.
+      row.children[7].className = "state";
+      return row;
+    },
+    (row, r) => {
+      const c = row.children;
+      row.dataset.key = r.key;
+      row.dataset.state = r.state;
+      c[0].textContent = r.namespace + " / " + r.pod + " / " + r.container;
+      if (r.nearCap) c[0].insertAdjacentHTML("beforeend", '<b class="flag near">near cap</b>');
+      if (r.escaped) c[0].insertAdjacentHTML("beforeend", '<b class="flag escaped">' + r.escaped + " escaped</b>");
+      c[1].textContent = r.node;
+      c[2].textContent = shortUuid(r.gpu);
+      c[2].title = r.gpu;
+      if (r.limit > 0) {
+        setBar(c[3], r.used, r.stale, r.limit, r.state === "over_cap" || r.used > r.limit ? "over" : r.nearCap ? "near" : "");
+      } else {
+        setBar(c[3], r.used, r.stale, r.gpuCapacity || r.used + r.stale, "uncapped");
+      }
+      c[3].title = bytes(r.used) + " used, " + bytes(r.stale) + " stale charge, limit " + (r.limit ? bytes(r.limit) : "none");
+      c[4].textContent = bytes(r.used);
+      c[5].textContent = r.limit ? bytes(r.limit) : "uncapped";
+      c[6].textContent = r.limit ? bytes(r.headroom) : "–";
+      c[7].textContent = r.state.replace(/_/g, " ");
+      c[7].dataset.state = r.state;
+      c[7].title = r.reason || "cap verified";
+    }
+  );
+
+  let view = null;
+  let updates = 0;
+  const filters = { namespace: "", node: "", sort: "used" };
+
+  function rows() {
+    const cols = view.columns;
+    const ix = (name) => cols.indexOf(name);
+    const [iNs, iPod, iCt, iNode, iGpu, iUsed, iLimit, iStale, iState, iReason, iNear] =
+      ["namespace", "pod", "container", "node", "gpu", "used", "limit", "stale", "state", "reason", "nearCap"].map(ix);
+    const capacity = new Map();
+    for (const n of view.nodes) for (const g of n.gpus) capacity.set(n.node + "/" + g.uuid, g.capacity);
+    const escaped = new Map();
+    for (const e of view.escaped) {
+      if (!e.pod) continue;
+      const k = e.namespace + "/" + e.pod + "/" + (e.container || "");
+      escaped.set(k, (escaped.get(k) || 0) + 1);
+    }
+    return view.containers.map((c) => {
+      const used = c[iUsed], limit = c[iLimit], stale = c[iStale];
+      const base = c[iNs] + "/" + c[iPod] + "/";
+      return {
+        key: base + c[iCt] + "/" + c[iGpu],
+        namespace: c[iNs], pod: c[iPod], container: c[iCt], node: c[iNode], gpu: c[iGpu],
+        used, limit, stale, state: c[iState], reason: c[iReason], nearCap: c[iNear],
+        headroom: limit > 0 ? Math.max(0, limit - used - stale) : Infinity,
+        percent: limit > 0 ? used / limit : Infinity,
+        gpuCapacity: capacity.get(c[iNode] + "/" + c[iGpu]) || 0,
+        escaped: (escaped.get(base + c[iCt]) || 0) + (escaped.get(base) || 0),
+      };
+    });
+  }
+
+  let all = [];
+  function matches(value, filter) {
+    return !filter || value === filter || value.includes(filter);
+  }
+  function byKey(a, b) {
+    return a.key < b.key ? -1 : a.key > b.key ? 1 : 0;
+  }
+  const sorts = {
+    used: (a, b) => b.used - a.used || byKey(a, b),
+    percent: (a, b) => (b.percent === a.percent ? byKey(a, b) : b.percent > a.percent ? 1 : -1),
+    headroom: (a, b) => (a.headroom === b.headroom ? byKey(a, b) : a.headroom < b.headroom ? -1 : 1),
+    name: byKey,
+  };
+
+  function draw() {
+    if (!view) return;
+    const shown = all
+      .filter((r) => matches(r.namespace, filters.namespace) && matches(r.node, filters.node))
+      .sort(sorts[filters.sort] || sorts.used);
+    $("container-count").textContent = shown.length === all.length ? all.length : shown.length + " of " + all.length;
+    containerList.setItems(shown, "no containers match");
+
+    const gpus = [];
+    for (const n of view.nodes) {
+      if (!matches(n.node, filters.node)) continue;
+      for (const g of n.gpus) gpus.push(Object.assign({ node: n.node, nodeState: n.state, key: n.node + "/" + g.uuid }, g));
+    }
+    gpus.sort(
+      filters.sort === "headroom"
+        ? (a, b) => a.headroom - b.headroom || byKey(a, b)
+        : filters.sort === "name"
+          ? byKey
+          : (a, b) => b.used - a.used || byKey(a, b)
+    );
+    $("gpu-count").textContent = gpus.length;
+    gpuList.setItems(gpus, "no GPUs reported");
+  }
+
+  function setOptions(list, values) {
+    const el = $(list);
+    const joined = values.join("\n");
+    if (el.dataset.values === joined) return;
+    el.dataset.values = joined;
+    el.replaceChildren(...values.map((v) => Object.assign(document.createElement("option"), { value: v })));
+  }
+
+  function drawEscaped() {
+    const box = $("escaped");
+    $("escaped-count").textContent = view.escaped.length;
+    if (!view.escaped.length) {
+      box.innerHTML = '<div class="empty">none</div>';
+      return;
+    }
+    const table = document.createElement("table");
+    table.innerHTML = "<tr><th>node</th><th>GPU</th><th>PID</th><th>memory</th><th>pod</th><th>why</th></tr>";
+    for (const e of view.escaped.slice(0, 200)) {
+      const tr = table.insertRow();
+      for (const v of [e.node, shortUuid(e.gpu), e.pid, e.used ? bytes(e.used) : "?", e.pod ? e.namespace + "/" + e.pod + (e.container ? "/" + e.container : "") : "unknown", e.reason]) {
+        tr.insertCell().textContent = v;
+      }
+    }
+    box.replaceChildren(table);
+    if (view.escaped.length > 200) box.insertAdjacentText("beforeend", "… and " + (view.escaped.length - 200) + " more");
+  }
+
+  function apply(v) {
+    view = v;
+    all = rows();
+    updates += 1;
+    const states = {};
+    for (const r of all) states[r.state] = (states[r.state] || 0) + 1;
+    const connected = v.nodes.filter((n) => n.state === "connected").length;
+    $("summary").innerHTML = "";
+    const add = (text, cls) => $("summary").appendChild(Object.assign(document.createElement("span"), { textContent: text, className: cls || "" }));
+    add(connected + "/" + v.nodes.length + " nodes connected");
+    add(all.length + " container GPUs");
+    for (const s of Object.keys(states).sort()) add(states[s] + " " + s.replace(/_/g, " "), "st-" + s);
+    if (v.escaped.length) add(v.escaped.length + " escaped");
+    setOptions("namespaces", [...new Set(all.map((r) => r.namespace))].sort());
+    setOptions("nodes", v.nodes.map((n) => n.node).sort());
+    drawEscaped();
+    draw();
+    document.body.dataset.updates = updates;
+    document.body.dataset.revision = v.revision;
+  }
+
+  let inflight = false;
+  let again = false;
+  function refresh() {
+    if (inflight) { again = true; return; }
+    inflight = true;
+    fetch("api/v1/view", { cache: "no-store" })
+      .then((r) => { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
+      .then(apply)
+      .catch((e) => setStatus("error", "cannot load the view: " + e.message))
+      .finally(() => { inflight = false; if (again) { again = false; refresh(); } });
+  }
+
+  function setStatus(state, text) {
+    const s = $("status");
+    s.dataset.live = state;
+    s.textContent = text;
+  }
+
+  let poll = null;
+  function listen() {
+    if (!window.EventSource) { poll = setInterval(refresh, 5000); refresh(); return; }
+    const events = new EventSource("api/v1/view/events");
+    events.addEventListener("change", (e) => {
+      setStatus("live", "live · revision " + e.data);
+      refresh();
+    });
+    events.onopen = () => { if (poll) { clearInterval(poll); poll = null; } };
+    // A proxy that will not hold the stream: fall back to polling until it reconnects.
+    events.onerror = () => {
+      setStatus("error", "event stream lost; polling every 5 s");
+      if (!poll) poll = setInterval(refresh, 5000);
+    };
+  }
+
+  for (const [id, key] of [["f-namespace", "namespace"], ["f-node", "node"], ["sort", "sort"]]) {
+    $(id).addEventListener("input", (e) => { filters[key] = e.target.value.trim(); draw(); });
+  }
+  window.addEventListener("resize", () => { gpuList.render(); containerList.render(); });
+  listen();
+})();

@@ -1,0 +1,290 @@
+//! The web view's model: one compact JSON document of the cluster, built
+//! from a snapshot. Containers are rows of arrays (not objects) so a
+//! 1000-node × 100-container cluster is a few MiB the page parses in one go.
+
+use std::collections::BTreeMap;
+
+use kai_proto::v1 as pb;
+use serde::Serialize;
+
+use crate::cluster::NodeEntry;
+
+/// `GET /api/v1/view`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct View {
+    /// The cluster's change counter when the snapshot was taken.
+    pub revision: u64,
+    pub generated_unix_ms: u64,
+    pub nodes: Vec<NodeRow>,
+    /// Column names of [`View::containers`], in order.
+    pub columns: &'static [&'static str],
+    /// One row per container and GPU (see [`COLUMNS`]).
+    pub containers: Vec<ContainerRow>,
+    pub escaped: Vec<EscapedRow>,
+}
+
+/// Column order of a container row.
+pub const COLUMNS: &[&str] = &[
+    "namespace",
+    "pod",
+    "container",
+    "node",
+    "gpu",
+    "used",
+    "limit",
+    "stale",
+    "state",
+    "reason",
+    "nearCap",
+];
+
+/// namespace, pod, container, node, GPU uuid, used, limit (0 = uncapped),
+/// stale, state label, reason, near cap.
+pub type ContainerRow = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    u64,
+    u64,
+    u64,
+    &'static str,
+    String,
+    bool,
+);
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRow {
+    pub node: String,
+    /// `connecting`, `connected` or `down`.
+    pub state: &'static str,
+    pub last_update_unix_ms: u64,
+    pub gpus: Vec<GpuRow>,
+}
+
+/// One physical GPU: what it has, what caps promise, what is used.
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuRow {
+    pub uuid: String,
+    pub name: String,
+    /// Memory of the GPU (NVML); 0 when the node cannot say.
+    pub capacity: u64,
+    /// Sum of the caps of the containers on it.
+    pub allocated: u64,
+    /// Sum of the containers' live usage.
+    pub used: u64,
+    /// Sum of usage held by slots of exited processes.
+    pub stale: u64,
+    /// capacity − allocated: room for new caps (0 when capacity is unknown).
+    pub headroom: u64,
+    pub containers: u32,
+    pub uncapped: u32,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EscapedRow {
+    pub node: String,
+    pub gpu: String,
+    pub pid: u32,
+    pub used: u64,
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    pub reason: String,
+}
+
+fn state_of(c: &pb::ContainerUsage) -> &'static str {
+    pb::IsolationState::try_from(c.isolation_state)
+        .unwrap_or(pb::IsolationState::Unspecified)
+        .label()
+}
+
+/// Builds the view of `nodes` (a snapshot) at `revision`.
+pub fn build(nodes: &[NodeEntry], revision: u64, now_ms: u64) -> View {
+    let rows: usize = nodes
+        .iter()
+        .flat_map(|n| n.containers.iter())
+        .map(|c| c.devices.len().max(1))
+        .sum();
+    let mut containers = Vec::with_capacity(rows);
+    let mut out_nodes = Vec::with_capacity(nodes.len());
+    let mut escaped = Vec::new();
+    for n in nodes {
+        let mut gpus: BTreeMap<&str, GpuRow> = n
+            .devices
+            .iter()
+            .map(|d| {
+                (
+                    d.uuid.as_str(),
+                    GpuRow {
+                        uuid: d.uuid.clone(),
+                        name: d.name.clone(),
+                        capacity: d.memory_total_bytes,
+                        ..GpuRow::default()
+                    },
+                )
+            })
+            .collect();
+        for c in n.containers.iter() {
+            let state = state_of(c);
+            if c.devices.is_empty() {
+                // No region device yet (pending / no_region): still a row.
+                containers.push((
+                    c.namespace.clone(),
+                    c.pod.clone(),
+                    c.container.clone(),
+                    n.node.clone(),
+                    String::new(),
+                    0,
+                    0,
+                    0,
+                    state,
+                    c.isolation_reason.clone(),
+                    false,
+                ));
+            }
+            for d in &c.devices {
+                let gpu = gpus.entry(&d.uuid).or_insert_with(|| GpuRow {
+                    uuid: d.uuid.clone(),
+                    ..GpuRow::default()
+                });
+                gpu.allocated += d.limit_bytes;
+                gpu.used += d.used_bytes;
+                gpu.stale += d.stale_bytes;
+                gpu.containers += 1;
+                gpu.uncapped += u32::from(d.limit_bytes == 0);
+                containers.push((
+                    c.namespace.clone(),
+                    c.pod.clone(),
+                    c.container.clone(),
+                    n.node.clone(),
+                    d.uuid.clone(),
+                    d.used_bytes,
+                    d.limit_bytes,
+                    d.stale_bytes,
+                    state,
+                    c.isolation_reason.clone(),
+                    c.near_cap_devices.contains(&d.uuid),
+                ));
+            }
+        }
+        escaped.extend(n.escaped.iter().map(|e| EscapedRow {
+            node: n.node.clone(),
+            gpu: e.gpu_uuid.clone(),
+            pid: e.host_pid,
+            used: e.used_bytes,
+            namespace: e.namespace.clone(),
+            pod: e.pod.clone(),
+            container: e.container.clone(),
+            reason: e.reason.clone(),
+        }));
+        out_nodes.push(NodeRow {
+            node: n.node.clone(),
+            state: n.link.name(),
+            last_update_unix_ms: n.last_update_ms,
+            gpus: gpus
+                .into_values()
+                .map(|mut g| {
+                    g.headroom = g.capacity.saturating_sub(g.allocated);
+                    g
+                })
+                .collect(),
+        });
+    }
+    View {
+        revision,
+        generated_unix_ms: now_ms,
+        nodes: out_nodes,
+        columns: COLUMNS,
+        containers,
+        escaped,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Cluster;
+
+    fn container(pod: &str, gpu: &str, used: u64, limit: u64, stale: u64) -> pb::ContainerUsage {
+        pb::ContainerUsage {
+            namespace: "team-a".into(),
+            pod: pod.into(),
+            container: "main".into(),
+            isolation_state: if limit == 0 {
+                pb::IsolationState::UncappedNoLimit
+            } else {
+                pb::IsolationState::Capped
+            }
+            .into(),
+            near_cap_devices: if used * 100 >= limit * 95 && limit > 0 {
+                vec![gpu.into()]
+            } else {
+                vec![]
+            },
+            devices: vec![pb::DeviceUsage {
+                uuid: gpu.into(),
+                used_bytes: used,
+                limit_bytes: limit,
+                stale_bytes: stale,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn gpus_sum_caps_usage_and_stale_and_rows_carry_state() {
+        let cluster = Cluster::default();
+        cluster.apply_update(
+            "10.0.0.1:50051",
+            pb::ContainersUpdate {
+                node: "gpu-1".into(),
+                containers: vec![
+                    container("a", "GPU-1", 300, 1000, 100),
+                    container("b", "GPU-1", 960, 1000, 0),
+                    container("c", "GPU-2", 50, 0, 0),
+                ],
+                ..Default::default()
+            },
+        );
+        cluster.set_devices(
+            "10.0.0.1:50051",
+            vec![pb::HostDevice {
+                uuid: "GPU-1".into(),
+                name: "H100".into(),
+                memory_total_bytes: 5000,
+                ..Default::default()
+            }],
+        );
+        let view = build(&cluster.snapshot(), 7, 1);
+        assert_eq!(view.revision, 7);
+        assert_eq!(view.containers.len(), 3);
+        let gpus = &view.nodes[0].gpus;
+        assert_eq!(gpus.len(), 2, "a GPU only containers name still shows");
+        let g1 = &gpus[0];
+        assert_eq!(
+            (g1.capacity, g1.allocated, g1.used, g1.stale, g1.headroom),
+            (5000, 2000, 1260, 100, 3000)
+        );
+        assert_eq!((gpus[1].capacity, gpus[1].uncapped), (0, 1));
+        let b = view.containers.iter().find(|r| r.1 == "b").expect("row b");
+        assert!(b.10, "near cap carried");
+        let c = view.containers.iter().find(|r| r.1 == "c").expect("row c");
+        assert_eq!(c.8, "uncapped_no_limit");
+        let json = serde_json::to_value(&view).expect("serialises");
+        assert_eq!(
+            json["columns"].as_array().map(Vec::len),
+            Some(COLUMNS.len())
+        );
+        assert_eq!(
+            json["containers"][0].as_array().map(Vec::len),
+            Some(COLUMNS.len())
+        );
+    }
+}
