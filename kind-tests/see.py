@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""See it, tested with the real things (issue "See it").
+"""See it, tested with the real things (docs/aggregator.md, "Grafana dashboard and alerts").
 
 Starts the demo stack (kai-demo: webhook, node agent, aggregator) with the
 fake NVML so the node has GPUs and an escaped process, then:
@@ -7,6 +7,8 @@ fake NVML so the node has GPUs and an escaped process, then:
   1. the web view in headless Chromium (driven over the DevTools protocol
      on a pipe): containers, states and bars in the DOM; regions changed on
      disk show up without a reload; filter; a screenshot in the output dir;
+     the same page at 1000 nodes x 100 containers (a synthetic model)
+     keeps only the visible rows in the DOM and updates them in place;
   2. kubectl-vgpu against the aggregator: table and JSON outputs, exit codes;
   3. a real Prometheus on loopback scraping the aggregator and the node
      agent: every dashboard expression and every alert expression evaluated
