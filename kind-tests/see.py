@@ -316,11 +316,65 @@ try:
     check("web view: screenshot saved", lambda: None if os.path.getsize(shot) > 10_000 else (_ for _ in ()).throw(
         AssertionError(f"{shot} is {os.path.getsize(shot)} bytes")))
 
+    # --- 1a. behind a path prefix, as the API server's service proxy serves it --
+
+    import http.server
+
+    PREFIX = "/api/v1/namespaces/kai-system/services/kai-aggregator:http-metrics/proxy"
+
+    class PrefixProxy(http.server.BaseHTTPRequestHandler):
+        """Forwards PREFIX/<path> to the aggregator's /<path>, streaming the body."""
+        protocol_version = "HTTP/1.0"
+
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            if not self.path.startswith(PREFIX):
+                self.send_error(404)
+                return
+            upstream = self.path[len(PREFIX):] or "/"
+            try:
+                with urllib.request.urlopen(AGG + upstream, timeout=30) as r:
+                    self.send_response(r.status)
+                    self.send_header("Content-Type", r.headers.get("Content-Type", ""))
+                    self.end_headers()
+                    while not stop_proxy.is_set():
+                        line = r.readline()
+                        if not line:
+                            break
+                        self.wfile.write(line)
+                        self.wfile.flush()
+            except OSError:
+                pass
+
+    stop_proxy = threading.Event()
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), PrefixProxy)
+    proxy.daemon_threads = True
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    PROXIED = f"http://127.0.0.1:{proxy.server_port}{PREFIX}"
+
+    def behind_prefix():
+        # Without the trailing slash, as a user types it.
+        browser.call("Page.navigate", session=browser.session, url=PROXIED)
+        wait_for("the page behind the prefix to draw four containers", lambda: len(rows()) == 4)
+        assert browser.js("location.pathname") == PREFIX + "/"
+        updates = int(browser.js("document.body.dataset.updates"))
+        # The trainer's region changes every 2 s: a change event through the proxy.
+        wait_for("a live update through the prefix", lambda: int(browser.js("document.body.dataset.updates")) > updates)
+        r = subprocess.run([os.path.join(BIN, "kubectl-vgpu"), "--aggregator", PROXIED, "top", "-A", "-o", "json"],
+                           capture_output=True, text=True, env=dict(os.environ, KUBECONFIG=os.devnull), timeout=60)
+        assert r.returncode == 0 and len(json.loads(r.stdout)) == 4, (r.returncode, r.stdout, r.stderr)
+
+    try:
+        check("web view and kubectl-vgpu behind a path prefix (as through the service proxy), live", behind_prefix)
+    finally:
+        stop_proxy.set()
+        proxy.shutdown()
+
     # --- 1b. the same page at 1000 nodes x 100 containers ----------------------
     # The page's own assets (from the aggregator) with a synthetic model and
     # change stream from this test, so the size does not need 1000 agents.
-
-    import http.server
 
     NODES, PER_NODE = 1000, 100
     assets = {path: get(AGG + path) for path in ("/", "/ui/app.js", "/ui/app.css")}
