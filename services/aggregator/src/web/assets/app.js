@@ -302,12 +302,19 @@
   }
 
   let poll = null;
+  let missed = false;
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden && missed) { missed = false; refresh(); }
+  });
   function listen() {
     if (!window.EventSource) { poll = setInterval(refresh, 5000); refresh(); return; }
     const events = new EventSource("api/v1/view/events");
     events.addEventListener("change", (e) => {
       setStatus("live", "live · revision " + e.data);
-      refresh();
+      // A hidden tab does not fetch (a large cluster's model is megabytes);
+      // it catches up when shown.
+      if (document.hidden) missed = true;
+      else refresh();
     });
     events.onopen = () => { if (poll) { clearInterval(poll); poll = null; } };
     // A proxy that will not hold the stream: fall back to polling until it reconnects.
