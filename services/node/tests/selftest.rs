@@ -51,13 +51,16 @@ impl Node {
             .arg(library)
             .arg("--work-dir")
             .arg(self.work())
-            .args(["--no-nvml", "--host-proc", "/proc"])
+            .args(["--host-proc", "/proc"])
             .args(extra)
             .env("LD_LIBRARY_PATH", self.dir.path().join("lib"))
             .env_remove("LD_PRELOAD")
             .env_remove("FAKE_VGPU_ENFORCE")
             .env_remove("FAKE_CUDA_FAIL_INIT")
             .env("FAKE_CUDA_TOTAL_BYTES", (16 * GIB).to_string());
+        if !extra.contains(&"--nvml-library") {
+            cmd.arg("--no-nvml");
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -220,4 +223,39 @@ fn the_table_names_each_check_and_the_result() {
         table.ends_with("result: the cap holds (exit 0)\n"),
         "{table}"
     );
+}
+
+#[test]
+fn nvml_figures_come_from_the_nvml_library() {
+    let node = Node::new();
+    let config = node.dir.path().join("nvml.json");
+    let nvml = kai_fake_nvml::Config {
+        driver: "550.54.15".into(),
+        fail_init: false,
+        devices: vec![kai_fake_nvml::Device {
+            uuid: kai_fake_cuda::DEFAULT_UUID.into(),
+            name: "NVIDIA H200".into(),
+            total: 16 * GIB,
+            used: GIB,
+            ..kai_fake_nvml::Device::default()
+        }],
+    };
+    std::fs::write(&config, serde_json::to_vec(&nvml).expect("json")).expect("write config");
+    let library = cdylib("libkai_fake_nvml.so");
+    let library = library.to_str().expect("utf-8 path");
+    let config = config.to_str().expect("utf-8 path");
+    let (code, report) = node.json(
+        &standin(),
+        &["--quick", "--nvml-library", library],
+        &[("FAKE_NVML_CONFIG", config)],
+    );
+    assert_eq!(code, 0, "{report:#}");
+    let figures = &report["figures"];
+    assert_eq!(figures["nvml_status"], "ok");
+    assert_eq!(figures["nvml_driver_version"], "550.54.15");
+    assert_eq!(figures["nvml_device_total_bytes"], 16 * GIB);
+    assert_eq!(figures["nvml_device_used_bytes"], GIB);
+    // This NVML lists no processes: said, not passed.
+    assert_eq!(status(&report, "nvml-process"), "warn");
+    assert_eq!(status(&report, "escaped-visible"), "warn");
 }
