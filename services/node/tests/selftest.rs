@@ -51,13 +51,15 @@ impl Node {
             .arg(library)
             .arg("--work-dir")
             .arg(self.work())
-            .args(["--host-proc", "/proc"])
             .args(extra)
             .env("LD_LIBRARY_PATH", self.dir.path().join("lib"))
             .env_remove("LD_PRELOAD")
             .env_remove("FAKE_VGPU_ENFORCE")
             .env_remove("FAKE_CUDA_FAIL_INIT")
             .env("FAKE_CUDA_TOTAL_BYTES", (16 * GIB).to_string());
+        if !extra.contains(&"--host-proc") {
+            cmd.args(["--host-proc", "/proc"]);
+        }
         if !extra.contains(&"--nvml-library") {
             cmd.arg("--no-nvml");
         }
@@ -258,4 +260,16 @@ fn nvml_figures_come_from_the_nvml_library() {
     // This NVML lists no processes: said, not passed.
     assert_eq!(status(&report, "nvml-process"), "warn");
     assert_eq!(status(&report, "escaped-visible"), "warn");
+}
+
+#[test]
+fn a_host_proc_that_does_not_show_the_process_is_flagged() {
+    let node = Node::new();
+    // Not the host's /proc: no PID is alive there.
+    let empty = node.dir.path().join("not-proc");
+    std::fs::create_dir(&empty).expect("mkdir");
+    let empty = empty.to_str().expect("utf-8 path");
+    let (code, report) = node.json(&standin(), &["--quick", "--host-proc", empty], &[]);
+    assert_eq!(status(&report, "region-live-slot"), "warn", "{report:#}");
+    assert_eq!(code, 0, "a warning is not a failure: {report:#}");
 }

@@ -138,8 +138,12 @@ pub fn usage(device: &DeviceUsage, held: u64) -> Verdict {
 }
 
 /// The child must have a live slot; its host PID is what the agent checks
-/// liveness with.
-pub fn slot(snapshot: &RegionSnapshot, pid: u32) -> (Verdict, Option<i32>) {
+/// liveness with, so it must be alive in `alive` (the host's /proc as given).
+pub fn slot(
+    snapshot: &RegionSnapshot,
+    pid: u32,
+    alive: impl Fn(i32) -> Option<bool>,
+) -> (Verdict, Option<i32>) {
     let Some(slot) = snapshot
         .processes
         .iter()
@@ -168,6 +172,18 @@ pub fn slot(snapshot: &RegionSnapshot, pid: u32) -> (Verdict, Option<i32>) {
                 ),
             ),
             Some(0),
+        );
+    }
+    if alive(slot.hostpid) == Some(false) {
+        return (
+            (
+                Status::Warn,
+                format!(
+                    "slot {}: pid {}, host pid {}, which --host-proc does not show: give the host's /proc, or the agent counts this live process as gone",
+                    slot.slot, slot.pid, slot.hostpid
+                ),
+            ),
+            Some(slot.hostpid),
         );
     }
     (
@@ -247,8 +263,19 @@ mod tests {
             "more accounted than held"
         );
         assert_eq!(usage(dev, CAP).0, Status::Fail, "less accounted than held");
-        assert_eq!(slot(&snap, 77).1, Some(77));
-        assert_eq!(slot(&snap, 78).0.0, Status::Fail);
+        assert_eq!(
+            slot(&snap, 77, |_| Some(true)),
+            (
+                (Status::Pass, "slot 0: pid 77, host pid 77".into()),
+                Some(77)
+            )
+        );
+        assert_eq!(
+            slot(&snap, 77, |_| Some(false)).0.0,
+            Status::Warn,
+            "host PID not in --host-proc"
+        );
+        assert_eq!(slot(&snap, 78, |_| Some(true)).0.0, Status::Fail);
         assert!(device(&snap, "GPU-other").is_err());
         assert_eq!(
             limit(device(&region(0, 1, 0), UUID).expect("dev"), CAP).0,

@@ -379,7 +379,7 @@ impl Run<'_> {
             }
             Err(why) => self.report.check("region-limit-is-cap", Status::Fail, why),
         }
-        let ((s, t), hostpid) = checks::slot(&snapshot, pid);
+        let ((s, t), hostpid) = checks::slot(&snapshot, pid, |h| self.host.alive(h));
         self.report.check("region-live-slot", s, t);
         if let Some(h) = hostpid {
             self.report.figure("region_hostpid", h);
