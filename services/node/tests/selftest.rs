@@ -127,6 +127,16 @@ fn a_cap_that_holds_passes_every_check_and_exits_zero() {
     assert_eq!(figures["device_total_bytes"], 16 * GIB);
     assert_eq!(figures["device_uuid"], kai_fake_cuda::DEFAULT_UUID);
     assert_eq!(figures["killed_exit"], "signal 9");
+    // The library's own log line about the refusal is kept for the record.
+    let logged = report["child_stderr"]["capped"]
+        .as_array()
+        .expect("capped stderr");
+    assert!(
+        logged
+            .iter()
+            .any(|l| l.as_str().is_some_and(|l| l.contains("OOM"))),
+        "{logged:?}"
+    );
     // The scratch directory is removed unless --keep.
     assert_eq!(std::fs::read_dir(node.work()).expect("work dir").count(), 0);
 }

@@ -9,7 +9,7 @@ use kai_region::{Region, RegionSnapshot};
 use super::Args;
 use super::checks;
 use super::child::{DeviceInfo, Event, Outcome, Step};
-use super::probe::{Probe, ProbeError, Spec};
+use super::probe::{Ended, Probe, ProbeError, Spec};
 use super::report::{Report, Status};
 use super::size::{self, human};
 use crate::agent::isolation::hostproc::HostProc;
@@ -147,11 +147,12 @@ impl Run<'_> {
             .map_err(|e| format!("no readable region at {}: {e}", path.display()))
     }
 
-    fn keep_stderr(&mut self, child: &'static str, probe: &Probe) {
-        let lines = probe.stderr();
-        if !lines.is_empty() {
-            self.report.child_stderr.insert(child, lines);
+    /// Keeps what a child logged (libvgpu's lines) for the report.
+    fn ended(&mut self, child: &'static str, ended: Ended) -> String {
+        if !ended.stderr.is_empty() {
+            self.report.child_stderr.insert(child, ended.stderr);
         }
+        ended.status
     }
 
     fn nvml_figures(&mut self) {
@@ -183,7 +184,8 @@ impl Run<'_> {
             Event::Failed {
                 error, no_library, ..
             } => {
-                self.keep_stderr("control", &probe);
+                let ended = probe.finish().await?;
+                self.ended("control", ended);
                 return Err(Abort(if no_library {
                     format!("{error} (run where the NVIDIA driver libraries are visible)")
                 } else {
@@ -237,7 +239,8 @@ impl Run<'_> {
             );
         }
         self.report.check("control-headroom", status, detail);
-        probe.finish().await?;
+        let ended = probe.finish().await?;
+        self.ended("control", ended);
         Ok(device)
     }
 
@@ -279,9 +282,7 @@ impl Run<'_> {
     async fn capped(&mut self, device: &DeviceInfo) -> Result<(), Abort> {
         let cap = self.args.cap;
         let mut probe = Probe::spawn(&self.spec("capped", true))?;
-        let first = probe.next().await;
-        self.keep_stderr("capped", &probe);
-        match first {
+        match probe.next().await {
             Ok(Event::Ready { free, total, .. }) => {
                 self.report.figure("capped_meminfo_free_bytes", free);
                 self.report.figure("capped_meminfo_total_bytes", total);
@@ -294,6 +295,8 @@ impl Run<'_> {
                     Status::Fail,
                     format!("CUDA works without the library but not with it: {error}"),
                 );
+                let ended = probe.finish().await?;
+                self.ended("capped", ended);
                 return Ok(());
             }
             Ok(other) => return Err(Abort(format!("unexpected first event {other:?}"))),
@@ -303,6 +306,8 @@ impl Run<'_> {
                     Status::Fail,
                     format!("CUDA works without the library but the preloaded process failed: {e}"),
                 );
+                let ended = probe.finish().await?;
+                self.ended("capped", ended);
                 return Ok(());
             }
         }
@@ -310,7 +315,8 @@ impl Run<'_> {
         let (s, d) = checks::below_cap(&outcome, self.hold, cap);
         self.report.check("alloc-below-cap", s, d);
         if outcome != Outcome::Allocated {
-            probe.finish().await?;
+            let ended = probe.finish().await?;
+            self.ended("capped", ended);
             return Ok(());
         }
         let hostpid = self.region_checks(device, probe.pid);
@@ -331,7 +337,8 @@ impl Run<'_> {
         let (s, d) = checks::over_cap(&held(event, Step::Over)?, self.hold, self.over, cap);
         self.report.check("alloc-over-cap-refused", s, d);
         let pid = probe.pid;
-        let status = probe.finish().await?;
+        let ended = probe.finish().await?;
+        let status = self.ended("capped", ended);
         self.report.figure("capped_exit", status);
         match self.read_region("capped") {
             Ok(snapshot) => {
@@ -462,7 +469,8 @@ impl Run<'_> {
             return Ok(());
         }
         let pid = probe.pid;
-        let status = probe.kill().await?;
+        let ended = probe.kill().await?;
+        let status = self.ended("killed", ended);
         self.report.figure("killed_exit", status);
         let snapshot = match self.read_region("killed") {
             Ok(s) => s,

@@ -28,8 +28,6 @@ pub enum ProbeError {
     Exited { status: String },
     #[error("the child did not answer within {0:?}")]
     Timeout(Duration),
-    #[error("the child wrote something that is not an event: {line:?}")]
-    Garbled { line: String },
     #[error("talking to the child: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -54,6 +52,8 @@ pub struct Probe {
     stdin: ChildStdin,
     events: Lines<BufReader<ChildStdout>>,
     stderr: Arc<Mutex<VecDeque<String>>>,
+    /// Drains stderr until the child closes it.
+    stderr_reader: tokio::task::JoinHandle<()>,
     timeout: Duration,
     pub pid: u32,
 }
@@ -102,15 +102,10 @@ impl Probe {
         };
         let tail = Arc::new(Mutex::new(VecDeque::new()));
         let sink = Arc::clone(&tail);
-        tokio::spawn(async move {
+        let stderr_reader = tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                if let Ok(mut tail) = sink.lock() {
-                    if tail.len() == STDERR_TAIL {
-                        tail.pop_front();
-                    }
-                    tail.push_back(line);
-                }
+                keep(&sink, line);
             }
         });
         Ok(Self {
@@ -118,25 +113,30 @@ impl Probe {
             stdin,
             events: BufReader::new(stdout).lines(),
             stderr: tail,
+            stderr_reader,
             timeout: spec.timeout,
             pid,
         })
     }
 
-    /// The next event, or why there is none.
+    /// The next event, or why there is none. Other lines on stdout (a
+    /// preloaded library may print there) are kept with the stderr tail.
     pub async fn next(&mut self) -> Result<Event, ProbeError> {
-        let line = tokio::time::timeout(self.timeout, self.events.next_line())
-            .await
-            .map_err(|_| ProbeError::Timeout(self.timeout))??;
-        match line {
-            Some(line) => serde_json::from_str(&line).map_err(|_| ProbeError::Garbled { line }),
-            None => {
+        loop {
+            let line = tokio::time::timeout(self.timeout, self.events.next_line())
+                .await
+                .map_err(|_| ProbeError::Timeout(self.timeout))??;
+            let Some(line) = line else {
                 let status = tokio::time::timeout(self.timeout, self.child.wait())
                     .await
                     .map_err(|_| ProbeError::Timeout(self.timeout))??;
-                Err(ProbeError::Exited {
+                return Err(ProbeError::Exited {
                     status: describe(status),
-                })
+                });
+            };
+            match serde_json::from_str(&line) {
+                Ok(event) => return Ok(event),
+                Err(_) => keep(&self.stderr, format!("(stdout) {line}")),
             }
         }
     }
@@ -154,31 +154,53 @@ impl Probe {
         Ok(())
     }
 
-    /// Lets the child free its memory and exit; its exit status.
-    pub async fn finish(mut self) -> Result<String, ProbeError> {
+    /// Lets the child free its memory and exit.
+    pub async fn finish(mut self) -> Result<Ended, ProbeError> {
         // It may have exited already (a failed setup): a closed pipe is fine.
         let _ = self.send(EXIT).await;
-        let status = tokio::time::timeout(self.timeout, self.child.wait())
-            .await
-            .map_err(|_| ProbeError::Timeout(self.timeout))??;
-        Ok(describe(status))
+        self.ended().await
     }
 
     /// SIGKILL, as the OOM killer or a node drain would; waits for it to die.
-    pub async fn kill(mut self) -> Result<String, ProbeError> {
+    pub async fn kill(mut self) -> Result<Ended, ProbeError> {
         self.child.start_kill()?;
+        self.ended().await
+    }
+
+    /// Waits for the exit, then for the last of its stderr.
+    async fn ended(mut self) -> Result<Ended, ProbeError> {
         let status = tokio::time::timeout(self.timeout, self.child.wait())
             .await
             .map_err(|_| ProbeError::Timeout(self.timeout))??;
-        Ok(describe(status))
-    }
-
-    /// The last lines the child wrote to stderr.
-    pub fn stderr(&self) -> Vec<String> {
-        self.stderr
+        // The child is gone, so its end of the pipe closes and the reader
+        // finishes; the timeout covers a grandchild that inherited it.
+        let _ = tokio::time::timeout(self.timeout, self.stderr_reader).await;
+        let stderr = self
+            .stderr
             .lock()
             .map(|t| t.iter().cloned().collect())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        Ok(Ended {
+            status: describe(status),
+            stderr,
+        })
+    }
+}
+
+/// How a child ended.
+pub struct Ended {
+    /// `exit code N` or `signal N`.
+    pub status: String,
+    /// The last lines it wrote to stderr (and non-event lines on stdout).
+    pub stderr: Vec<String>,
+}
+
+fn keep(tail: &Mutex<VecDeque<String>>, line: String) {
+    if let Ok(mut tail) = tail.lock() {
+        if tail.len() == STDERR_TAIL {
+            tail.pop_front();
+        }
+        tail.push_back(line);
     }
 }
 
