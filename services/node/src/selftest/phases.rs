@@ -36,11 +36,25 @@ pub fn empty_report(args: &Args) -> Report {
     }
 }
 
+/// The scratch `CONTAINER_VGPU_MOUNT`, removed when dropped (also when
+/// Ctrl-C drops the run) unless `--keep`.
+struct Scratch {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
 struct Run<'a> {
     args: &'a Args,
     exe: PathBuf,
-    /// The scratch `CONTAINER_VGPU_MOUNT`.
-    mount: PathBuf,
+    scratch: Scratch,
     pod_uid: String,
     nvml: Option<Devices>,
     host: HostProc,
@@ -73,6 +87,7 @@ pub async fn run(args: &Args) -> Report {
     // libvgpu creates one directory level under `containers/`, not more.
     if let Err(e) = std::fs::create_dir_all(mount.join("containers")) {
         report.inconclusive = Some(format!("cannot create {}: {e}", mount.display()));
+        let _ = std::fs::remove_dir_all(&mount);
         return report;
     }
     let mut run = Run {
@@ -87,16 +102,17 @@ pub async fn run(args: &Args) -> Report {
         // under 4 GiB).
         hold: args.cap / 2,
         over: args.cap,
-        mount,
+        scratch: Scratch {
+            path: mount,
+            keep: args.keep,
+        },
     };
     if let Err(Abort(why)) = run.phases().await {
         run.report.inconclusive = Some(why);
     }
     if args.keep {
-        run.report
-            .figure("work_dir", run.mount.display().to_string());
-    } else {
-        let _ = std::fs::remove_dir_all(&run.mount);
+        let kept = run.scratch.path.display().to_string();
+        run.report.figure("work_dir", kept);
     }
     run.report
 }
@@ -118,7 +134,7 @@ impl Run<'_> {
             device: self.args.device,
             hold: self.hold,
             over: self.over,
-            mount: &self.mount,
+            mount: &self.scratch.path,
             pod_uid: &self.pod_uid,
             container,
             preload: preload.then(|| (self.args.library.as_path(), size::limit_env(self.args.cap))),
@@ -134,7 +150,8 @@ impl Run<'_> {
     }
 
     fn region_path(&self, container: &str) -> PathBuf {
-        self.mount
+        self.scratch
+            .path
             .join("containers")
             .join(self.key(container).dir_name())
             .join(CACHE_FILE)
