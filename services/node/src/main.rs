@@ -23,13 +23,19 @@ enum Command {
     /// Write a libvgpu region as HAMi-core would, to test the monitoring path
     /// on nodes without a GPU (e2e tests, diagnostics).
     WriteRegion(kai_node::write_region::Args),
+    /// Prove the memory cap on this node: CUDA allocations under libvgpu.so
+    /// below and beyond a cap, and the region it writes. Exit 0 = it holds.
+    Selftest(kai_node::selftest::Args),
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     kai_runtime::install_crypto_provider();
     let cli = Cli::parse();
-    cli.log.init().context("cannot set up logging")?;
+    // The selftest's report owns stdout: no log lines in it.
+    if !matches!(cli.command, Command::Selftest(_)) {
+        cli.log.init().context("cannot set up logging")?;
+    }
     let shutdown = kai_runtime::shutdown::on_signal();
     match cli.command {
         Command::Agent(args) => {
@@ -40,6 +46,9 @@ async fn main() -> anyhow::Result<()> {
         Command::WriteRegion(args) => {
             let path = kai_node::write_region::write(&args)?;
             println!("{}", path.display());
+        }
+        Command::Selftest(args) => {
+            std::process::exit(kai_node::selftest::run(&args, shutdown).await);
         }
     }
     Ok(())
