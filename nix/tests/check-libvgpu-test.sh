@@ -16,7 +16,7 @@ build() { # build NAME SOURCE [gcc args...]
 }
 expect() { # expect ok|fail LIB CEILING WHY [CPU]
   local want="$1" lib="$2" ceiling="$3" why="$4" cpu="${5:-}" out rc
-  out=$(bash "$check" "$work/$lib.so" "$ceiling" $cpu 2>&1); rc=$?
+  out=$(bash "$check" "$work/$lib.so" "$ceiling" ${cpu:+"$cpu"} 2>&1); rc=$?
   if { [ "$want" = ok ] && [ $rc = 0 ]; } || { [ "$want" = fail ] && [ $rc != 0 ]; }; then
     passed=$((passed + 1)); echo "ok   $why"
   else
