@@ -159,7 +159,7 @@ python3 "$checks" injected "$(pod_json e2e-gpu)" main "$mount" \
 uid=$(k -n "$test_ns" get pod e2e-gpu -o jsonpath='{.metadata.uid}')
 node=$(k -n "$test_ns" get pod e2e-gpu -o jsonpath='{.spec.nodeName}')
 [ "$(k -n "$test_ns" exec e2e-gpu -- id -u)" = 1000 ] && ok "e2e-gpu runs as uid 1000" || bad "e2e-gpu uid"
-k -n "$test_ns" exec e2e-gpu -- cat /etc/ld.so.preload | grep -qx "$mount/libvgpu.so" \
+[ "$(k -n "$test_ns" exec e2e-gpu -- cat /etc/ld.so.preload)" = "$mount/libvgpu.so" ] \
   && ok "/etc/ld.so.preload in the pod names libvgpu.so" || bad "/etc/ld.so.preload in the pod"
 k -n "$test_ns" exec e2e-gpu -- grep -qF "$mount/libvgpu.so" /proc/1/maps \
   && ok "libvgpu.so is mapped into the pod's process (/proc/1/maps)" || bad "libvgpu.so is not in /proc/1/maps"
@@ -276,7 +276,7 @@ YAML
   # (beyond small's cap: the caps are per container), then 1 GiB more.
   gpu_pod cap-small 1024 768 512 | k apply -f -
   gpu_pod cap-large 2048 1536 1024 | k apply -f -
-  logs_have() { k -n "$test_ns" logs "$1" 2>/dev/null | grep -q "$2"; }
+  logs_have() { k -n "$test_ns" logs "$1" 2>/dev/null | grep "$2" >/dev/null; }
   for pod in cap-small cap-large; do
     k -n "$test_ns" wait --for=condition=Ready "pod/$pod" --timeout=10m >/dev/null || bad "$pod never Ready"
     for _ in $(seq 1 150); do logs_have "$pod" '^IN_CAP_OK' && break; sleep 2; done
@@ -292,7 +292,7 @@ YAML
   for pod in cap-small cap-large; do k -n "$test_ns" exec "$pod" -- touch /tmp/go; done
   for pod in cap-small cap-large; do
     for _ in $(seq 1 60); do logs_have "$pod" '^OVER_CAP_' && break; sleep 2; done
-    if logs_have "$pod" '^OVER_CAP_OOM' && k -n "$test_ns" logs "$pod" | grep -qi 'out of memory'; then
+    if logs_have "$pod" '^OVER_CAP_OOM .*out of memory'; then
       ok "$pod: the allocation past its cap fails with out of memory"
     else
       bad "$pod: over-cap allocation: $(k -n "$test_ns" logs "$pod" | tail -5)"
