@@ -82,6 +82,49 @@ import json, sys
 r = json.load(sys.stdin)["response"]
 assert r["allowed"] and "patch" not in r, r
 ' && ok "webhook leaves a plain pod untouched" || bad "plain pod"
+# The patch applied to the pod as the API server would store it, checked with
+# kind-tests/pod_checks.py: the same checks run.sh makes on the live pods.
+checks="$root/kind-tests/pod_checks.py"
+admit() { # admit NAME ANNOTATIONS-JSON SPEC-JSON: the patched pod in $work/NAME.patched.json
+  python3 - "$work" "$1" "$2" "$3" <<'PY'
+import json, sys
+work, name, annotations, spec = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "e2e", "annotations": annotations}, "spec": spec}
+json.dump(pod, open(f"{work}/{name}.pod.json", "w"))
+json.dump({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+  "uid": "uid-" + name, "kind": {"group": "", "version": "v1", "kind": "Pod"},
+  "resource": {"group": "", "version": "v1", "resource": "pods"}, "name": name, "namespace": "e2e",
+  "operation": "CREATE", "userInfo": {"username": "e2e"}, "object": pod}}, open(f"{work}/{name}.review.json", "w"))
+PY
+  mutate "@$work/$1.review.json" > "$work/$1.response.json"
+  python3 "$checks" apply "$work/$1.pod.json" "$work/$1.response.json" > "$work/$1.patched.json"
+}
+two='{"containers":[{"name":"main","image":"ubuntu:24.04"},{"name":"sidecar","image":"ubuntu:24.04"}]}'
+admit e2e-fraction '{"gpu-fraction":"0.5"}' "$two"
+python3 "$checks" injected "$work/e2e-fraction.patched.json" main \
+  && ok "gpu-fraction pod: three volumes, four mounts at their paths, three env vars on main only" \
+  || bad "gpu-fraction pod as patched"
+admit e2e-named '{"gpu-memory":"1024","gpu-fraction-container-name":"sidecar"}' "$two"
+python3 "$checks" injected "$work/e2e-named.patched.json" sidecar \
+  && ok "gpu-fraction-container-name: only the named container is injected" || bad "named container as patched"
+admit e2e-append '{"gpu-memory":"1024"}' '{"volumes":[{"name":"data","emptyDir":{}}],"containers":[{"name":"main","image":"ubuntu:24.04","env":[{"name":"FOO","value":"bar"}],"volumeMounts":[{"name":"data","mountPath":"/data"}]}]}'
+python3 "$checks" injected "$work/e2e-append.patched.json" main \
+  && python3 -c '
+import json, sys
+spec = json.load(open(sys.argv[1]))["spec"]; main = spec["containers"][0]
+assert spec["volumes"][0] == {"name": "data", "emptyDir": {}}, spec["volumes"]
+assert main["env"][0] == {"name": "FOO", "value": "bar"} and main["volumeMounts"][0]["mountPath"] == "/data", main
+' "$work/e2e-append.patched.json" \
+  && ok "a pod with volumes, env and mounts of its own keeps them and gains ours" || bad "appending to existing arrays"
+admit e2e-optout '{"gpu-memory":"1024","kai-resource-isolator.io/inject":"false"}' "$two"
+python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))["response"]; assert r["allowed"] and "patch" not in r, r' \
+    "$work/e2e-optout.response.json" \
+  && python3 "$checks" untouched "$work/e2e-optout.patched.json" \
+  && ok "an opted-out pod (inject: \"false\") is untouched" || bad "opted-out pod"
+admit e2e-again '{"gpu-fraction":"0.5"}' "$(python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))["spec"]))' "$work/e2e-fraction.patched.json")"
+python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))["response"]; assert r["allowed"] and "patch" not in r, r' \
+    "$work/e2e-again.response.json" \
+  && ok "reinvocation on the injected pod adds nothing" || bad "reinvocation patched again"
 code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$wh_port/healthz" || true)
 [ "$code" = 400 ] && ok "plain HTTP to the webhook is refused (400)" || bad "plain HTTP got $code"
 

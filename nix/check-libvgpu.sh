@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Checks a libvgpu.so is fit to be preloaded into arbitrary workload images
-# (DESIGN.md §9). Usage: check-libvgpu.sh LIB [GLIBC_CEILING]
+# Checks a libvgpu.so is fit to be preloaded into arbitrary workload images.
+# Usage: check-libvgpu.sh LIB [GLIBC_CEILING [CPU]]
+#   CPU: x86_64 or aarch64, the machine the library must be built for.
 # Fails when:
+# - it is not a 64-bit ELF shared object for CPU (when given): a library for
+#   the wrong machine is silently skipped by the loader, so nothing is capped;
 # - any GLIBC_x.y symbol version it needs is newer than the ceiling;
 # - it has a NEEDED entry other than libc, libdl, libpthread, librt (or the
 #   loader): driver libraries must be dlopen'ed, not linked;
@@ -11,6 +14,7 @@
 set -euo pipefail
 lib="$1"
 ceiling="${2:-2.17}"
+cpu="${3:-}"
 fail=0
 say() { printf '%s\n' "$*"; }
 
@@ -19,6 +23,22 @@ say() { printf '%s\n' "$*"; }
 newer_than() { # newer_than A B: A > B as versions
   [ "$1" != "$2" ] && [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | tail -n1)" = "$1" ]
 }
+
+if [ -n "$cpu" ]; then
+  case "$cpu" in
+    x86_64) want_machine='Advanced Micro Devices X86-64' ;;
+    aarch64) want_machine='AArch64' ;;
+    *) say "unknown CPU '$cpu' (x86_64 or aarch64)"; exit 2 ;;
+  esac
+  header=$(readelf -h "$lib" 2>/dev/null) || { say "FAIL: $lib is not an ELF file"; exit 1; }
+  machine=$(printf '%s\n' "$header" | sed -n 's/^ *Machine: *//p')
+  class=$(printf '%s\n' "$header" | sed -n 's/^ *Class: *//p')
+  type=$(printf '%s\n' "$header" | sed -n 's/^ *Type: *\([A-Z]*\).*/\1/p')
+  if [ "$machine" != "$want_machine" ] || [ "$class" != ELF64 ] || [ "$type" != DYN ]; then
+    say "FAIL: $class $type for '$machine', not an ELF64 shared object for $cpu ('$want_machine')"
+    fail=1
+  fi
+fi
 
 versions=$(objdump -T "$lib" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV || true)
 for v in $versions; do
@@ -48,6 +68,6 @@ if [ -n "${REQUIRE_CUDA_EXPORTS:-1}" ] && [ "${REQUIRE_CUDA_EXPORTS:-1}" != 0 ];
 fi
 
 if [ "$fail" = 0 ]; then
-  say "ok: $lib needs glibc <= $ceiling (max ${versions##*$'\n'}), NEEDED: $(echo $needed), no RUNPATH"
+  say "ok: $lib${cpu:+ ($cpu)} needs glibc <= $ceiling (max ${versions##*$'\n'}), NEEDED: $(echo $needed), no RUNPATH"
 fi
 exit "$fail"

@@ -12,7 +12,14 @@ in
     default = image;
   };
   checks = rust.checks // {
-    inherit hami-core; # its install check enforces the glibc ceiling and NEEDED set
+    inherit hami-core; # its install check already refuses a bad library
+    # The ELF check on the library the image ships, as a check of its own:
+    # machine for this system, glibc ceiling, NEEDED set, no RUNPATH,
+    # exported CUDA hooks.
+    libvgpu-elf = pkgs.runCommand "libvgpu-elf-check" { nativeBuildInputs = [ pkgs.binutils ]; } ''
+      bash ${./check-libvgpu.sh} ${hami-core}/lib/libvgpu.so ${hami-core.glibcCeiling} ${hami-core.cpu}
+      touch $out
+    '';
     chart = import ./chart-check.nix { inherit pkgs src; };
   };
   devShell = import ./devshell.nix { inherit pkgs; };

@@ -40,7 +40,7 @@ in
       inherit cargoArtifacts;
       cargoClippyExtraArgs = "--workspace --all-targets -- -D warnings";
     });
-    fmt = craneLib.cargoFmt { src = source; };
+    fmt = craneLib.cargoFmt { src = source; inherit (common) pname version; };
     nextest = craneLib.cargoNextest (common // {
       inherit cargoArtifacts;
       cargoNextestExtraArgs = "--workspace";
