@@ -35,6 +35,7 @@ in
   kai-node = binary "kai-node";
   kai-aggregator = binary "kai-aggregator";
   kai-demo = binary "kai-demo";
+  kubectl-vgpu = binary "kubectl-vgpu";
   checks = {
     clippy = craneLib.cargoClippy (common // {
       inherit cargoArtifacts;
