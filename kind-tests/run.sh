@@ -49,6 +49,7 @@ echo "== install"
 helm install "$release" "$root/chart/kai-resource-isolator" -n "$ns" --create-namespace \
   --set image.repository="$image_repo" --set image.tag="$image_tag" --set image.pullPolicy=Never \
   --set monitor.aggregator.stalenessSeconds=30 --wait --timeout 5m
+kubectl -n "$ns" rollout status ds/"$release"-kai-resource-isolator-libsync --timeout=3m
 kubectl -n "$ns" rollout status ds/"$release"-kai-resource-isolator-node --timeout=3m
 kubectl -n "$ns" rollout status deploy/"$release"-kai-resource-isolator-webhook --timeout=3m
 kubectl create namespace e2e
