@@ -4,7 +4,8 @@
 #   libsync installs into a temp "host"; the webhook (TLS, openssl-made
 #   certificate) mutates a GPU-sharing pod and leaves a plain one alone; a
 #   region written like libvgpu's is served by the agent (grpcurl) and by the
-#   aggregator's :9394 metrics.
+#   aggregator's :9394 metrics. The host starts with the empty directory
+#   kubelet leaves at ld.so.preload when a pod mounted it before libsync ran.
 # Usage: kind-tests/local.sh [BIN_DIR]   (default target/debug; needs
 # curl, openssl, python3, grpcurl on PATH or $GRPCURL)
 set -euo pipefail
@@ -35,6 +36,8 @@ wait_for() {
 
 # --- libsync into a temp host ------------------------------------------------
 mkdir -p "$work/artifacts" "$work/host/usr/local/vgpu" "$work/host/tmp/vgpulock"
+# What kubelet creates for a subPath mount of a file that does not exist yet.
+mkdir "$work/host/usr/local/vgpu/ld.so.preload"
 printf 'stand-in for HAMi-core libvgpu.so\n' > "$work/artifacts/libvgpu.so"
 ls_port=$(free_port)
 "$bin/kai-node" --log-level warn libsync --source-dir "$work/artifacts" \
@@ -43,7 +46,7 @@ ls_port=$(free_port)
 wait_for "http://127.0.0.1:$ls_port/readyz"
 [ "$(cat "$work/host/usr/local/vgpu/ld.so.preload")" = "/usr/local/vgpu/libvgpu.so" ] \
   && cmp -s "$work/artifacts/libvgpu.so" "$work/host/usr/local/vgpu/libvgpu.so" \
-  && ok "libsync installed libvgpu.so and ld.so.preload" || bad "libsync files"
+  && ok "libsync installed libvgpu.so and ld.so.preload (replacing kubelet's empty directory)" || bad "libsync files"
 [ "$(stat -c %a "$work/host/usr/local/vgpu/containers")" = 1777 ] && [ "$(stat -c %a "$work/host/tmp/vgpulock")" = 1777 ] \
   && ok "containers/ and /tmp/vgpulock are 1777" || bad "directory modes"
 
@@ -139,6 +142,13 @@ ag_grpc=$(free_port); ag_metrics=$(free_port)
   --containers-dir "$work/host/usr/local/vgpu/containers" \
   --grpc-listen "127.0.0.1:$ag_grpc" --metrics-listen "127.0.0.1:$ag_metrics" --node-name e2e-node & pids+=($!)
 wait_for "http://127.0.0.1:$ag_metrics/readyz"
+preload_state=unchecked
+for _ in $(seq 1 100); do
+  preload_state=$(curl -fsS "http://127.0.0.1:$ag_metrics/metrics" | sed -n 's/^kai_node_agent_preload_path{state="\([a-z]*\)"} 1$/\1/p')
+  [ "$preload_state" != unchecked ] && break
+  sleep 0.1
+done
+[ "$preload_state" = file ] && ok "agent: ld.so.preload on the node is a file" || bad "agent preload path: $preload_state"
 listed=$("$grpcurl" -plaintext -d '{"namespace":"e2e"}' "127.0.0.1:$ag_grpc" vgpu.v1.VgpuNode/ListContainers)
 echo "$listed" | python3 -c '
 import json, sys
@@ -151,7 +161,7 @@ agg_http=$(free_port); agg_grpc=$(free_port)
 "$bin/kai-aggregator" --node-agent "127.0.0.1:$ag_grpc" --listen "127.0.0.1:$agg_http" \
   --grpc-listen "127.0.0.1:$agg_grpc" --log-level warn & pids+=($!)
 wait_for "http://127.0.0.1:$agg_http/readyz"
-series='hami_vgpu_memory_used_bytes{namespace="e2e",pod="e2e-gpu",container="main",vdevice_index="0",device_uuid="GPU-e2e00000-0000-4000-8000-000000000000",node="e2e-node"} 536870912'
+series='hami_vgpu_memory_used_bytes{namespace="e2e",pod="e2e-gpu",container="main",vdevice_index="0",device_uuid="GPU-e2e00000-0000-4000-8000-000000000000",node="e2e-node",zone="vGPU"} 536870912'
 found=no
 for _ in $(seq 1 100); do
   if curl -fsS "http://127.0.0.1:$agg_http/metrics" | grep -F "$series" >/dev/null; then found=yes; break; fi

@@ -110,6 +110,7 @@ installed=yes
 h install "$release" "$root/chart/kai-resource-isolator" -n "$ns" --create-namespace \
   --set image.repository="$image_repo" --set image.tag="$image_tag" --set image.pullPolicy=Never \
   --set monitor.aggregator.stalenessSeconds=30 --wait --timeout 5m
+k -n "$ns" rollout status ds/"$release"-kai-resource-isolator-libsync --timeout=3m
 k -n "$ns" rollout status ds/"$release"-kai-resource-isolator-node --timeout=3m
 k -n "$ns" rollout status deploy/"$release"-kai-resource-isolator-webhook --timeout=3m
 created_test_ns=yes

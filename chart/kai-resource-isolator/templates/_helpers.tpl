@@ -1,15 +1,26 @@
 {{/* Names and labels shared by every object. */}}
 
 {{- define "kai.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* Object name prefix; 40 characters leave room for our suffixes. */}}
 {{- define "kai.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 40 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Namespace of every namespaced object (Go chart: namespaceOverride). */}}
+{{- define "kai.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
 {{- end -}}
 
 {{/* Labels common to all objects; our own pods carry the webhook's ignore label. */}}
@@ -27,18 +38,57 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/* Registry precedence as in the Go chart: global.imageRegistry, then image.registry. */}}
 {{- define "kai.image" -}}
 {{- $tag := .Values.image.tag | default .Chart.AppVersion -}}
-{{- if .Values.global.imageRegistry -}}
-{{- printf "%s/%s:%s" .Values.global.imageRegistry .Values.image.repository $tag -}}
+{{- $registry := .Values.global.imageRegistry | default .Values.image.registry -}}
+{{- if $registry -}}
+{{- printf "%s/%s:%s" (trimSuffix "/" $registry) .Values.image.repository $tag -}}
 {{- else -}}
 {{- printf "%s:%s" .Values.image.repository $tag -}}
 {{- end -}}
 {{- end -}}
 
-{{/* The vgpu mount without a trailing slash. */}}
+{{/* The vgpu directory as workloads see it, without a trailing slash. */}}
 {{- define "kai.mount" -}}
 {{- .Values.paths.containerVgpuMount | trimSuffix "/" -}}
+{{- end -}}
+
+{{/*
+The vgpu directory on the host: <paths.hostInstallBase>/vgpu, or the
+container path when hostInstallBase is empty. libsync installs there, the
+agent reads there, and the webhook mounts it into workloads at kai.mount.
+*/}}
+{{- define "kai.hostDir" -}}
+{{- with .Values.paths.hostInstallBase -}}
+{{- printf "%s/vgpu" (trimSuffix "/" .) -}}
+{{- else -}}
+{{- include "kai.mount" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A PodDisruptionBudget availability value as the Go chart accepts it: a
+non-negative integer or a percentage; anything else is "" (unusable).
+*/}}
+{{- define "kai.availability" -}}
+{{- if or (kindIs "int" .) (kindIs "int64" .) (kindIs "float64" .) -}}
+{{- if ge (int .) 0 -}}{{ int . }}{{- end -}}
+{{- else if kindIs "string" . -}}
+{{- if regexMatch "^[0-9]+%$" . -}}{{ . }}{{- else if regexMatch "^[0-9]+$" . -}}{{ . }}{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A Go duration ("5s", "500ms", "1m", "1h") in milliseconds; "" if unparsable. */}}
+{{- define "kai.durationMs" -}}
+{{- $d := toString . -}}
+{{- $units := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 -}}
+{{- $m := regexFindAll "^([0-9]+)(ms|s|m|h)$" $d 1 -}}
+{{- if $m -}}
+{{- $unit := regexReplaceAll "^[0-9]+" $d "" -}}
+{{- $n := regexReplaceAll "[a-z]+$" $d "" -}}
+{{- mul (atoi $n) (get $units $unit) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "kai.webhookService" -}}
@@ -70,9 +120,26 @@ runAsNonRoot: true
 {{- end }}
 {{- end -}}
 
+{{/* global.imagePullSecrets (Go chart) and image.pullSecrets, merged. */}}
 {{- define "kai.imagePullSecrets" -}}
-{{- with .Values.image.pullSecrets }}
+{{- $secrets := concat (.Values.global.imagePullSecrets | default list) (.Values.image.pullSecrets | default list) | uniq -}}
+{{- with $secrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end -}}
+
+{{/* Pod labels of a component plus the user's (webhook/librarySync/monitor .podLabels). */}}
+{{- define "kai.podLabels" -}}
+{{- include "kai.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+kai-resource-isolator.io/webhook: ignore
+{{- with .extra }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The ServiceMonitor API exists (as the Go chart checks, so installs without the Prometheus Operator work). */}}
+{{- define "kai.serviceMonitorApi" -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor" -}}true{{- end -}}
 {{- end -}}

@@ -17,7 +17,9 @@ HELM = sys.argv[1] if len(sys.argv) > 1 else "helm"
 NS = "kai-system"
 RELEASE = "kai"
 K8S = "1.33.0"
-CRDS = {"ServiceMonitor", "Issuer", "Certificate"}
+CRDS = {"ServiceMonitor", "Issuer", "ClusterIssuer", "Certificate"}
+# The API a cluster with the Prometheus Operator advertises.
+PROM_API = ("--api-versions", "monitoring.coreos.com/v1/ServiceMonitor")
 
 passed, failed = 0, []
 
@@ -83,9 +85,9 @@ def lint(scenario):
     return t
 
 
-def validates(scenario):
+def validates(scenario, extra=()):
     def t():
-        docs = [d for d in render(scenario) if d["kind"] not in CRDS]
+        docs = [d for d in render(scenario, extra) if d["kind"] not in CRDS]
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
             yaml.safe_dump_all(docs, f)
         r = subprocess.run(["kubernetes-validate", "--strict", "-k", K8S, "--quiet", f.name], capture_output=True, text=True)
@@ -99,6 +101,7 @@ for s in SCENARIOS:
     check(f"lint --strict {s}", lint(s))
     if not SKIP_SCHEMA:  # the Nix check has no kubernetes-validate
         check(f"objects valid against Kubernetes {K8S} ({s})", validates(s))
+        check(f"objects valid against Kubernetes {K8S} with the Prometheus Operator API ({s})", validates(s, PROM_API))
 
 
 # --- the webhook selects what it should ----------------------------------
@@ -123,7 +126,7 @@ def webhook_selection():
     assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     assert containers(dep)["webhook"]["ports"][0]["name"] == svc["spec"]["ports"][0]["targetPort"]
     # Our own pods are never mutated by ourselves.
-    for kind, suffix in [("Deployment", "-webhook"), ("DaemonSet", "-node"), ("Deployment", "-aggregator")]:
+    for kind, suffix in [("Deployment", "-webhook"), ("DaemonSet", "-node"), ("DaemonSet", "-libsync"), ("Deployment", "-aggregator")]:
         labels = one(docs, kind, suffix)["spec"]["template"]["metadata"]["labels"]
         assert labels.get("kai-resource-isolator.io/webhook") == "ignore", f"{kind}{suffix}"
 
@@ -164,42 +167,51 @@ check("cert-manager: Certificate, Issuer and CA injection", cert_manager_injects
 
 # --- paths agree across webhook, libsync and agent -------------------------
 
-def c_libsync_mounts(ds):
-    return containers(ds)["libsync"]["volumeMounts"]
+def paths_agree(scenario, mount, host=None, agent_extra=()):
+    """Webhook, libsync, agent and ld.so.preload agree: libsync installs into
+    the host directory, the agent reads it, the webhook mounts it into
+    workloads at the container path, and ld.so.preload names the container
+    path of libvgpu.so."""
+    host = host or mount
 
-
-def paths_agree(scenario, mount):
     def t():
         docs = render(scenario)
         webhook = containers(one(docs, "Deployment", "-webhook"))["webhook"]
         env = {e["name"]: e.get("value") for e in webhook["env"]}
         assert env["CONTAINER_VGPU_MOUNT"] == mount
-        ds = one(docs, "DaemonSet", "-node")
-        vols = {v["name"]: v for v in pod_spec(ds)["volumes"]}
-        assert vols["host-vgpu"]["hostPath"] == {"path": mount, "type": "DirectoryOrCreate"}
+        assert env["HOST_VGPU_DIR"] == host, env
+        ls = one(docs, "DaemonSet", "-libsync")
+        vols = {v["name"]: v for v in pod_spec(ls)["volumes"]}
+        assert vols["host-vgpu"]["hostPath"] == {"path": host, "type": "DirectoryOrCreate"}
         assert vols["host-vgpulock"]["hostPath"] == {"path": "/tmp/vgpulock", "type": "DirectoryOrCreate"}
         host_paths = sorted(v["hostPath"]["path"] for v in vols.values() if "hostPath" in v)
-        # The two vgpu paths, and the host's /proc (read-only, agent only) for isolation checks.
-        assert host_paths == sorted([mount, "/tmp/vgpulock", "/proc"]), f"only these host paths: {host_paths}"
-        assert "host-proc" not in {m["name"] for m in c_libsync_mounts(ds)}, "libsync does not see /proc"
-        c = containers(ds)
-        libsync = c["libsync"]
-        assert arg(libsync, "--host-vgpu-dir") == "/host" + mount
+        assert host_paths == sorted([host, "/tmp/vgpulock"]), f"libsync mounts only these host paths: {host_paths}"
+        libsync = containers(ls)["libsync"]
+        assert arg(libsync, "--host-vgpu-dir") == "/host" + host
         assert arg(libsync, "--container-vgpu-mount") == mount
         mounts = {m["name"]: m["mountPath"] for m in libsync["volumeMounts"]}
-        assert mounts["host-vgpu"] == "/host" + mount and mounts["host-vgpulock"] == "/host/tmp/vgpulock"
+        assert mounts["host-vgpu"] == "/host" + host and mounts["host-vgpulock"] == "/host/tmp/vgpulock"
         cm = one(docs, "ConfigMap", "-preload")
-        assert cm["data"]["ld.so.preload"].strip() == mount + "/libvgpu.so"
+        assert cm["data"]["ld.so.preload"].strip() == mount + "/libvgpu.so", "ld.so.preload holds the container path"
         assert vols["preload"]["configMap"]["name"] == cm["metadata"]["name"]
-        if "agent" in c:
-            agent = c["agent"]
-            assert arg(agent, "--containers-dir") == "/host" + mount + "/containers"
-            assert {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}["host-vgpu"] == "/host" + mount
+        assert arg(libsync, "--preload-file") == "/etc/kai/preload/ld.so.preload"
+        agents = [d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"].endswith("-node")]
+        for ds in agents:
+            agent = containers(ds)["agent"]
+            avols = {v["name"]: v for v in pod_spec(ds)["volumes"]}
+            assert avols["host-vgpu"]["hostPath"] == {"path": host, "type": "DirectoryOrCreate"}
+            assert arg(agent, "--containers-dir") == "/host" + host + "/containers"
+            assert {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}["host-vgpu"] == "/host" + host
+            # The agent's host paths: the vgpu directory, (read-only) /proc, and what the scenario adds.
+            assert sorted(v["hostPath"]["path"] for v in avols.values() if "hostPath" in v) == sorted([host, "/proc", *agent_extra])
+            assert "host-proc" not in {m["name"] for m in libsync["volumeMounts"]}, "libsync does not see /proc"
     return t
 
 
 check("paths agree: default mount", paths_agree(None, "/usr/local/vgpu"))
 check("paths agree: paths.containerVgpuMount=/opt/hami/vgpu", paths_agree("custom-mount-values.yaml", "/opt/hami/vgpu"))
+check("paths agree: split host /var/lib/kai/vgpu, container /opt/hami/vgpu", paths_agree("split-paths-values.yaml", "/opt/hami/vgpu", "/var/lib/kai/vgpu"))
+check("paths agree: the Go chart's defaults (hostInstallBase /usr/local)", paths_agree("go-chart-values.yaml", "/usr/local/vgpu"))
 
 
 # --- RBAC grants nothing beyond what each binary uses ----------------------
@@ -282,19 +294,27 @@ def monitor_disabled():
     names = [d["metadata"]["name"] for d in docs]
     assert not any(n.endswith("-aggregator") for n in names), names
     assert "ClusterRole" not in kinds(docs)
-    ds = one(docs, "DaemonSet", "-node")
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "DaemonSet"] == [f"{RELEASE}-kai-resource-isolator-libsync"]
+    ds = one(docs, "DaemonSet", "-libsync")
     assert list(containers(ds)) == ["libsync"]
     assert pod_spec(ds)["automountServiceAccountToken"] is False
-    assert "nodeSelector" not in pod_spec(ds), "nodeSelector {} puts libsync on every node"
+    assert "nodeSelector" not in pod_spec(ds) and "affinity" not in pod_spec(ds), "libsync on every node"
+    # By default libsync goes to GPU nodes by any of the common labels, GKE's included.
+    spec = pod_spec(one(render(), "DaemonSet", "-libsync"))
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    keys = {e["key"] for t in terms for e in t["matchExpressions"]}
+    assert {"nvidia.com/gpu.present", "cloud.google.com/gke-accelerator"} <= keys, keys
+    assert spec["tolerations"] == [{"operator": "Exists", "effect": "NoSchedule"}]
 
 
 def service_monitor_and_flags():
-    docs = render("servicemonitor-values.yaml")
+    docs = render("servicemonitor-values.yaml", PROM_API)
     sm = one(docs, "ServiceMonitor")
     svc = one(docs, "Service", "-aggregator")
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert sm["metadata"]["labels"]["release"] == "prometheus"
     assert sm["spec"]["endpoints"][0]["port"] == "http-metrics"
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True, "namespace/pod/container must not become exported_*"
     assert {p["name"]: p["port"] for p in svc["spec"]["ports"]}["http-metrics"] == 9394
     ds = one(docs, "DaemonSet", "-node")
     assert pod_spec(ds)["runtimeClassName"] == "nvidia"
@@ -398,6 +418,201 @@ def isolation_settings():
 check("monitor.isolation: host /proc read-only, Events RBAC and thresholds follow the values", isolation_settings)
 
 
+# --- drop-in for the Go chart's users -----------------------------------------
+
+def validate_docs(docs):
+    if SKIP_SCHEMA:
+        return
+    docs = [d for d in docs if d["kind"] not in CRDS]
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump_all(docs, f)
+    r = subprocess.run(["kubernetes-validate", "--strict", "-k", K8S, "--quiet", f.name], capture_output=True, text=True)
+    os.unlink(f.name)
+    assert r.returncode == 0, (r.stdout + r.stderr)[:2000]
+
+
+def sets(*pairs):
+    return tuple(x for p in pairs for x in ("--set", p))
+
+
+def go_chart_values_mean_what_they_meant():
+    docs = render("go-chart-values.yaml")
+    # image.registry + repository + tag, as the Go chart composes them.
+    for w in (d for d in docs if d["kind"] in ("Deployment", "DaemonSet")):
+        for c in pod_spec(w)["containers"]:
+            assert c["image"] == "docker.io/projecthami/kai-resource-isolator:latest", c["image"]
+    # monitor.enabled: false (the Go default): libsync and the webhook only.
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "DaemonSet"] == [f"{RELEASE}-kai-resource-isolator-libsync"]
+    ls = pod_spec(one(docs, "DaemonSet", "-libsync"))
+    assert ls["priorityClassName"] == "system-node-critical"
+    assert ls["tolerations"] == [{"operator": "Exists", "effect": "NoSchedule"}]
+    svc = one(docs, "Service", "-webhook")
+    assert svc["spec"]["type"] == "ClusterIP" and svc["spec"]["ports"][0]["port"] == 443
+    quota = one(docs, "ResourceQuota")
+    assert quota["spec"]["scopeSelector"]["matchExpressions"] == [
+        {"scopeName": "PriorityClass", "operator": "In", "values": ["system-node-critical"]}]
+    # The seed's command on top of Go values: the monitor answers on 9394.
+    docs = render("go-chart-values.yaml", sets("monitor.enabled=true"))
+    validate_docs(docs)
+    ds = one(docs, "DaemonSet", "-node")
+    agent = containers(ds)["agent"]
+    assert arg(agent, "--metrics-listen") == "0.0.0.0:9394"
+    assert {p["name"]: p["containerPort"] for p in agent["ports"]}["node-metrics"] == 9394
+    assert arg(agent, "--scan-interval-ms") == "5000", "monitor.updateInterval 5s"
+    assert pod_spec(ds)["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod_spec(ds)["tolerations"] == [{"operator": "Exists", "effect": "NoSchedule"}]
+    node_svc = one(docs, "Service", "-node")
+    assert node_svc["spec"]["ports"][0]["port"] == 9394 and node_svc["spec"]["ports"][0]["targetPort"] == "node-metrics"
+    assert node_svc["spec"]["selector"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    assert agent["resources"]["limits"]["memory"], "monitor.resources {} keeps the agent's defaults"
+
+
+def seed_install_commands():
+    seed = sets("monitor.enabled=true", "monitor.serviceMonitor.enabled=true")
+    # No Prometheus Operator: the install must not fail on a missing CRD.
+    docs = render(extra=seed)
+    assert "ServiceMonitor" not in kinds(docs)
+    validate_docs(docs)
+    r = helm("install", RELEASE, CHART, "-n", NS, "--dry-run=client", *seed)
+    assert r.returncode == 0, r.stderr
+    assert "ServiceMonitor" in r.stdout, "NOTES say why there is no ServiceMonitor"
+    docs = render(extra=seed + PROM_API)
+    validate_docs(docs)
+    (sm,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert sm["metadata"]["name"].endswith("-aggregator")
+    assert all(e["honorLabels"] is True for e in sm["spec"]["endpoints"])
+    # Per-node monitors too, on request.
+    docs = render(extra=seed + PROM_API + sets("monitor.serviceMonitor.targets.nodeAgents=true"))
+    sms = {d["metadata"]["name"].rsplit("-", 1)[-1]: d for d in docs if d["kind"] == "ServiceMonitor"}
+    assert set(sms) == {"aggregator", "node"}, list(sms)
+    node_svc = one(docs, "Service", "-node")
+    assert sms["node"]["spec"]["selector"]["matchLabels"].items() <= node_svc["metadata"]["labels"].items()
+    assert sms["node"]["spec"]["endpoints"][0]["port"] == node_svc["spec"]["ports"][0]["name"]
+    assert sms["node"]["spec"]["endpoints"][0]["honorLabels"] is True
+
+
+def go_overrides():
+    docs = render(extra=sets(
+        "nameOverride=isolator", "namespaceOverride=gpu-system", "global.imagePullSecrets[0].name=global-cred",
+        "image.pullSecrets[0].name=regcred", "image.registry=quay.example.com", "rbac.create=false",
+        "service.port=8443", "webhook.podLabels.team=ml", "monitor.podLabels.team=ml", "librarySync.podLabels.team=ml",
+        "librarySync.podAnnotations.note=x", "monitor.resources.limits.memory=1Gi"))
+    validate_docs(docs)
+    for d in docs:
+        if d["kind"] not in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"):
+            assert d["metadata"]["namespace"] == "gpu-system", d["metadata"]
+        assert d["metadata"]["name"].startswith(f"{RELEASE}-isolator"), d["metadata"]["name"]
+    # rbac.create=false: the ServiceAccounts stay, the user binds them.
+    assert not [d for d in docs if d["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")]
+    assert {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"} == {
+        f"{RELEASE}-isolator-node", f"{RELEASE}-isolator-aggregator", f"{RELEASE}-isolator-webhook"}
+    for kind, suffix in [("Deployment", "-webhook"), ("DaemonSet", "-node"), ("DaemonSet", "-libsync")]:
+        w = one(docs, kind, suffix)
+        assert w["spec"]["template"]["metadata"]["labels"]["team"] == "ml", suffix
+        assert pod_spec(w)["imagePullSecrets"] == [{"name": "global-cred"}, {"name": "regcred"}]
+        assert containers(w)[list(containers(w))[0]]["image"].startswith("quay.example.com/ghcr.io/")
+    assert one(docs, "DaemonSet", "-libsync")["spec"]["template"]["metadata"]["annotations"]["note"] == "x"
+    assert containers(one(docs, "DaemonSet", "-node"))["agent"]["resources"]["limits"]["memory"] == "1Gi"
+    (w,) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    assert w["clientConfig"]["service"]["namespace"] == "gpu-system" and w["clientConfig"]["service"]["port"] == 8443
+    assert one(docs, "Service", "-webhook")["spec"]["ports"][0]["port"] == 8443
+    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "gpu-system"]} in w["namespaceSelector"]["matchExpressions"]
+    # global.imageRegistry wins over image.registry (Go precedence).
+    img = containers(one(render(extra=sets("image.registry=quay.example.com", "global.imageRegistry=mirror.example.com")), "Deployment", "-webhook"))["webhook"]["image"]
+    assert img.startswith("mirror.example.com/ghcr.io/"), img
+    full = render(extra=sets("fullnameOverride=kai-iso"))
+    assert one(full, "Deployment", "-webhook")["metadata"]["name"] == "kai-iso-webhook"
+
+
+def pdb_precedence():
+    def pdb(*extra):
+        docs = render(extra=sets("webhook.replicaCount=3", *extra))
+        validate_docs(docs)
+        spec = one(docs, "PodDisruptionBudget")["spec"]
+        return {k: v for k, v in spec.items() if k != "selector"}
+    assert pdb() == {"minAvailable": 1}
+    assert pdb("webhook.podDisruptionBudget.maxUnavailable=1") == {"maxUnavailable": 1}
+    assert pdb("webhook.podDisruptionBudget.maxUnavailable=25%") == {"maxUnavailable": "25%"}
+    assert pdb("webhook.podDisruptionBudget.maxUnavailable=-1") == {"minAvailable": 1}, "unusable: fall back"
+    assert pdb("webhook.podDisruptionBudget.minAvailable=2") == {"minAvailable": 2}
+    assert pdb("webhook.podDisruptionBudget.minAvailable=null") == {"minAvailable": 1}
+
+
+def cert_manager_cluster_issuer():
+    docs = render(extra=sets("tls.certManager.enabled=true", "tls.certManager.createSelfSignedClusterIssuer=true"))
+    issuer = one(docs, "ClusterIssuer")
+    assert "namespace" not in issuer["metadata"] and "Issuer" not in kinds(docs)
+    assert one(docs, "Certificate")["spec"]["issuerRef"] == {"name": issuer["metadata"]["name"], "kind": "ClusterIssuer"}
+    # tls.patch.enabled=false with cert-manager off: the chart's own certificate.
+    docs = render(extra=sets("tls.patch.enabled=false"))
+    (w,) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    assert w["clientConfig"]["caBundle"] == one(docs, "Secret", "-webhook-tls")["data"]["ca.crt"]
+
+
+def webhook_scoping():
+    docs = render(extra=(
+        "--set", "webhook.namespaceSelector.matchLabels.gpu=shared",
+        "--set-json", 'webhook.objectSelector.matchExpressions=[{"key":"team","operator":"In","values":["ml"]}]',
+        "--set-json", 'webhook.matchConditions=[{"name":"kai-only","expression":"object.spec.schedulerName == \'kai-scheduler\'"}]'))
+    validate_docs(docs)
+    (w,) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    assert w["namespaceSelector"]["matchLabels"] == {"gpu": "shared"}
+    ns = w["namespaceSelector"]["matchExpressions"]
+    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", NS]} in ns, "ours stay"
+    obj = w["objectSelector"]["matchExpressions"]
+    assert {"key": "kai-resource-isolator.io/webhook", "operator": "NotIn", "values": ["ignore"]} in obj, "ours stay"
+    assert {"key": "team", "operator": "In", "values": ["ml"]} in obj
+    assert w["matchConditions"] == [{"name": "kai-only", "expression": "object.spec.schedulerName == 'kai-scheduler'"}]
+    assert "matchConditions" not in one(render(), "MutatingWebhookConfiguration")["webhooks"][0]
+
+
+def gke():
+    docs = render("gke-values.yaml")
+    host = "/home/kubernetes/bin/nvidia/vgpu"
+    paths_agree("gke-values.yaml", "/usr/local/vgpu", host, ["/home/kubernetes/bin/nvidia/lib64"])()
+    for suffix in ("-libsync", "-node"):
+        spec = pod_spec(one(docs, "DaemonSet", suffix))
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert terms == [{"matchExpressions": [{"key": "cloud.google.com/gke-accelerator", "operator": "Exists"}]}], suffix
+        assert "nodeSelector" not in spec, f"{suffix}: GKE nodes lack nvidia.com/gpu.present"
+        assert spec["priorityClassName"] == "system-node-critical"
+    # system-node-critical outside kube-system: admitted by the quota.
+    quota = one(docs, "ResourceQuota")
+    assert quota["metadata"]["namespace"] == NS
+    assert quota["spec"]["scopeSelector"]["matchExpressions"] == [
+        {"scopeName": "PriorityClass", "operator": "In", "values": ["system-node-critical"]}]
+    # NVML from the host's driver directory (CDI, no runtime hook).
+    ds = one(docs, "DaemonSet", "-node")
+    agent = containers(ds)["agent"]
+    vols = {v["name"]: v for v in pod_spec(ds)["volumes"]}
+    assert vols["nvidia-lib"]["hostPath"] == {"path": "/home/kubernetes/bin/nvidia/lib64", "type": "Directory"}
+    mount = {m["name"]: m for m in agent["volumeMounts"]}["nvidia-lib"]
+    assert mount["readOnly"] is True
+    assert arg(agent, "--nvml-library") == mount["mountPath"] + "/libnvidia-ml.so.1"
+    assert arg(containers(one(render(), "DaemonSet", "-node"))["agent"], "--nvml-library") is None
+
+
+def priority_quota_only_where_needed():
+    assert "ResourceQuota" not in kinds(render(extra=sets("priorityClassQuota.create=false")))
+    r = helm("template", RELEASE, CHART, "-n", "kube-system")
+    assert r.returncode == 0, r.stderr
+    assert "kind: ResourceQuota" not in r.stdout, "kube-system admits critical pods already"
+    none = render(extra=sets("librarySync.priorityClassName=", "monitor.priorityClassName="))
+    assert "ResourceQuota" not in kinds(none)
+    both = one(render(extra=sets("monitor.aggregator.priorityClassName=system-cluster-critical")), "ResourceQuota")
+    assert both["spec"]["scopeSelector"]["matchExpressions"][0]["values"] == ["system-cluster-critical", "system-node-critical"]
+
+
+check("Go chart defaults: accepted, with their meaning (image, libsync, Service, quota, monitor on 9394)", go_chart_values_mean_what_they_meant)
+check("seed install: --set monitor.enabled=true --set monitor.serviceMonitor.enabled=true, with and without the Prometheus Operator", seed_install_commands)
+check("Go keys: name/namespace overrides, pull secrets, registry precedence, rbac.create=false, service, podLabels", go_overrides)
+check("webhook PDB: maxUnavailable, then minAvailable, then 1 (Go precedence)", pdb_precedence)
+check("cert-manager ClusterIssuer; tls.patch accepted", cert_manager_cluster_issuer)
+check("webhook scoping values add to ours, never replace them", webhook_scoping)
+check("GKE: host paths, affinity, ResourceQuota for system-node-critical, NVML from the host", gke)
+check("priority-class ResourceQuota only outside kube-system and only for critical classes", priority_quota_only_where_needed)
+
+
 # --- the schema rejects bad values ------------------------------------------
 
 def rejects(*sets):
@@ -414,6 +629,11 @@ check("schema rejects an unknown failurePolicy", rejects("webhook.failurePolicy=
 check("schema rejects a relative containerVgpuMount", rejects("paths.containerVgpuMount=usr/local/vgpu"))
 check("schema rejects an unknown key under monitor", rejects("monitor.enable=true"))
 check("schema rejects a near-cap percent over 100", rejects("monitor.isolation.nearCapPercent=150"))
+check("schema rejects an unknown key under librarySync", rejects("librarySync.nodeSelectr.a=b"))
+check("schema rejects an unknown key under monitor.service", rejects("monitor.service.prt=1"))
+check("schema rejects an unknown key under tls.patch", rejects("tls.patch.enable=true"))
+check("schema rejects a relative hostInstallBase", rejects("paths.hostInstallBase=home/kubernetes"))
+check("schema rejects an updateInterval that is no duration", rejects("monitor.updateInterval=often"))
 
 print(f"\n{passed} passed, {len(failed)} failed")
 sys.exit(1 if failed else 0)

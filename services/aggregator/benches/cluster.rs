@@ -348,7 +348,7 @@ fn floor_page(nodes: &[NodeEntry], handle: &PrometheusHandle, now: u64, out: &mu
         ),
         (
             "hami_host_gpu_utilization_ratio",
-            "GPU utilization of the host device (0-1), from NVML.",
+            "GPU utilization of the host device in percent (0-100), from NVML.",
         ),
     ] {
         // The bench's nodes report no host GPUs (ListDevices is not simulated).
@@ -387,7 +387,7 @@ fn floor_page(nodes: &[NodeEntry], handle: &PrometheusHandle, now: u64, out: &mu
         header(out, name, help);
         for (c, d) in devices() {
             hami(out, name, c, d);
-            out.push_str("} ");
+            out.push_str(",zone=\"vGPU\"} ");
             int(out, value(d));
             out.push('\n');
         }
@@ -396,20 +396,12 @@ fn floor_page(nodes: &[NodeEntry], handle: &PrometheusHandle, now: u64, out: &mu
     header(
         out,
         name,
-        "SM utilization of the container's processes (0-1).",
+        "SM utilization of the container's processes in percent (0-100).",
     );
     for (c, d) in devices() {
         hami(out, name, c, d);
-        out.push_str("} ");
-        let p = d.sm_util_percent;
-        int(out, u64::from(p / 100));
-        if p % 100 != 0 {
-            out.push('.');
-            out.push(char::from(b'0' + (p % 100 / 10) as u8));
-            if p % 10 != 0 {
-                out.push(char::from(b'0' + (p % 10) as u8));
-            }
-        }
+        out.push_str(",zone=\"vGPU\"} ");
+        int(out, u64::from(d.sm_util_percent));
         out.push('\n');
     }
     let name = "hami_container_last_kernel_elapsed_seconds";
@@ -421,7 +413,7 @@ fn floor_page(nodes: &[NodeEntry], handle: &PrometheusHandle, now: u64, out: &mu
     for (c, d) in devices() {
         if c.last_kernel_time != 0 {
             hami(out, name, c, d);
-            out.push_str("} ");
+            out.push_str(",zone=\"vGPU\"} ");
             int(out, now.saturating_sub(c.last_kernel_time));
             out.push('\n');
         }
@@ -440,7 +432,15 @@ fn floor_page(nodes: &[NodeEntry], handle: &PrometheusHandle, now: u64, out: &mu
         int(out, d.module_bytes);
         out.push_str("\",buffer_size=\"");
         int(out, d.buffer_bytes);
-        out.push_str("\",offset=\"0\"} ");
+        out.push_str("\",offset=\"");
+        int(
+            out,
+            d.used_bytes
+                .saturating_sub(d.context_bytes)
+                .saturating_sub(d.module_bytes)
+                .saturating_sub(d.buffer_bytes),
+        );
+        out.push_str("\",zone=\"vGPU\"} ");
         int(out, d.used_bytes);
         out.push('\n');
     }

@@ -240,7 +240,7 @@ async fn aggregates_follows_changes_and_drops_dead_nodes() {
     let metrics = parse(&http_get(agg.http_addr, "/metrics").await);
     let series = |pod: &str, uuid: &str, node: &str| {
         format!(
-            "namespace=\"team-a\",pod=\"{pod}\",container=\"main\",vdevice_index=\"0\",device_uuid=\"{uuid}\",node=\"{node}\""
+            "namespace=\"team-a\",pod=\"{pod}\",container=\"main\",vdevice_index=\"0\",device_uuid=\"{uuid}\",node=\"{node}\",zone=\"vGPU\""
         )
     };
     assert_eq!(
@@ -272,7 +272,7 @@ async fn aggregates_follows_changes_and_drops_dead_nodes() {
         Some(&((100 * MIB) as f64))
     );
     assert_eq!(
-        metrics.get("vGPU_device_memory_usage_in_bytes{podnamespace=\"team-a\",podname=\"pod-c\",ctrname=\"main\",vdeviceid=\"0\",deviceuuid=\"GPU-c\",node=\"node-c\"}"),
+        metrics.get("vGPU_device_memory_usage_in_bytes{podnamespace=\"team-a\",podname=\"pod-c\",ctrname=\"main\",vdeviceid=\"0\",deviceuuid=\"GPU-c\",node=\"node-c\",zone=\"vGPU\"}"),
         Some(&((100 * MIB) as f64)),
         "legacy names behind --legacy-metrics"
     );
@@ -529,7 +529,7 @@ async fn an_aggregator_restart_leaves_the_agents_unaffected() {
     .await;
     let metrics = parse(&http_get(agg.http_addr, "/metrics").await);
     assert_eq!(
-        metrics.get("hami_vgpu_memory_used_bytes{namespace=\"team-a\",pod=\"pod-e\",container=\"main\",vdevice_index=\"0\",device_uuid=\"GPU-e\",node=\"node-e\"}"),
+        metrics.get("hami_vgpu_memory_used_bytes{namespace=\"team-a\",pod=\"pod-e\",container=\"main\",vdevice_index=\"0\",device_uuid=\"GPU-e\",node=\"node-e\",zone=\"vGPU\"}"),
         Some(&((2 * GIB) as f64))
     );
     second.cancel();

@@ -11,7 +11,7 @@ use kai_proto::v1::{
 };
 
 use crate::Options;
-use crate::text::{escape_into, needs_escape, push_header, push_percent_ratio, push_u64_value};
+use crate::text::{escape_into, needs_escape, push_header, push_u64_value};
 
 /// What one family's samples are drawn from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,7 +109,7 @@ pub(crate) const HAMI: &[Spec] = &[
     ),
     Spec::new(
         "hami_host_gpu_utilization_ratio",
-        "GPU utilization of the host device (0-1), from NVML.",
+        "GPU utilization of the host device in percent (0-100), from NVML.",
         Metric::HostUtil,
     ),
     Spec::new(
@@ -139,7 +139,7 @@ pub(crate) const HAMI: &[Spec] = &[
     ),
     Spec::new(
         "hami_container_device_utilization_ratio",
-        "SM utilization of the container's processes (0-1).",
+        "SM utilization of the container's processes in percent (0-100).",
         Metric::Util,
     ),
     Spec::new(
@@ -259,32 +259,34 @@ fn int(out: &mut String, fragment: &str, value: u64) {
     out.push_str(itoa::Buffer::new().format(value));
 }
 
-/// A sample's value, in the two shapes the page has.
-#[derive(Clone, Copy)]
-enum Value {
-    /// Bytes, seconds, counts, percents, flags.
-    Int(u64),
-    /// A percentage shown as a 0-1 ratio.
-    Ratio(u32),
-}
+/// The constant label HAMi and the Go monitor put on every `hami_*` (and
+/// legacy) series: their collector is registered wrapped with it, and HAMi's
+/// dashboards and alerts may select on it.
+const ZONE: &str = "\",zone=\"vGPU";
 
 /// `"} value\n`: closes the last label value, the set, and the line.
-fn close(out: &mut String, value: Value) {
+/// Every value of the page is an integer: bytes, seconds, counts, flags, and
+/// percents (the HAMi `*_utilization_ratio` families are percent 0-100, as
+/// in HAMi and the Go monitor, despite their name).
+fn close(out: &mut String, value: u64) {
     out.push_str("\"} ");
-    match value {
-        Value::Int(v) => push_u64_value(out, v),
-        Value::Ratio(percent) => push_percent_ratio(out, percent),
-    }
+    push_u64_value(out, value);
     out.push('\n');
+}
+
+/// [`close`] for a HAMi-compatible series: `zone="vGPU"` first.
+fn close_zoned(out: &mut String, value: u64) {
+    out.push_str(ZONE);
+    close(out, value);
 }
 
 /// One host GPU's line of a [`Scope::Host`] family.
 pub(crate) fn host(out: &mut String, spec: &Spec, node: &str, d: &HostDevice, opts: &Options) {
     let (value, legacy) = match spec.metric {
-        Metric::HostUsed => (Value::Int(d.memory_used_bytes), false),
-        Metric::HostUtil => (Value::Ratio(d.gpu_utilization_percent), false),
-        Metric::LegacyHostUsed => (Value::Int(d.memory_used_bytes), true),
-        Metric::LegacyHostUtil => (Value::Int(u64::from(d.gpu_utilization_percent)), true),
+        Metric::HostUsed => (d.memory_used_bytes, false),
+        Metric::HostUtil => (u64::from(d.gpu_utilization_percent), false),
+        Metric::LegacyHostUsed => (d.memory_used_bytes, true),
+        Metric::LegacyHostUtil => (u64::from(d.gpu_utilization_percent), true),
         // Not a host family: nothing of this host belongs to it.
         _ => return,
     };
@@ -308,7 +310,7 @@ pub(crate) fn host(out: &mut String, spec: &Spec, node: &str, d: &HostDevice, op
     if opts.node_label {
         text(out, "\",node=\"", node);
     }
-    close(out, value);
+    close_zoned(out, value);
 }
 
 /// The HAMi label set of a container device (open: [`close`] ends it).
@@ -368,13 +370,13 @@ pub(crate) fn container(out: &mut String, spec: &Spec, c: &ContainerUsage, ctx: 
                 .unwrap_or(IsolationState::Unspecified)
                 .label();
             text(out, "\",state=\"", state);
-            close(out, Value::Int(1));
+            close(out, 1);
         }
         Metric::Stale => {
             if c.stale_slots > 0 {
                 out.push_str(spec.name);
                 container_labels(out, c, ctx);
-                close(out, Value::Int(u64::from(c.stale_slots)));
+                close(out, u64::from(c.stale_slots));
             }
         }
         Metric::NearCap => {
@@ -382,7 +384,7 @@ pub(crate) fn container(out: &mut String, spec: &Spec, c: &ContainerUsage, ctx: 
                 out.push_str(spec.name);
                 container_labels(out, c, ctx);
                 text_if(out, "\",device_uuid=\"", uuid, ctx.clean);
-                close(out, Value::Int(1));
+                close(out, 1);
             }
         }
         _ => {
@@ -396,18 +398,15 @@ pub(crate) fn container(out: &mut String, spec: &Spec, c: &ContainerUsage, ctx: 
 /// One container device's line of a per-device family.
 fn device(out: &mut String, spec: &Spec, c: &ContainerUsage, d: &DeviceUsage, ctx: Ctx<'_>) {
     let value = match spec.metric {
-        Metric::Used | Metric::LegacyUsed | Metric::Breakdown | Metric::LegacyDesc => {
-            Value::Int(d.used_bytes)
-        }
-        Metric::Limit | Metric::LegacyLimit => Value::Int(d.limit_bytes),
-        Metric::Context => Value::Int(d.context_bytes),
-        Metric::Module => Value::Int(d.module_bytes),
-        Metric::Buffer => Value::Int(d.buffer_bytes),
-        Metric::Util => Value::Ratio(d.sm_util_percent),
-        Metric::LegacyUtil => Value::Int(u64::from(d.sm_util_percent)),
+        Metric::Used | Metric::LegacyUsed | Metric::Breakdown | Metric::LegacyDesc => d.used_bytes,
+        Metric::Limit | Metric::LegacyLimit => d.limit_bytes,
+        Metric::Context => d.context_bytes,
+        Metric::Module => d.module_bytes,
+        Metric::Buffer => d.buffer_bytes,
+        Metric::Util | Metric::LegacyUtil => u64::from(d.sm_util_percent),
         // No series before the container's first kernel.
         Metric::Elapsed | Metric::LegacyKernel => match since_last_kernel(c, ctx.opts) {
-            Some(since) => Value::Int(since),
+            Some(since) => since,
             None => return,
         },
         // Not a per-device family.
@@ -423,18 +422,29 @@ fn device(out: &mut String, spec: &Spec, c: &ContainerUsage, d: &DeviceUsage, ct
             int(out, "\",context=\"", d.context_bytes);
             int(out, "\",module=\"", d.module_bytes);
             int(out, "\",data=\"", d.buffer_bytes);
-            out.push_str("\",offset=\"0");
+            int(out, "\",offset=\"", offset(d));
         }
         Metric::Breakdown => {
             hami_labels(out, c, d, ctx);
             int(out, "\",context_size=\"", d.context_bytes);
             int(out, "\",module_size=\"", d.module_bytes);
             int(out, "\",buffer_size=\"", d.buffer_bytes);
-            out.push_str("\",offset=\"0");
+            int(out, "\",offset=\"", offset(d));
         }
         _ => hami_labels(out, c, d, ctx),
     }
-    close(out, value);
+    close_zoned(out, value);
+}
+
+/// The `offset` label of the breakdown series: what the used total holds
+/// beyond context, module and buffer, as the Go monitor computes it. Go's
+/// unsigned arithmetic would wrap to a huge number when the parts exceed the
+/// total (a region caught mid-update); that is not a size, so it reads 0.
+fn offset(d: &DeviceUsage) -> u64 {
+    d.used_bytes
+        .saturating_sub(d.context_bytes)
+        .saturating_sub(d.module_bytes)
+        .saturating_sub(d.buffer_bytes)
 }
 
 /// One escaped process's line.
@@ -454,7 +464,7 @@ pub(crate) fn escaped(
     if opts.node_label {
         text(out, "\",node=\"", node);
     }
-    close(out, Value::Int(e.used_bytes));
+    close(out, e.used_bytes);
 }
 
 /// A node's check lines (1 = the check can run, 0 = it cannot).
@@ -474,6 +484,6 @@ pub(crate) fn checks(
         if opts.node_label {
             text(out, "\",node=\"", node);
         }
-        close(out, Value::Int(u64::from(status == "ok")));
+        close(out, u64::from(status == "ok"));
     }
 }

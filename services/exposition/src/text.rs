@@ -133,24 +133,6 @@ pub(crate) fn push_u64_value(s: &mut String, value: u64) {
     }
 }
 
-/// `percent / 100` as [`push_value`] prints `f64::from(percent) / 100.0`,
-/// without float formatting (the per-container utilization ratios are a
-/// tenth of all samples). Rust prints the shortest decimal that reads back
-/// as the same `f64`; a decimal of at most 15 significant digits is that
-/// decimal itself, and `percent / 100` has at most 12, so the text is the
-/// integer part, then the hundredths without trailing zeros.
-pub(crate) fn push_percent_ratio(s: &mut String, percent: u32) {
-    let (whole, hundredths) = (percent / 100, percent % 100);
-    s.push_str(itoa::Buffer::new().format(whole));
-    if hundredths != 0 {
-        s.push('.');
-        s.push(char::from(b'0' + (hundredths / 10) as u8));
-        if hundredths % 10 != 0 {
-            s.push(char::from(b'0' + (hundredths % 10) as u8));
-        }
-    }
-}
-
 /// Whether a label value needs escaping. Every label value of every sample
 /// goes through here, so it tests eight bytes at a time: a word has a byte
 /// equal to `b` exactly when `word ^ b…b` has a zero byte, and
@@ -246,17 +228,6 @@ mod tests {
             let mut s = String::new();
             push_u64_value(&mut s, value);
             assert_eq!(s, via_f64(value as f64), "{value}");
-        }
-    }
-
-    #[test]
-    fn percent_ratios_print_as_through_f64() {
-        let large = (0..100_000u32).map(|i| u32::MAX - i);
-        let strided = (0..u32::MAX / 7919).map(|i| i * 7919);
-        for percent in (0..=1_000_000u32).chain(large).chain(strided) {
-            let mut s = String::new();
-            push_percent_ratio(&mut s, percent);
-            assert_eq!(s, via_f64(f64::from(percent) / 100.0), "{percent}");
         }
     }
 

@@ -295,10 +295,10 @@ fn each_family_is_contiguous_after_its_header() {
     assert_eq!(seen.len(), 22, "every family, legacy included");
     assert!(samples > 1000, "{samples}");
     assert!(page.contains(
-        "hami_host_gpu_utilization_ratio{device_index=\"0\",device_uuid=\"GPU-a\",device_type=\"NVIDIA-A100 \\\"80GB\\\"\",node=\"gpu-1\"} 0.07\n"
+        "hami_host_gpu_utilization_ratio{device_index=\"0\",device_uuid=\"GPU-a\",device_type=\"NVIDIA-A100 \\\"80GB\\\"\",node=\"gpu-1\",zone=\"vGPU\"} 7\n"
     ));
     assert!(page.contains(
-        "hami_vgpu_memory_used_bytes{namespace=\"team-a\",pod=\"a\\\"b\\\\c\\nd\",container=\"main\",vdevice_index=\"1\",device_uuid=\"GPU-1-9007199254740993\",node=\"gpu-1\"} 9007199254740992\n"
+        "hami_vgpu_memory_used_bytes{namespace=\"team-a\",pod=\"a\\\"b\\\\c\\nd\",container=\"main\",vdevice_index=\"1\",device_uuid=\"GPU-1-9007199254740993\",node=\"gpu-1\",zone=\"vGPU\"} 9007199254740992\n"
     ));
     assert!(page.contains("state=\"unspecified\"} 1\n"));
     assert!(page.contains("pod=\"late\\\"quote\""));

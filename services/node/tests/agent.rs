@@ -211,12 +211,12 @@ async fn every_rpc_reports_the_written_regions() {
 
     let metrics = http_get(agent.running.metrics_addr, "/metrics").await;
     assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
-    let series = "hami_vgpu_memory_used_bytes{namespace=\"team-a\",pod=\"trainer-0\",container=\"main\",vdevice_index=\"0\",device_uuid=\"GPU-11111111-0000-4000-8000-000000000001\"} 540016640";
+    let series = "hami_vgpu_memory_used_bytes{namespace=\"team-a\",pod=\"trainer-0\",container=\"main\",vdevice_index=\"0\",device_uuid=\"GPU-11111111-0000-4000-8000-000000000001\",zone=\"vGPU\"} 540016640";
     assert!(metrics.contains(series), "{metrics}");
-    assert!(metrics.contains("hami_vgpu_memory_limit_bytes{namespace=\"team-b\",pod=\"infer-1\",container=\"side_car\",vdevice_index=\"0\",device_uuid=\"GPU-22222222-0000-4000-8000-000000000002\"} 2147483648"));
-    assert!(metrics.contains("hami_container_device_utilization_ratio{namespace=\"team-a\",pod=\"trainer-0\",container=\"main\",vdevice_index=\"0\",device_uuid=\"GPU-11111111-0000-4000-8000-000000000001\"} 0.37"));
+    assert!(metrics.contains("hami_vgpu_memory_limit_bytes{namespace=\"team-b\",pod=\"infer-1\",container=\"side_car\",vdevice_index=\"0\",device_uuid=\"GPU-22222222-0000-4000-8000-000000000002\",zone=\"vGPU\"} 2147483648"));
+    assert!(metrics.contains("hami_container_device_utilization_ratio{namespace=\"team-a\",pod=\"trainer-0\",container=\"main\",vdevice_index=\"0\",device_uuid=\"GPU-11111111-0000-4000-8000-000000000001\",zone=\"vGPU\"} 37"));
     // --legacy-metrics: the old names too.
-    assert!(metrics.contains("vGPU_device_memory_usage_in_bytes{podnamespace=\"team-a\",podname=\"trainer-0\",ctrname=\"main\",vdeviceid=\"0\",deviceuuid=\"GPU-11111111-0000-4000-8000-000000000001\"} 540016640"), "{metrics}");
+    assert!(metrics.contains("vGPU_device_memory_usage_in_bytes{podnamespace=\"team-a\",podname=\"trainer-0\",ctrname=\"main\",vdeviceid=\"0\",deviceuuid=\"GPU-11111111-0000-4000-8000-000000000001\",zone=\"vGPU\"} 540016640"), "{metrics}");
     // v0 has no last kernel time: no elapsed series for it.
     assert!(!metrics.contains("hami_container_last_kernel_elapsed_seconds{namespace=\"team-b\""));
     assert!(

@@ -155,6 +155,43 @@ fn missing_host_paths_get_a_clear_error() {
     assert!(!host.path("host/usr/local/vgpu/libvgpu.so").exists());
 }
 
+/// kubelet creates a missing subPath (`ld.so.preload`) as an empty
+/// directory on the host when a pod mounts it before libsync ran.
+#[test]
+fn an_empty_directory_at_a_files_path_is_replaced_by_the_file() {
+    let host = Host::new();
+    let preload = host.path("host/usr/local/vgpu/ld.so.preload");
+    std::fs::create_dir(&preload).expect("kubelet's directory");
+    let report = libsync::sync_once(&host.config()).expect("sync recovers");
+    assert_eq!(report.replaced_directories, std::slice::from_ref(&preload));
+    assert!(std::fs::symlink_metadata(&preload).expect("stat").is_file());
+    assert_eq!(
+        std::fs::read_to_string(&preload).expect("preload"),
+        "/usr/local/vgpu/libvgpu.so\n"
+    );
+    assert_eq!(mode(&preload), 0o644);
+    let again = libsync::sync_once(&host.config()).expect("sync");
+    assert!(again.replaced_directories.is_empty() && again.written.is_empty());
+}
+
+#[test]
+fn a_directory_with_content_at_a_files_path_is_left_with_a_clear_error() {
+    let host = Host::new();
+    let preload = host.path("host/usr/local/vgpu/ld.so.preload");
+    std::fs::create_dir(&preload).expect("mkdir");
+    std::fs::write(preload.join("keep"), b"someone's data").expect("file");
+    let error = libsync::sync_once(&host.config()).expect_err("must not remove data");
+    assert!(
+        matches!(error, InstallError::DirectoryInPlace { .. }),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("ld.so.preload"), "{error}");
+    assert_eq!(
+        std::fs::read(preload.join("keep")).expect("kept"),
+        b"someone's data"
+    );
+}
+
 #[test]
 fn read_only_filesystems_are_named_as_such() {
     let error = InstallError::io(

@@ -88,10 +88,10 @@ async fn devices_come_from_nvml_through_the_custom_library_path() {
 
     let metrics = http_get(agent.metrics.as_str(), "/metrics").await;
     assert!(
-        metrics.contains("hami_host_gpu_memory_used_bytes{device_index=\"1\",device_uuid=\"GPU-bbbbbbbb-2222-4000-8000-000000000000\",device_type=\"NVIDIA-NVIDIA H100 80GB HBM3\"} 7516192768"),
+        metrics.contains("hami_host_gpu_memory_used_bytes{device_index=\"1\",device_uuid=\"GPU-bbbbbbbb-2222-4000-8000-000000000000\",device_type=\"NVIDIA-NVIDIA H100 80GB HBM3\",zone=\"vGPU\"} 7516192768"),
         "{metrics}"
     );
-    assert!(metrics.contains("hami_host_gpu_utilization_ratio{device_index=\"0\",device_uuid=\"GPU-aaaaaaaa-1111-4000-8000-000000000000\",device_type=\"NVIDIA-NVIDIA H100 80GB HBM3\"} 0.4"));
+    assert!(metrics.contains("hami_host_gpu_utilization_ratio{device_index=\"0\",device_uuid=\"GPU-aaaaaaaa-1111-4000-8000-000000000000\",device_type=\"NVIDIA-NVIDIA H100 80GB HBM3\",zone=\"vGPU\"} 40"));
     let node = client
         .get_node(pb::GetNodeRequest {})
         .await

@@ -15,8 +15,12 @@ pub const DEFAULT_SHARE_RESOURCES: &str = "nvidia.com/gpu,nvidia.com/gpumem,nvid
 /// The injection settings the pure planner needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InjectConfig {
-    /// `<mount>`: where libvgpu.so lives on the host and in the container.
+    /// `<mount>`: where libvgpu.so lives in the container.
     pub vgpu_mount: String,
+    /// The host directory mounted there (the hostPath source); the mount
+    /// itself unless set apart (`HOST_VGPU_DIR`, e.g. a writable directory
+    /// on a read-only host root).
+    pub host_vgpu_dir: String,
     /// Extended resources that suggest GPU sharing. Injection stays keyed off
     /// KAI's annotations; these only explain, in the log, why a pod that asks
     /// for e.g. `nvidia.com/gpumem` without the annotations was left alone.
@@ -29,6 +33,7 @@ impl Default for InjectConfig {
     fn default() -> Self {
         Self {
             vgpu_mount: DEFAULT_VGPU_MOUNT.to_owned(),
+            host_vgpu_dir: DEFAULT_VGPU_MOUNT.to_owned(),
             share_resources: DEFAULT_SHARE_RESOURCES
                 .split(',')
                 .map(str::to_owned)
@@ -43,18 +48,19 @@ impl Default for InjectConfig {
 pub enum ConfigError {
     #[error("CONTAINER_VGPU_MOUNT must be an absolute path without '..', got {0:?}")]
     Mount(String),
+    #[error("HOST_VGPU_DIR must be an absolute path without '..', got {0:?}")]
+    HostDir(String),
 }
 
 impl InjectConfig {
     /// Builds a validated config; a trailing `/` on the mount is dropped so the
     /// paths we derive (`<mount>/containers`) are canonical.
     pub fn new(vgpu_mount: &str, share_resources: Vec<String>) -> Result<Self, ConfigError> {
-        let trimmed = vgpu_mount.trim_end_matches('/');
-        if !trimmed.starts_with('/') || trimmed.split('/').any(|seg| seg == "..") {
-            return Err(ConfigError::Mount(vgpu_mount.to_owned()));
-        }
+        let trimmed =
+            absolute(vgpu_mount).ok_or_else(|| ConfigError::Mount(vgpu_mount.to_owned()))?;
         Ok(Self {
             vgpu_mount: trimmed.to_owned(),
+            host_vgpu_dir: trimmed.to_owned(),
             share_resources: share_resources
                 .into_iter()
                 .map(|r| r.trim().to_owned())
@@ -64,10 +70,23 @@ impl InjectConfig {
         })
     }
 
+    /// Sets the host directory mounted at `<mount>` (validated like it).
+    pub fn with_host_vgpu_dir(mut self, dir: &str) -> Result<Self, ConfigError> {
+        let trimmed = absolute(dir).ok_or_else(|| ConfigError::HostDir(dir.to_owned()))?;
+        trimmed.clone_into(&mut self.host_vgpu_dir);
+        Ok(self)
+    }
+
     /// `<mount>/containers`, where libvgpu writes one directory per container.
     pub fn containers_dir(&self) -> String {
         format!("{}/containers", self.vgpu_mount)
     }
+}
+
+/// `path` without a trailing `/`, if it is absolute and has no `..`.
+fn absolute(path: &str) -> Option<&str> {
+    let trimmed = path.trim_end_matches('/');
+    (trimmed.starts_with('/') && !trimmed.split('/').any(|seg| seg == "..")).then_some(trimmed)
 }
 
 /// Command line of `kai-webhook`.
@@ -87,9 +106,12 @@ pub struct Args {
     /// PEM private key; reloaded when it changes.
     #[arg(long, env = "TLS_PRIVATE_KEY_FILE", default_value = "/etc/tls/tls.key")]
     pub tls_private_key_file: PathBuf,
-    /// Host (and container) directory holding libvgpu.so and ld.so.preload.
+    /// Directory holding libvgpu.so and ld.so.preload, as workloads see it.
     #[arg(long, env = "CONTAINER_VGPU_MOUNT", default_value = DEFAULT_VGPU_MOUNT)]
     pub container_vgpu_mount: String,
+    /// The host directory mounted there; default: the same path.
+    #[arg(long, env = "HOST_VGPU_DIR")]
+    pub host_vgpu_dir: Option<String>,
     /// Comma-separated extended resources that suggest GPU sharing (logged only).
     #[arg(long, env = "GPU_SHARE_RESOURCES", default_value = DEFAULT_SHARE_RESOURCES, value_delimiter = ',')]
     pub gpu_share_resources: Vec<String>,
@@ -111,11 +133,23 @@ mod tests {
             cfg,
             Ok(InjectConfig {
                 vgpu_mount: "/opt/vgpu".into(),
+                host_vgpu_dir: "/opt/vgpu".into(),
                 share_resources: vec!["a".into()],
                 patch_pieces: PatchPieces::default(),
             })
         );
         assert!(InjectConfig::new("relative/dir", vec![]).is_err());
         assert!(InjectConfig::new("/usr/../etc", vec![]).is_err());
+        let split = InjectConfig::new("/usr/local/vgpu", vec![])
+            .and_then(|c| c.with_host_vgpu_dir("/home/kubernetes/bin/nvidia/vgpu/"))
+            .expect("valid");
+        assert_eq!(
+            (split.vgpu_mount.as_str(), split.host_vgpu_dir.as_str()),
+            ("/usr/local/vgpu", "/home/kubernetes/bin/nvidia/vgpu")
+        );
+        assert_eq!(
+            InjectConfig::default().with_host_vgpu_dir("rel"),
+            Err(ConfigError::HostDir("rel".into()))
+        );
     }
 }

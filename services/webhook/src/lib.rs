@@ -23,10 +23,11 @@ impl Args {
             listen: self.listen,
             tls_cert_file: self.tls_cert_file.clone(),
             tls_private_key_file: self.tls_private_key_file.clone(),
-            inject: InjectConfig::new(
-                &self.container_vgpu_mount,
-                self.gpu_share_resources.clone(),
-            )?,
+            inject: InjectConfig::new(&self.container_vgpu_mount, self.gpu_share_resources.clone())
+                .and_then(|cfg| match &self.host_vgpu_dir {
+                    Some(dir) => cfg.with_host_vgpu_dir(dir),
+                    None => Ok(cfg),
+                })?,
             tls_reload_fallback: std::time::Duration::from_secs(
                 self.tls_reload_fallback_seconds.max(1),
             ),

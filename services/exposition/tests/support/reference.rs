@@ -1,7 +1,10 @@
 //! The renderer as it was before the page was streamed (commit d0cac0a,
 //! `kai-exposition` `render` and `render_isolation`), kept verbatim as the
 //! reference the streamed text must equal byte for byte. Shared with the
-//! aggregator's tests (`#[path]`), so there is one copy.
+//! aggregator's tests (`#[path]`), so there is one copy. Since then HAMi's
+//! semantics were matched exactly: utilization in percent (0-100),
+//! `zone="vGPU"` on every HAMi and legacy series, and the breakdown's
+//! `offset` = used − context − module − buffer.
 #![allow(dead_code)]
 
 use kai_exposition::{Family, Labels, Options};
@@ -33,7 +36,7 @@ pub fn render<'a>(
     );
     let mut host_util = Family::gauge(
         "hami_host_gpu_utilization_ratio",
-        "GPU utilization of the host device (0-1), from NVML.",
+        "GPU utilization of the host device in percent (0-100), from NVML.",
     );
     let mut legacy_host_used = Family::gauge(
         "HostGPUMemoryUsage",
@@ -55,8 +58,9 @@ pub fn render<'a>(
             if opts.node_label {
                 labels.push(("node", host.node));
             }
+            labels.push(("zone", "vGPU"));
             host_used.sample(&labels, d.memory_used_bytes as f64);
-            host_util.sample(&labels, f64::from(d.gpu_utilization_percent) / 100.0);
+            host_util.sample(&labels, f64::from(d.gpu_utilization_percent));
             if opts.legacy {
                 let mut old = vec![
                     ("deviceidx", index.as_str()),
@@ -66,6 +70,7 @@ pub fn render<'a>(
                 if opts.node_label {
                     old.push(("node", host.node));
                 }
+                old.push(("zone", "vGPU"));
                 legacy_host_used.sample(&old, d.memory_used_bytes as f64);
                 legacy_host_util.sample(&old, f64::from(d.gpu_utilization_percent));
             }
@@ -94,7 +99,7 @@ pub fn render<'a>(
     );
     let mut util = Family::gauge(
         "hami_container_device_utilization_ratio",
-        "SM utilization of the container's processes (0-1).",
+        "SM utilization of the container's processes in percent (0-100).",
     );
     let mut elapsed = Family::gauge(
         "hami_container_last_kernel_elapsed_seconds",
@@ -141,6 +146,7 @@ pub fn render<'a>(
     breakdown.reserve(samples, 290);
     let (mut base, mut extended) = (Labels::default(), Labels::default());
     let (mut old, mut old_extended) = (Labels::default(), Labels::default());
+    let (mut zoned, mut old_zoned) = (Labels::default(), Labels::default());
     for c in containers {
         for d in &c.devices {
             // One escaped label set per container device, reused by every family.
@@ -153,22 +159,30 @@ pub fn render<'a>(
             if opts.node_label {
                 base.push("node", &c.node);
             }
-            used.sample_with(&base, d.used_bytes as f64);
-            limit.sample_with(&base, d.limit_bytes as f64);
-            context.sample_with(&base, d.context_bytes as f64);
-            module.sample_with(&base, d.module_bytes as f64);
-            buffer.sample_with(&base, d.buffer_bytes as f64);
-            util.sample_with(&base, f64::from(d.sm_util_percent) / 100.0);
+            zoned.copy_from(&base);
+            zoned.push("zone", "vGPU");
+            used.sample_with(&zoned, d.used_bytes as f64);
+            limit.sample_with(&zoned, d.limit_bytes as f64);
+            context.sample_with(&zoned, d.context_bytes as f64);
+            module.sample_with(&zoned, d.module_bytes as f64);
+            buffer.sample_with(&zoned, d.buffer_bytes as f64);
+            util.sample_with(&zoned, f64::from(d.sm_util_percent));
             let since = (c.last_kernel_time != 0)
                 .then(|| opts.now_secs.saturating_sub(c.last_kernel_time) as f64);
             if let Some(since) = since {
-                elapsed.sample_with(&base, since);
+                elapsed.sample_with(&zoned, since);
             }
+            let parts = d
+                .context_bytes
+                .saturating_add(d.module_bytes)
+                .saturating_add(d.buffer_bytes);
+            let offset = d.used_bytes.saturating_sub(parts);
             extended.copy_from(&base);
             extended.push_u64("context_size", d.context_bytes);
             extended.push_u64("module_size", d.module_bytes);
             extended.push_u64("buffer_size", d.buffer_bytes);
-            extended.push("offset", "0");
+            extended.push_u64("offset", offset);
+            extended.push("zone", "vGPU");
             breakdown.sample_with(&extended, d.used_bytes as f64);
 
             if opts.legacy {
@@ -181,17 +195,20 @@ pub fn render<'a>(
                 if opts.node_label {
                     old.push("node", &c.node);
                 }
-                legacy_used.sample_with(&old, d.used_bytes as f64);
-                legacy_limit.sample_with(&old, d.limit_bytes as f64);
-                legacy_util.sample_with(&old, f64::from(d.sm_util_percent));
+                old_zoned.copy_from(&old);
+                old_zoned.push("zone", "vGPU");
+                legacy_used.sample_with(&old_zoned, d.used_bytes as f64);
+                legacy_limit.sample_with(&old_zoned, d.limit_bytes as f64);
+                legacy_util.sample_with(&old_zoned, f64::from(d.sm_util_percent));
                 if let Some(since) = since {
-                    legacy_kernel.sample_with(&old, since);
+                    legacy_kernel.sample_with(&old_zoned, since);
                 }
                 old_extended.copy_from(&old);
                 old_extended.push_u64("context", d.context_bytes);
                 old_extended.push_u64("module", d.module_bytes);
                 old_extended.push_u64("data", d.buffer_bytes);
-                old_extended.push("offset", "0");
+                old_extended.push_u64("offset", offset);
+                old_extended.push("zone", "vGPU");
                 legacy_desc.sample_with(&old_extended, d.used_bytes as f64);
             }
         }

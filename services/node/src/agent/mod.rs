@@ -6,6 +6,7 @@ pub mod grpc;
 pub mod isolation;
 pub mod nvml;
 pub mod pods;
+pub mod preload_path;
 pub mod state;
 pub mod store;
 
@@ -45,7 +46,7 @@ pub struct Args {
     #[arg(long, env = "GRPC_LISTEN", default_value = "0.0.0.0:50051")]
     pub grpc_listen: SocketAddr,
     /// Plain-HTTP `/metrics`, `/healthz`, `/readyz` listen address.
-    #[arg(long, env = "METRICS_LISTEN", default_value = "0.0.0.0:9395")]
+    #[arg(long, env = "METRICS_LISTEN", default_value = "0.0.0.0:9394")]
     pub metrics_listen: SocketAddr,
     /// How often every region is re-read (directory events trigger a scan at once).
     #[arg(long, env = "SCAN_INTERVAL_MS", default_value_t = 1000)]
@@ -349,6 +350,10 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
             devices: devices.clone(),
             default_interval: config.watch_interval,
         },
+        shutdown.clone(),
+    )));
+    tasks.push(tokio::spawn(preload_path::watch(
+        config.containers_dir.clone(),
         shutdown.clone(),
     )));
     tasks.push(tokio::spawn(serve_http(

@@ -25,6 +25,10 @@ pub enum InstallError {
     },
     #[error("{path} is not a directory")]
     NotADirectory { path: PathBuf },
+    #[error(
+        "{path} is a directory that is not empty, where libsync installs a file: move its content away and remove it"
+    )]
+    DirectoryInPlace { path: PathBuf },
     #[error("sync task failed")]
     Task(#[from] tokio::task::JoinError),
     #[error(transparent)]

@@ -7,8 +7,10 @@
 //! directory fsynced. Unchanged files (same SHA-256) are not rewritten.
 
 mod install;
+mod stray_dir;
 
 pub use install::{InstallError, Outcome, install_atomic};
+pub use stray_dir::Found;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -92,6 +94,8 @@ pub const PRELOAD: &str = "ld.so.preload";
 pub struct Report {
     pub written: Vec<PathBuf>,
     pub unchanged: Vec<PathBuf>,
+    /// Files' paths where an empty directory stood (and was removed).
+    pub replaced_directories: Vec<PathBuf>,
 }
 
 /// One full sync: directories and modes, then both files.
@@ -113,6 +117,9 @@ pub fn sync_once(config: &Config) -> Result<Report, InstallError> {
     let mut report = Report::default();
     for (name, bytes) in [(LIBRARY, &library), (PRELOAD, &preload)] {
         let dest = config.host_vgpu_dir.join(name);
+        if stray_dir::clear(&dest)? == Found::EmptyDirectoryRemoved {
+            report.replaced_directories.push(dest.clone());
+        }
         match install::install_bytes(&dest, bytes, 0o644)? {
             Outcome::Written => report.written.push(dest),
             Outcome::Unchanged => report.unchanged.push(dest),

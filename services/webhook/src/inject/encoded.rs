@@ -59,7 +59,7 @@ impl PatchPieces {
     /// The pieces for `cfg` (whose field this is).
     fn get<'p>(&'p self, cfg: &InjectConfig) -> PiecesFor<'p> {
         let pieces = self.0.get_or_init(|| Pieces::new(cfg));
-        if pieces.vgpu_mount == cfg.vgpu_mount {
+        if pieces.vgpu_mount == cfg.vgpu_mount && pieces.host_vgpu_dir == cfg.host_vgpu_dir {
             PiecesFor::Built(pieces)
         } else {
             PiecesFor::Fresh(Box::new(Pieces::new(cfg)))
@@ -184,8 +184,10 @@ impl Item {
 /// The pieces of every patch under one config.
 #[derive(Clone, Debug)]
 struct Pieces {
-    /// The config's mount, the only setting the pieces depend on.
+    /// The config's mount and host directory, the only settings the pieces
+    /// depend on.
     vgpu_mount: String,
+    host_vgpu_dir: String,
     /// `[{"op":"add","path":` and `,{"op":"add","path":`: the path follows.
     op_first: Chunk,
     op_next: Chunk,
@@ -224,6 +226,7 @@ impl Pieces {
         });
         let mut pieces = Self {
             vgpu_mount: cfg.vgpu_mount.clone(),
+            host_vgpu_dir: cfg.host_vgpu_dir.clone(),
             op_first: Chunk::new(r#"[{"op":"add","path":"#),
             op_next: Chunk::new(r#",{"op":"add","path":"#),
             list_end: Chunk::new("]}"),
@@ -444,11 +447,15 @@ mod tests {
         // every piece.
         let quoted = InjectConfig {
             vgpu_mount: r#"/opt/"v\gpu"#.to_owned(),
+            host_vgpu_dir: r#"/host/"d\ir"#.to_owned(),
             ..InjectConfig::default()
         };
         vec![
             InjectConfig::default(),
             InjectConfig::new("/opt/hami/", vec![]).expect("valid"),
+            InjectConfig::new("/usr/local/vgpu", vec![])
+                .and_then(|c| c.with_host_vgpu_dir("/home/kubernetes/bin/nvidia/vgpu"))
+                .expect("valid"),
             InjectConfig::new("/a", vec![]).expect("valid"),
             quoted,
         ]
@@ -533,6 +540,9 @@ mod tests {
         };
         decoded(&patch, target, &cfg);
         cfg.vgpu_mount = "/elsewhere".to_owned();
+        let plain: Value = serde_json::from_str(&patch.to_json(target, &cfg)).expect("JSON");
+        assert_eq!(decoded(&patch, target, &cfg), plain);
+        cfg.host_vgpu_dir = "/host/elsewhere".to_owned();
         let plain: Value = serde_json::from_str(&patch.to_json(target, &cfg)).expect("JSON");
         assert_eq!(decoded(&patch, target, &cfg), plain);
     }

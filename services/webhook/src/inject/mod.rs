@@ -141,8 +141,8 @@ impl Missing {
 pub const VOLUME_NAMES: [&str; 3] = [VOLUME_VGPU, VOLUME_CONTAINERS, VOLUME_VGPULOCK];
 /// The host directory of each of [`VOLUME_NAMES`].
 const VOLUME_DIRS: [Dir; 3] = [
-    Dir::VgpuMount,
-    Dir::ContainersDir,
+    Dir::HostVgpu,
+    Dir::HostContainers,
     Dir::Fixed(VGPULOCK_PATH),
 ];
 /// Our env vars; see [`env_value`].
@@ -192,6 +192,10 @@ pub enum Dir {
     VgpuMount,
     /// `<mount>/containers`.
     ContainersDir,
+    /// The host directory mounted at `<mount>`.
+    HostVgpu,
+    /// Its `containers`.
+    HostContainers,
     Fixed(&'static str),
 }
 
@@ -203,6 +207,10 @@ impl Dir {
             Self::ContainersDir => path
                 .strip_prefix(cfg.vgpu_mount.as_str())
                 .is_some_and(|rest| rest == "/containers"),
+            Self::HostVgpu => path == cfg.host_vgpu_dir,
+            Self::HostContainers => path
+                .strip_prefix(cfg.host_vgpu_dir.as_str())
+                .is_some_and(|rest| rest == "/containers"),
             Self::Fixed(fixed) => path == fixed,
         }
     }
@@ -212,6 +220,8 @@ impl Dir {
         match self {
             Self::VgpuMount => cfg.vgpu_mount.clone(),
             Self::ContainersDir => cfg.containers_dir(),
+            Self::HostVgpu => cfg.host_vgpu_dir.clone(),
+            Self::HostContainers => format!("{}/containers", cfg.host_vgpu_dir),
             Self::Fixed(fixed) => fixed.to_owned(),
         }
     }
@@ -220,6 +230,8 @@ impl Dir {
         match self {
             Self::VgpuMount => json::string(out, &[&cfg.vgpu_mount]),
             Self::ContainersDir => json::string(out, &[&cfg.vgpu_mount, "/containers"]),
+            Self::HostVgpu => json::string(out, &[&cfg.host_vgpu_dir]),
+            Self::HostContainers => json::string(out, &[&cfg.host_vgpu_dir, "/containers"]),
             Self::Fixed(fixed) => json::string(out, &[fixed]),
         }
     }

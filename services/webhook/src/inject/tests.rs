@@ -322,6 +322,38 @@ fn custom_mount_is_used_everywhere() {
     assert_eq!(doc["spec"]["containers"][0]["env"][2]["value"], "/opt/hami");
 }
 
+/// A host directory apart from the container path (a read-only host root):
+/// the volumes come from the host directory, workloads see the mount.
+#[test]
+fn host_directory_is_the_hostpath_source_and_the_mount_stays() {
+    let split = InjectConfig::new("/usr/local/vgpu", vec![])
+        .and_then(|c| c.with_host_vgpu_dir("/home/kubernetes/bin/nvidia/vgpu"))
+        .expect("valid");
+    let original = sharing_pod(json!([{"name": "main"}]));
+    let Decision::Inject { patch, target } = plan_for(&original, &split) else {
+        panic!("expected injection");
+    };
+    let mut doc = original;
+    json_patch::patch(&mut doc, &rfc6902(&patch, &target, &split)).expect("applies");
+    let volumes = &doc["spec"]["volumes"];
+    assert_eq!(
+        volumes[0]["hostPath"]["path"],
+        "/home/kubernetes/bin/nvidia/vgpu"
+    );
+    assert_eq!(
+        volumes[1]["hostPath"]["path"],
+        "/home/kubernetes/bin/nvidia/vgpu/containers"
+    );
+    assert_eq!(volumes[2]["hostPath"]["path"], "/tmp/vgpulock");
+    let mounts = &doc["spec"]["containers"][0]["volumeMounts"];
+    assert_eq!(mounts[0]["mountPath"], "/usr/local/vgpu");
+    assert_eq!(mounts[2]["mountPath"], "/usr/local/vgpu/containers");
+    assert_eq!(
+        doc["spec"]["containers"][0]["env"][2]["value"],
+        "/usr/local/vgpu"
+    );
+}
+
 #[test]
 fn pod_without_containers_is_left_to_the_api_server() {
     let original =
