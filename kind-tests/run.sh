@@ -89,6 +89,10 @@ echo "== libsync on the node"
 echo "== agent and aggregator"
 pod_yaml e2e-gpu 'gpu-memory: "1024"' | kubectl apply -f -
 kubectl -n e2e wait --for=condition=Ready pod/e2e-gpu --timeout=2m
+kubectl -n e2e exec e2e-gpu -- sh -c '! touch /usr/local/vgpu/tampered 2>/dev/null && mkdir /usr/local/vgpu/containers/e2e-probe && rmdir /usr/local/vgpu/containers/e2e-probe' \
+  && ok "the workload cannot write <mount>, only <mount>/containers" || bad "library mount is writable"
+[ "$(kubectl -n e2e exec e2e-gpu -- printenv CUDA_DEVICE_MEMORY_LIMIT)" = 1024m ] \
+  && ok "a gpu-memory pod without KAI's limit gets the literal 1024m" || bad "no literal memory limit"
 uid=$(kubectl -n e2e get pod e2e-gpu -o jsonpath='{.metadata.uid}')
 agent=$(kubectl -n "$ns" get pod -l app.kubernetes.io/component=node-agent -o jsonpath='{.items[0].metadata.name}')
 # No GPU: write the region libvgpu would write, through the agent's own host mount.

@@ -26,7 +26,8 @@ impl Args {
             inject: InjectConfig::new(
                 &self.container_vgpu_mount,
                 self.gpu_share_resources.clone(),
-            )?,
+            )?
+            .with_memory_limit_fallback(self.memory_limit_fallback),
             tls_reload_fallback: std::time::Duration::from_secs(
                 self.tls_reload_fallback_seconds.max(1),
             ),
