@@ -71,5 +71,6 @@ pub fn render(
         out,
         "# HELP kai_node_agent_scans_total Scans of the containers directory since start (periodic and on directory changes).\n# TYPE kai_node_agent_scans_total counter\nkai_node_agent_scans_total {scans}"
     );
+    super::enforce::render_metrics(&mut out);
     out
 }
