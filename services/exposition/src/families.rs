@@ -49,6 +49,9 @@ pub(crate) enum Metric {
     State,
     Stale,
     NearCap,
+    StaleBytes,
+    Headroom,
+    SmLimit,
     Escaped,
     Checks,
 }
@@ -206,6 +209,21 @@ pub(crate) const ISOLATION: &[Spec] = &[
         "kai_isolator_container_near_cap",
         "1 while the container's usage of a device is at or above the near-cap threshold.",
         Metric::NearCap,
+    ),
+    Spec::new(
+        "kai_isolator_container_stale_bytes",
+        "GPU memory libvgpu still charges against the cap for processes that are gone (only while non-zero).",
+        Metric::StaleBytes,
+    ),
+    Spec::new(
+        "kai_isolator_container_headroom_bytes",
+        "What the next allocation can get: limit - used - stale (capped devices only).",
+        Metric::Headroom,
+    ),
+    Spec::new(
+        "kai_isolator_container_sm_limit_percent",
+        "The region's SM limit for the device (CUDA_DEVICE_SM_LIMIT; 0 or 100 = no limit).",
+        Metric::SmLimit,
     ),
     Spec::new(
         "kai_isolator_escaped_process_memory_bytes",
@@ -405,6 +423,13 @@ fn device(out: &mut String, spec: &Spec, c: &ContainerUsage, d: &DeviceUsage, ct
         Metric::Buffer => Value::Int(d.buffer_bytes),
         Metric::Util => Value::Ratio(d.sm_util_percent),
         Metric::LegacyUtil => Value::Int(u64::from(d.sm_util_percent)),
+        Metric::StaleBytes if d.stale_bytes > 0 => Value::Int(d.stale_bytes),
+        Metric::Headroom if d.limit_bytes > 0 => Value::Int(
+            d.limit_bytes
+                .saturating_sub(d.used_bytes)
+                .saturating_sub(d.stale_bytes),
+        ),
+        Metric::SmLimit => Value::Int(d.sm_limit),
         // No series before the container's first kernel.
         Metric::Elapsed | Metric::LegacyKernel => match since_last_kernel(c, ctx.opts) {
             Some(since) => Value::Int(since),
