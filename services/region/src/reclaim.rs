@@ -57,7 +57,9 @@ pub const SEM_OFFSET: usize = 24;
 const SEM_SIZE: usize = 32;
 // `sem` lies between `owner_pid` and `device_num`, 8-aligned.
 const _: () = assert!(
-    SEM_OFFSET == V1.owner_pid + 8 && SEM_OFFSET + SEM_SIZE == V1.device_num && SEM_OFFSET.is_multiple_of(8)
+    SEM_OFFSET == V1.owner_pid + 8
+        && SEM_OFFSET + SEM_SIZE == V1.device_num
+        && SEM_OFFSET.is_multiple_of(8)
 );
 
 /// One cleared slot.
@@ -378,6 +380,33 @@ mod tests {
         let again =
             reclaim_dead_slots(&path, Duration::from_millis(1), |_| true).expect("lock is free");
         assert_eq!(again.iter().map(|c| c.slot).collect::<Vec<_>>(), [1]);
+    }
+
+    /// The writer's `with_lock` bytes are what glibc's `sem_init(sem, 1, 1)`
+    /// writes, so tests elsewhere can build lockable regions safely.
+    #[test]
+    fn the_writer_initialises_the_lock_as_glibc_does() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (ours, glibc) = (dir.path().join("ours"), dir.path().join("glibc"));
+        RegionBuilder::v1()
+            .device("GPU-a", MIB)
+            .with_lock()
+            .write(&ours)
+            .expect("write");
+        RegionBuilder::v1()
+            .device("GPU-a", MIB)
+            .write(&glibc)
+            .expect("write");
+        init_sem(&glibc);
+        let sem =
+            |p: &Path| std::fs::read(p).expect("read")[SEM_OFFSET..SEM_OFFSET + SEM_SIZE].to_vec();
+        assert_eq!(sem(&ours), sem(&glibc));
+        assert_eq!(
+            reclaim_dead_slots(&ours, Duration::from_secs(1), |_| true)
+                .map(|c| c.len())
+                .ok(),
+            Some(0)
+        );
     }
 
     #[test]
