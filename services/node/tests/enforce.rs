@@ -188,3 +188,159 @@ async fn an_uncapped_pod_is_evicted_once_with_an_event_and_a_count() {
     running.wait().await.expect("agent stops cleanly");
     server.abort();
 }
+
+/// The same through the real `kai-node agent` binary, which finds its API
+/// server through a kubeconfig: a plain-HTTP mock API server (warp) that
+/// lists the pods, holds watches open, and accepts Events and evictions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_binary_evicts_an_uncapped_pod() {
+    use std::convert::Infallible;
+    use tokio::io::AsyncBufReadExt;
+    use warp::Filter;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let containers = dir.path().join("containers");
+    region(&containers, UNCAPPED, 0, GIB);
+    region(&containers, CAPPED, 4 * GIB, GIB);
+    let pods = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "11"},
+    "items": [
+        support::pod(UNCAPPED, "uncapped-0", NODE, json!({"gpu-fraction": "0.5"})),
+        support::pod(CAPPED, "capped-0", NODE, json!({"gpu-memory": "4096"})),
+    ]});
+
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
+    let routes = warp::any()
+        .and(warp::method())
+        .and(warp::path::full())
+        .and(warp::query::raw().or(warp::any().map(String::new)).unify())
+        .and(warp::body::bytes())
+        .then(
+            move |method: http::Method,
+                  path: warp::path::FullPath,
+                  query: String,
+                  body: bytes::Bytes| {
+                let (pods, seen_tx) = (pods.clone(), seen_tx.clone());
+                async move {
+                    let path = path.as_str().to_owned();
+                    let reply = |code: u16, body: Vec<u8>| {
+                        let mut r = warp::reply::Response::new(body.into());
+                        *r.status_mut() = http::StatusCode::from_u16(code).expect("code");
+                        r.headers_mut().insert(
+                            http::header::CONTENT_TYPE,
+                            http::HeaderValue::from_static("application/json"),
+                        );
+                        Ok::<_, Infallible>(r)
+                    };
+                    if path == "/api/v1/pods" {
+                        if query.contains("watch=true") {
+                            // Held open: no changes to report.
+                            std::future::pending::<()>().await;
+                        }
+                        return reply(200, serde_json::to_vec(&pods).expect("json"));
+                    }
+                    let _ = seen_tx.send((
+                        format!("{method} {path}"),
+                        String::from_utf8_lossy(&body).into_owned(),
+                    ));
+                    if path.ends_with("/eviction") {
+                        return reply(
+                            201,
+                            br#"{"kind":"Status","apiVersion":"v1","status":"Success","code":201}"#
+                                .to_vec(),
+                        );
+                    }
+                    let code = if method == http::Method::POST {
+                        201
+                    } else {
+                        200
+                    };
+                    reply(code, body.to_vec())
+                }
+            },
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let api = listener.local_addr().expect("addr");
+    let server = tokio::spawn(warp::serve(routes).incoming(listener).run());
+
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: mock\nclusters:\n- name: mock\n  cluster:\n    server: http://{api}\ncontexts:\n- name: mock\n  context:\n    cluster: mock\n    user: mock\n    namespace: default\nusers:\n- name: mock\n  user:\n    token: t\n"
+        ),
+    )
+    .expect("kubeconfig");
+
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kai-node"))
+        .args(["--log-format", "json", "agent", "--node-name", NODE])
+        .arg("--containers-dir")
+        .arg(&containers)
+        .args([
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--no-nvml",
+            "--scan-interval-ms",
+            "100",
+            "--enforce",
+            "evict",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("agent binary starts");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let (log_tx, mut log) = tokio::sync::mpsc::unbounded_channel::<serde_json::Value>();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let _ = log_tx.send(serde_json::from_str(&line).unwrap_or_default());
+        }
+    });
+
+    // The eviction request, with its body.
+    let eviction = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let (what, body) = seen.recv().await.expect("mock API running");
+            if what.ends_with("/eviction") {
+                return (what, body);
+            }
+        }
+    })
+    .await
+    .expect("an eviction within 30 s");
+    assert_eq!(
+        eviction.0,
+        "POST /api/v1/namespaces/team-a/pods/uncapped-0/eviction"
+    );
+    let body: serde_json::Value = serde_json::from_str(&eviction.1).expect("JSON");
+    assert_eq!(body["kind"], "Eviction");
+    assert_eq!(body["apiVersion"], "policy/v1");
+    assert_eq!(body["metadata"]["name"], "uncapped-0");
+
+    // Its log line says why.
+    let logged = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let line = log.recv().await.expect("agent running");
+            if line["message"] == "evicted: GPU memory cap does not hold" {
+                return line;
+            }
+        }
+    })
+    .await
+    .expect("the eviction is logged");
+    assert_eq!(logged["reason"], "uncapped_no_limit", "{logged}");
+    assert_eq!(logged["pod"], "uncapped-0", "{logged}");
+    assert!(
+        logged["why"].as_str().unwrap_or_default().contains("limit is 0"),
+        "{logged}"
+    );
+
+    let _ = child.kill().await;
+    server.abort();
+}

@@ -145,7 +145,7 @@ impl Task {
         }
         let (Policy::Evict, Some(client)) = (self.policy, &self.client) else {
             if self.policy == Policy::DryRun {
-                tracing::warn!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), message = %c.message, "would evict (--enforce dry-run)");
+                tracing::warn!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), why = %c.message, "would evict (--enforce dry-run)");
                 count_dry_run(c.reason);
                 self.done.insert(c.uid.clone());
             }
@@ -153,7 +153,7 @@ impl Task {
         };
         match evict::evict(client, &c.namespace, &c.pod).await {
             Outcome::Evicted => {
-                tracing::warn!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), message = %c.message, "evicted: GPU memory cap does not hold");
+                tracing::warn!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), why = %c.message, "evicted: GPU memory cap does not hold");
                 count_eviction(c.reason);
                 self.notifier.send(vec![Notice {
                     subject: Subject::Pod {
@@ -179,11 +179,11 @@ impl Task {
             Outcome::Refused { message } => {
                 count_refusal(c.reason);
                 let delay = self.delay(&c.uid);
-                tracing::warn!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), %message, retry_in = ?delay, "eviction refused for now (PodDisruptionBudget)");
+                tracing::warn!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), detail = %message, retry_in = ?delay, "eviction refused for now (PodDisruptionBudget)");
             }
             Outcome::Failed { message } => {
                 let delay = self.delay(&c.uid);
-                tracing::error!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), %message, retry_in = ?delay, "eviction failed");
+                tracing::error!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), detail = %message, retry_in = ?delay, "eviction failed");
             }
         }
     }
