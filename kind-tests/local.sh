@@ -76,9 +76,30 @@ echo "$gpu" | python3 -c '
 import base64, json, sys
 r = json.load(sys.stdin)["response"]
 ops = json.loads(base64.b64decode(r["patch"]))
-mounts = [m["mountPath"] for o in ops if o["path"].endswith("volumeMounts") for m in o["value"]]
-assert r["allowed"] and r["uid"] == "uid-e2e-gpu" and "/etc/ld.so.preload" in mounts, (r, mounts)
-' && ok "webhook mutates a gpu-memory pod (ld.so.preload mounted)" || bad "webhook mutation"
+mounts = [m for o in ops if o["path"].endswith("volumeMounts") for m in o["value"]]
+paths = [m["mountPath"] for m in mounts]
+assert r["allowed"] and r["uid"] == "uid-e2e-gpu" and "/etc/ld.so.preload" in paths, (r, mounts)
+writable = sorted(m["mountPath"] for m in mounts if not m.get("readOnly"))
+assert writable == ["/tmp/vgpulock", "/usr/local/vgpu/containers"], mounts
+assert any(m["mountPath"] == "/usr/local/vgpu" and m.get("readOnly") for m in mounts), mounts
+env = [e for o in ops if "/env" in o["path"] for e in (o["value"] if isinstance(o["value"], list) else [o["value"]])]
+assert {"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "1024m"} in env, env
+' && ok "webhook mutates a gpu-memory pod (ld.so.preload, <mount> read-only, only containers/ writable, literal 1024m limit)" || bad "webhook mutation"
+cores=$(mutate "$(review e2e-cores '{"gpu-fraction":"0.5","kai-resource-isolator.io/gpu-cores":"30"}')")
+echo "$cores" | python3 -c '
+import base64, json, sys
+r = json.load(sys.stdin)["response"]
+ops = json.loads(base64.b64decode(r["patch"]))
+env = [e for o in ops if "/env" in o["path"] for e in (o["value"] if isinstance(o["value"], list) else [o["value"]])]
+assert {"name": "CUDA_DEVICE_SM_LIMIT", "value": "30"} in env, env
+assert not any(e["name"] == "CUDA_DEVICE_MEMORY_LIMIT" for e in env), env
+' && ok "webhook sets CUDA_DEVICE_SM_LIMIT from gpu-cores (no memory literal for gpu-fraction)" || bad "gpu-cores: $cores"
+badcores=$(mutate "$(review e2e-badcores '{"gpu-fraction":"0.5","kai-resource-isolator.io/gpu-cores":"150"}')")
+echo "$badcores" | python3 -c '
+import json, sys
+r = json.load(sys.stdin)["response"]
+assert not r["allowed"] and "1 to 100" in r["status"]["message"], r
+' && ok "webhook denies gpu-cores outside 1-100" || bad "bad gpu-cores: $badcores"
 plain=$(mutate "$(review e2e-plain '{}')")
 echo "$plain" | python3 -c '
 import json, sys

@@ -182,6 +182,11 @@ pod_yaml e2e-uncapped 'gpu-fraction: "0.5"' | k apply -f -
 ready_no_restarts e2e-uncapped && python3 "$checks" injected "$(pod_json e2e-uncapped)" main "$mount" \
   && ok "a gpu-fraction pod is mutated and runs" || bad "gpu-fraction pod"
 
+k -n "$test_ns" exec e2e-gpu -- sh -c "! touch $mount/tampered 2>/dev/null && mkdir $mount/containers/e2e-probe && rmdir $mount/containers/e2e-probe" \
+  && ok "the workload cannot write <mount>, only <mount>/containers" || bad "library mount is writable"
+[ "$(k -n "$test_ns" exec e2e-gpu -- printenv CUDA_DEVICE_MEMORY_LIMIT)" = 1024m ] \
+  && ok "a gpu-memory pod without KAI's limit gets the literal 1024m" || bad "no literal memory limit"
+
 echo "== agent and aggregator"
 agent=$(k -n "$ns" get pod -l app.kubernetes.io/component=node-agent --field-selector spec.nodeName="$node" -o jsonpath='{.items[0].metadata.name}')
 # No GPU: write the region libvgpu would write, through the agent's own host mount.

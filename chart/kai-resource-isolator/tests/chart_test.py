@@ -611,6 +611,28 @@ check("cert-manager ClusterIssuer; tls.patch accepted", cert_manager_cluster_iss
 check("webhook scoping values add to ours, never replace them", webhook_scoping)
 check("GKE: host paths, affinity, ResourceQuota for system-node-critical, NVML from the host", gke)
 check("priority-class ResourceQuota only outside kube-system and only for critical classes", priority_quota_only_where_needed)
+def enforcement():
+    docs = render()
+    agent = containers(one(docs, "DaemonSet", "-node"))["agent"]
+    assert arg(agent, "--enforce") == "none"
+    assert "--reclaim-stale-slots" not in agent["args"]
+    rules = one(docs, "ClusterRole", "-node")["rules"]
+    assert all("pods/eviction" not in r["resources"] for r in rules), "no eviction RBAC by default"
+    for mode in ("dry-run", "evict"):
+        docs = render(extra=("--set", f"monitor.isolation.enforce={mode}",
+                             "--set", "monitor.isolation.reclaimStaleSlots=true"))
+        agent = containers(one(docs, "DaemonSet", "-node"))["agent"]
+        assert arg(agent, "--enforce") == mode
+        assert "--reclaim-stale-slots" in agent["args"]
+        rules = one(docs, "ClusterRole", "-node")["rules"]
+        evict = [r for r in rules if "pods/eviction" in r["resources"]]
+        if mode == "evict":
+            assert evict == [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}], rules
+        else:
+            assert evict == [], "dry-run evicts nothing and gets no eviction RBAC"
+
+
+check("monitor.isolation.enforce: flag follows the value, eviction RBAC only with evict", enforcement)
 
 
 # --- the schema rejects bad values ------------------------------------------
@@ -628,6 +650,7 @@ check("schema rejects a wrong type", rejects("webhook.replicaCount=two"))
 check("schema rejects an unknown failurePolicy", rejects("webhook.failurePolicy=Maybe"))
 check("schema rejects a relative containerVgpuMount", rejects("paths.containerVgpuMount=usr/local/vgpu"))
 check("schema rejects an unknown key under monitor", rejects("monitor.enable=true"))
+check("schema rejects an unknown monitor.isolation.enforce mode", rejects("monitor.isolation.enforce=kill"))
 check("schema rejects a near-cap percent over 100", rejects("monitor.isolation.nearCapPercent=150"))
 check("schema rejects an unknown key under librarySync", rejects("librarySync.nodeSelectr.a=b"))
 check("schema rejects an unknown key under monitor.service", rejects("monitor.service.prt=1"))

@@ -49,6 +49,9 @@ pub(crate) enum Metric {
     State,
     Stale,
     NearCap,
+    StaleBytes,
+    Headroom,
+    SmLimit,
     Escaped,
     Checks,
 }
@@ -206,6 +209,21 @@ pub(crate) const ISOLATION: &[Spec] = &[
         "kai_isolator_container_near_cap",
         "1 while the container's usage of a device is at or above the near-cap threshold.",
         Metric::NearCap,
+    ),
+    Spec::new(
+        "kai_isolator_container_stale_bytes",
+        "GPU memory libvgpu still charges against the cap for processes that are gone (only while non-zero).",
+        Metric::StaleBytes,
+    ),
+    Spec::new(
+        "kai_isolator_container_headroom_bytes",
+        "What the next allocation can get: limit - used - stale (capped devices only).",
+        Metric::Headroom,
+    ),
+    Spec::new(
+        "kai_isolator_container_sm_limit_percent",
+        "The region's SM limit for the device (CUDA_DEVICE_SM_LIMIT; 0 or 100 = no limit).",
+        Metric::SmLimit,
     ),
     Spec::new(
         "kai_isolator_escaped_process_memory_bytes",
@@ -404,6 +422,12 @@ fn device(out: &mut String, spec: &Spec, c: &ContainerUsage, d: &DeviceUsage, ct
         Metric::Module => d.module_bytes,
         Metric::Buffer => d.buffer_bytes,
         Metric::Util | Metric::LegacyUtil => u64::from(d.sm_util_percent),
+        Metric::StaleBytes if d.stale_bytes > 0 => d.stale_bytes,
+        Metric::Headroom if d.limit_bytes > 0 => d
+            .limit_bytes
+            .saturating_sub(d.used_bytes)
+            .saturating_sub(d.stale_bytes),
+        Metric::SmLimit => d.sm_limit,
         // No series before the container's first kernel.
         Metric::Elapsed | Metric::LegacyKernel => match since_last_kernel(c, ctx.opts) {
             Some(since) => since,
@@ -433,7 +457,12 @@ fn device(out: &mut String, spec: &Spec, c: &ContainerUsage, d: &DeviceUsage, ct
         }
         _ => hami_labels(out, c, d, ctx),
     }
-    close_zoned(out, value);
+    match spec.metric {
+        // Our own per-device families share HAMi's label set but are not
+        // HAMi's series: no `zone` (HAMi's registry wrapper adds it to its own).
+        Metric::StaleBytes | Metric::Headroom | Metric::SmLimit => close(out, value),
+        _ => close_zoned(out, value),
+    }
 }
 
 /// The `offset` label of the breakdown series: what the used total holds

@@ -132,4 +132,64 @@ mod tests {
             "{out}"
         );
     }
+
+    #[test]
+    fn stale_charge_headroom_and_sm_limit_per_device() {
+        use kai_proto::v1::DeviceUsage;
+        let gib = 1u64 << 30;
+        let device = |index: u32, limit: u64, used: u64, stale: u64| DeviceUsage {
+            index,
+            uuid: format!("GPU-{index}"),
+            limit_bytes: limit,
+            used_bytes: used,
+            stale_bytes: stale,
+            sm_limit: 30,
+            ..DeviceUsage::default()
+        };
+        let c = ContainerUsage {
+            devices: vec![device(0, 4 * gib, gib, gib / 2), device(1, 0, gib, 0)],
+            ..container(IsolationState::Capped, 1, &[])
+        };
+        let mut out = String::new();
+        render_isolation(&mut out, [&c], [], Options::default());
+        let labels = |i: u32| {
+            format!(
+                "{{namespace=\"team-a\",pod=\"trainer-0\",container=\"main\",vdevice_index=\"{i}\",device_uuid=\"GPU-{i}\"}}"
+            )
+        };
+        assert!(
+            out.contains(&format!(
+                "kai_isolator_container_stale_bytes{} {}\n",
+                labels(0),
+                gib / 2
+            )),
+            "{out}"
+        );
+        assert_eq!(
+            out.matches("kai_isolator_container_stale_bytes{").count(),
+            1,
+            "only while non-zero"
+        );
+        assert!(
+            out.contains(&format!(
+                "kai_isolator_container_headroom_bytes{} {}\n",
+                labels(0),
+                4 * gib - gib - gib / 2
+            )),
+            "{out}"
+        );
+        assert_eq!(
+            out.matches("kai_isolator_container_headroom_bytes{")
+                .count(),
+            1,
+            "uncapped devices have none"
+        );
+        assert!(
+            out.contains(&format!(
+                "kai_isolator_container_sm_limit_percent{} 30\n",
+                labels(1)
+            )),
+            "{out}"
+        );
+    }
 }

@@ -292,7 +292,7 @@ fn each_family_is_contiguous_after_its_header() {
             samples += 1;
         }
     }
-    assert_eq!(seen.len(), 22, "every family, legacy included");
+    assert_eq!(seen.len(), 25, "every family, legacy included");
     assert!(samples > 1000, "{samples}");
     assert!(page.contains(
         "hami_host_gpu_utilization_ratio{device_index=\"0\",device_uuid=\"GPU-a\",device_type=\"NVIDIA-A100 \\\"80GB\\\"\",node=\"gpu-1\",zone=\"vGPU\"} 7\n"

@@ -7,7 +7,9 @@
 //! - [`Region`]: a read-only mapping with validated, tear-tolerant snapshots;
 //! - [`writer`]: produces regions the real library would, for tests, the demo
 //!   and the simulator;
-//! - [`discovery`]: finds `<containers>/<podUID>_<container>/usage.cache`.
+//! - [`discovery`]: finds `<containers>/<podUID>_<container>/usage.cache`;
+//! - [`reclaim`]: the one writer into live regions, clearing dead
+//!   processes' slots under the region's own lock (opt-in in the agent).
 //!
 //! No Kubernetes, no gRPC: just bytes.
 
@@ -15,6 +17,7 @@ pub mod discovery;
 pub mod layout;
 mod map;
 mod reader;
+pub mod reclaim;
 mod snapshot;
 pub mod writer;
 

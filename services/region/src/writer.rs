@@ -79,6 +79,11 @@ pub struct RegionBuilder {
     pub utilization_switch: i32,
     pub recent_kernel: i32,
     pub priority: i32,
+    /// Write the v1 region's `sem` as libvgpu's `sem_init(&sem, 1, 1)`
+    /// leaves it (glibc x86-64: count 1 in the first word, the
+    /// process-shared futex flag in `private`), so the region's lock can be
+    /// taken as in a real region. Off by default: most readers never lock.
+    pub lock_initialised: bool,
 }
 
 impl RegionBuilder {
@@ -105,7 +110,14 @@ impl RegionBuilder {
             utilization_switch: 1,
             recent_kernel: 2,
             priority: 1,
+            lock_initialised: false,
         }
+    }
+
+    /// With the region's lock initialised (see [`Self::lock_initialised`]).
+    pub fn with_lock(mut self) -> Self {
+        self.lock_initialised = true;
+        self
     }
 
     pub fn device(mut self, uuid: &str, limit: u64) -> Self {
@@ -152,6 +164,12 @@ impl RegionBuilder {
             put_u32(&mut b, min, minor);
         }
         put_u64(&mut b, l.owner_pid, self.owner_pid);
+        if self.lock_initialised && matches!(self.version, LayoutVersion::V1 { .. }) {
+            // glibc's `struct new_sem`: `uint64_t data` (value in the low
+            // 32 bits), `int private` (FUTEX_SHARED = 128 for pshared).
+            put_u64(&mut b, crate::reclaim::SEM_OFFSET, 1);
+            put_u32(&mut b, crate::reclaim::SEM_OFFSET + 8, 128);
+        }
         put_u64(
             &mut b,
             l.device_num,

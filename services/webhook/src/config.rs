@@ -25,6 +25,9 @@ pub struct InjectConfig {
     /// KAI's annotations; these only explain, in the log, why a pod that asks
     /// for e.g. `nvidia.com/gpumem` without the annotations was left alone.
     pub share_resources: Vec<String>,
+    /// Add a literal `CUDA_DEVICE_MEMORY_LIMIT` from `gpu-memory`, placed
+    /// before KAI's reference so KAI's value wins whenever it exists.
+    pub memory_limit_fallback: bool,
     /// The fixed parts of this config's patches, encoded on first use.
     pub(crate) patch_pieces: PatchPieces,
 }
@@ -38,6 +41,7 @@ impl Default for InjectConfig {
                 .split(',')
                 .map(str::to_owned)
                 .collect(),
+            memory_limit_fallback: true,
             patch_pieces: PatchPieces::default(),
         }
     }
@@ -66,6 +70,7 @@ impl InjectConfig {
                 .map(|r| r.trim().to_owned())
                 .filter(|r| !r.is_empty())
                 .collect(),
+            memory_limit_fallback: true,
             patch_pieces: PatchPieces::default(),
         })
     }
@@ -75,6 +80,13 @@ impl InjectConfig {
         let trimmed = absolute(dir).ok_or_else(|| ConfigError::HostDir(dir.to_owned()))?;
         trimmed.clone_into(&mut self.host_vgpu_dir);
         Ok(self)
+    }
+
+    /// Turns the literal memory limit for `gpu-memory` pods on or off.
+    #[must_use]
+    pub fn with_memory_limit_fallback(mut self, on: bool) -> Self {
+        self.memory_limit_fallback = on;
+        self
     }
 
     /// `<mount>/containers`, where libvgpu writes one directory per container.
@@ -115,6 +127,11 @@ pub struct Args {
     /// Comma-separated extended resources that suggest GPU sharing (logged only).
     #[arg(long, env = "GPU_SHARE_RESOURCES", default_value = DEFAULT_SHARE_RESOURCES, value_delimiter = ',')]
     pub gpu_share_resources: Vec<String>,
+    /// Give `gpu-memory` pods a literal CUDA_DEVICE_MEMORY_LIMIT placed
+    /// before KAI's (which wins whenever it resolves), so a pod whose KAI
+    /// limit stays unset is still capped.
+    #[arg(long, env = "GPU_MEMORY_LIMIT_FALLBACK", default_value_t = true, action = clap::ArgAction::Set)]
+    pub memory_limit_fallback: bool,
     /// Seconds between certificate re-reads when no file event arrives.
     #[arg(long, env = "TLS_RELOAD_FALLBACK_SECONDS", default_value_t = 60)]
     pub tls_reload_fallback_seconds: u64,
@@ -135,6 +152,7 @@ mod tests {
                 vgpu_mount: "/opt/vgpu".into(),
                 host_vgpu_dir: "/opt/vgpu".into(),
                 share_resources: vec!["a".into()],
+                memory_limit_fallback: true,
                 patch_pieces: PatchPieces::default(),
             })
         );

@@ -27,7 +27,8 @@ impl Args {
                 .and_then(|cfg| match &self.host_vgpu_dir {
                     Some(dir) => cfg.with_host_vgpu_dir(dir),
                     None => Ok(cfg),
-                })?,
+                })?
+                .with_memory_limit_fallback(self.memory_limit_fallback),
             tls_reload_fallback: std::time::Duration::from_secs(
                 self.tls_reload_fallback_seconds.max(1),
             ),

@@ -26,7 +26,7 @@ use std::ops::Deref;
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
-use crate::inject::{ENV_NAMES, VOLUME_NAMES};
+use crate::inject::{ENV_MEMORY_LIMIT, ENV_NAMES, ENV_SM_LIMIT, VOLUME_NAMES};
 
 mod scan;
 
@@ -134,10 +134,10 @@ pub struct Container<'a> {
 }
 
 impl<'a> Container<'a> {
-    /// Which of our env vars the container already sets; `None` when it
-    /// has no env list.
-    pub fn env(&self) -> Result<Option<Found<EnvNames>>, serde_json::Error> {
-        lazy_with(self.env, Found::scan)
+    /// What the container's env list holds that the plan needs; `None`
+    /// when it has no env list.
+    pub fn env(&self) -> Result<Option<EnvFound>, serde_json::Error> {
+        lazy_with(self.env, EnvFound::scan)
     }
 
     pub fn volume_mounts(&self) -> Result<Option<Vec<Mount<'a>>>, serde_json::Error> {
@@ -215,6 +215,94 @@ impl<N: Names> Found<N> {
             found.insert(name.flatten().unwrap_or_default());
         })?;
         Some(found)
+    }
+}
+
+/// What a container's env list holds that the plan needs: which of our
+/// own variables are set, and the limit variables we may add.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EnvFound {
+    /// Which of [`ENV_NAMES`] are set.
+    pub ours: Found<EnvNames>,
+    /// The index of the first `CUDA_DEVICE_MEMORY_LIMIT` entry, of any kind.
+    pub memory_limit_at: Option<usize>,
+    /// Some `CUDA_DEVICE_MEMORY_LIMIT` entry is a literal (has no
+    /// `valueFrom`), so the variable is always defined: ours (on a
+    /// reinvocation) or the user's.
+    pub memory_limit_literal: bool,
+    /// `CUDA_DEVICE_SM_LIMIT` is set (in any way).
+    pub sm_limit: bool,
+}
+
+impl EnvFound {
+    /// Notes entry `index`, named `name`, with or without `valueFrom`.
+    fn insert(&mut self, index: usize, name: &str, from_ref: bool) {
+        self.ours.insert(name);
+        if name == ENV_MEMORY_LIMIT {
+            self.memory_limit_at.get_or_insert(index);
+            self.memory_limit_literal |= !from_ref;
+        } else if name == ENV_SM_LIMIT {
+            self.sm_limit = true;
+        }
+    }
+
+    /// Reads the list as [`EnvEntry`] items would, when [`scan`] can.
+    fn scan(text: &str) -> Option<Self> {
+        let mut found = Self::default();
+        let mut index = 0;
+        scan::objects_and_presence(text, ["name"], ["valueFrom"], |[name], [from_ref]| {
+            found.insert(index, name.flatten().unwrap_or_default(), from_ref);
+            index += 1;
+        })?;
+        Some(found)
+    }
+}
+
+/// An env var: its name, and whether its value comes from a reference.
+#[derive(Default)]
+struct EnvEntry<'a> {
+    name: Str<'a>,
+    from_ref: bool,
+}
+
+impl<'de> Fields<'de> for EnvEntry<'de> {
+    const EXPECTING: &'static str = "EnvVar";
+
+    fn field<A: MapAccess<'de>>(&mut self, key: &[u8], map: &mut A) -> Result<(), A::Error> {
+        match key {
+            b"name" => self.name = map.next_value::<Option<Str<'de>>>()?.unwrap_or_default(),
+            // `null` is absent, as k8s-openapi reads it; the source itself
+            // is not read (it never was).
+            b"valueFrom" => self.from_ref = map.next_value::<Option<IgnoredAny>>()?.is_some(),
+            _ => skip(map)?,
+        }
+        Ok(())
+    }
+}
+
+impl<'de> Deserialize<'de> for EnvFound {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct EnvVisitor;
+
+        impl<'de> Visitor<'de> for EnvVisitor {
+            type Value = EnvFound;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of env vars")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<EnvFound, A::Error> {
+                let mut found = EnvFound::default();
+                let mut index = 0;
+                while let Some(item) = seq.next_element::<EnvEntry<'de>>()? {
+                    found.insert(index, &item.name, item.from_ref);
+                    index += 1;
+                }
+                Ok(found)
+            }
+        }
+
+        deserializer.deserialize_seq(EnvVisitor)
     }
 }
 
@@ -350,7 +438,9 @@ macro_rules! deserialize_by_fields {
     )*};
 }
 
-deserialize_by_fields!(Pod, Meta, Spec, Container, Named, Mount, Resources);
+deserialize_by_fields!(
+    Pod, Meta, Spec, Container, Named, EnvEntry, Mount, Resources
+);
 
 fn skip<'de, A: MapAccess<'de>>(map: &mut A) -> Result<(), A::Error> {
     map.next_value::<IgnoredAny>().map(|_| ())
@@ -733,7 +823,7 @@ mod tests {
             (volumes.has(0), volumes.has(1), volumes.has(2)),
             (false, false, true)
         );
-        let env = c.env().expect("valid").expect("env");
+        let env = c.env().expect("valid").expect("env").ours;
         assert_eq!((env.has(0), env.has(1), env.has(2)), (true, false, false));
     }
 
@@ -750,12 +840,22 @@ mod tests {
             r#"[{"name":"m","mountPath":"/m","subPath":"s","readOnly":true}]"#,
             r#"[{"mountPath":null,"subPath":null,"name":"m"},{"n":[1,2.5e3,false]}]"#,
             r#"[{"name":"POD_UID"}]"#,
+            r#"[{"name":"A"},{"name":"CUDA_DEVICE_MEMORY_LIMIT","valueFrom":{"configMapKeyRef":{"optional":true}}},{"name":"CUDA_DEVICE_MEMORY_LIMIT","value":"1m"}]"#,
+            r#"[{"name":"CUDA_DEVICE_MEMORY_LIMIT","valueFrom":null},{"name":"CUDA_DEVICE_SM_LIMIT","value":"5"}]"#,
             r#"[{"name":5}]"#,
             r#"[null]"#,
             r#"{"name":"POD_UID"}"#,
         ];
         for text in texts {
             let env = Found::<EnvNames>::scan(text);
+            if env.is_some() {
+                assert_eq!(
+                    env.ok_or(()),
+                    serde_json::from_str(text).map_err(|_| ()),
+                    "{text}"
+                );
+            }
+            let env = EnvFound::scan(text);
             if env.is_some() {
                 assert_eq!(
                     env.ok_or(()),
@@ -780,6 +880,27 @@ mod tests {
         // The common shape is read by the fast path.
         assert!(Found::<EnvNames>::scan(texts[1]).is_some_and(|f| f.has(0) && f.has(1)));
         assert!(Mount::scan(texts[6]).is_some());
+    }
+
+    #[test]
+    fn env_tells_where_the_memory_limit_is_and_how_it_is_set() {
+        let text = json!({"spec": {"containers": [{"name": "a", "env": [
+            {"name": "X", "value": "1"},
+            {"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k", "optional": true}}},
+            {"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": {"configMapKeyRef": {"name": "d", "key": "k"}}},
+        ]}]}})
+        .to_string();
+        // The escaped copy takes the serde path.
+        let escaped = text.replace("\"X\"", "\"\\u0058\"");
+        for text in [text, escaped] {
+            let pod = lean(&text).expect("valid");
+            let env = pod.spec.as_ref().expect("spec").containers[0]
+                .env()
+                .expect("valid")
+                .expect("env");
+            assert_eq!(env.memory_limit_at, Some(1), "{text}");
+            assert!(!env.memory_limit_literal && !env.sm_limit, "{text}");
+        }
     }
 
     #[test]

@@ -36,7 +36,9 @@ async fn serves_reviews_probes_and_rejections_over_tls() {
     assert_eq!(response["response"]["uid"], "abc-123");
     assert_eq!(response["response"]["allowed"], true);
     let patch = support::patch_of(&response).expect("base64 JSON patch");
-    assert_eq!(patch.0.len(), 3);
+    // Volumes, mounts and env as whole lists, then the literal memory limit
+    // of the `gpu-memory` pod.
+    assert_eq!(patch.0.len(), 4);
 
     let bad: Vec<(&str, Vec<u8>, &str)> = vec![
         ("not JSON", b"{not json".to_vec(), "not an AdmissionReview"),

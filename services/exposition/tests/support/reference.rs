@@ -254,6 +254,18 @@ pub fn render_isolation<'a>(
         "kai_isolator_container_near_cap",
         "1 while the container's usage of a device is at or above the near-cap threshold.",
     );
+    let mut stale_bytes = Family::gauge(
+        "kai_isolator_container_stale_bytes",
+        "GPU memory libvgpu still charges against the cap for processes that are gone (only while non-zero).",
+    );
+    let mut headroom = Family::gauge(
+        "kai_isolator_container_headroom_bytes",
+        "What the next allocation can get: limit - used - stale (capped devices only).",
+    );
+    let mut sm_limit = Family::gauge(
+        "kai_isolator_container_sm_limit_percent",
+        "The region's SM limit for the device (CUDA_DEVICE_SM_LIMIT; 0 or 100 = no limit).",
+    );
     let mut escaped = Family::gauge(
         "kai_isolator_escaped_process_memory_bytes",
         "GPU memory of a process that no libvgpu region accounts for (uncapped).",
@@ -287,6 +299,28 @@ pub fn render_isolation<'a>(
             extended.push("device_uuid", uuid);
             near.sample_with(&extended, 1.0);
         }
+        for d in &c.devices {
+            let mut device = Labels::default();
+            device.push("namespace", &c.namespace);
+            device.push("pod", &c.pod);
+            device.push("container", &c.container);
+            device.push_u64("vdevice_index", u64::from(d.index));
+            device.push("device_uuid", &d.uuid);
+            if opts.node_label {
+                device.push("node", &c.node);
+            }
+            if d.stale_bytes > 0 {
+                stale_bytes.sample_with(&device, d.stale_bytes as f64);
+            }
+            if d.limit_bytes > 0 {
+                let left = d
+                    .limit_bytes
+                    .saturating_sub(d.used_bytes)
+                    .saturating_sub(d.stale_bytes);
+                headroom.sample_with(&device, left as f64);
+            }
+            sm_limit.sample_with(&device, d.sm_limit as f64);
+        }
     }
     for node in nodes {
         for e in node.escaped {
@@ -315,7 +349,16 @@ pub fn render_isolation<'a>(
             }
         }
     }
-    for family in [&state, &stale, &near, &escaped, &checks] {
+    for family in [
+        &state,
+        &stale,
+        &near,
+        &stale_bytes,
+        &headroom,
+        &sm_limit,
+        &escaped,
+        &checks,
+    ] {
         family.render(out);
     }
 }

@@ -72,5 +72,6 @@ pub fn render(
         "# HELP kai_node_agent_scans_total Scans of the containers directory since start (periodic and on directory changes).\n# TYPE kai_node_agent_scans_total counter\nkai_node_agent_scans_total {scans}"
     );
     super::preload_path::render(&mut out);
+    super::enforce::render_metrics(&mut out);
     out
 }

@@ -1,6 +1,7 @@
 //! The node agent: regions → pods → gRPC and metrics.
 
 pub mod encoded;
+pub mod enforce;
 mod exposition;
 pub mod grpc;
 pub mod isolation;
@@ -105,6 +106,12 @@ pub struct Args {
     /// This agent's pod name, the Events' reporting instance.
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,
+    /// What to do about a pod whose cap does not hold (docs/isolation.md).
+    #[arg(long, env = "ENFORCE", value_enum, default_value_t = enforce::Policy::None)]
+    pub enforce: enforce::Policy,
+    /// Clear the region slots of dead host PIDs so libvgpu stops charging them (needs --host-proc).
+    #[arg(long, env = "RECLAIM_STALE_SLOTS")]
+    pub reclaim_stale_slots: bool,
 }
 
 /// TLS for the gRPC port.
@@ -139,6 +146,8 @@ pub struct Config {
     /// Write Kubernetes Events (needs an API server).
     pub events: bool,
     pub pod_name: Option<String>,
+    pub enforce: enforce::Policy,
+    pub reclaim_stale_slots: bool,
 }
 
 /// Where pod names come from.
@@ -204,6 +213,8 @@ impl Config {
             host_proc: None,
             events: false,
             pod_name: None,
+            enforce: enforce::Policy::None,
+            reclaim_stale_slots: false,
         }
     }
 }
@@ -240,6 +251,8 @@ impl Args {
             host_proc: self.host_proc.clone(),
             events: !self.no_events,
             pod_name: self.pod_name.clone(),
+            enforce: self.enforce,
+            reclaim_stale_slots: self.reclaim_stale_slots,
             grpc_tls: match (&self.grpc_tls_cert_file, &self.grpc_tls_key_file) {
                 (Some(cert), Some(key)) => Some(GrpcTls {
                     cert: cert.clone(),
@@ -335,6 +348,13 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
             store,
             pods,
             devices: devices.clone(),
+            enforcer: enforce::driver::Enforcer::spawn(
+                config.enforce,
+                client.clone(),
+                notifier.clone(),
+                Default::default(),
+                shutdown.clone(),
+            ),
             notifier,
             scans: scans.clone(),
         },
@@ -380,6 +400,7 @@ struct Scanner {
     pods: PodSource,
     devices: Arc<Devices>,
     notifier: isolation::events::Notifier,
+    enforcer: enforce::driver::Enforcer,
     scans: Arc<AtomicU64>,
 }
 
@@ -398,6 +419,7 @@ async fn poll(
         pods,
         devices,
         notifier,
+        enforcer,
         scans,
     } = scanner;
     let mut dir_watch = DirWatch::new([config.containers_dir.clone()], Depth::RootAndChildren)
@@ -478,6 +500,16 @@ async fn poll(
             },
         );
         notifier.send(assessed.notices);
+        enforcer.send(enforce::candidates(
+            &containers,
+            &assessed.missing,
+            &assessed.escaped,
+        ));
+        if let (true, Some(host)) = (config.reclaim_stale_slots, host.clone()) {
+            let targets = enforce::stale::targets(&containers, &config.containers_dir);
+            let _ =
+                tokio::task::spawn_blocking(move || enforce::stale::reclaim(&targets, &host)).await;
+        }
         if kube_status == "ready" {
             orphans.sweep(&scan.dirs, &pods, config.orphan_grace);
         }

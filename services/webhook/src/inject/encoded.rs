@@ -271,6 +271,8 @@ struct Vars {
     mounts_path: Range<usize>,
     env_path: Range<usize>,
     name: Range<usize>,
+    /// Each limit's `add` after its op head: path, value and closing `}`.
+    limits: Vec<Range<usize>>,
 }
 
 impl Vars {
@@ -280,6 +282,7 @@ impl Vars {
             mounts_path: 0..0,
             env_path: 0..0,
             name: 0..0,
+            limits: Vec::new(),
         };
         let mut scratch = String::with_capacity(64);
         if patch.mounts.items != 0 {
@@ -290,6 +293,24 @@ impl Vars {
         if patch.env.items != 0 {
             vars.env_path = vars.add(&mut scratch, |s| path(s, target, "/env", patch.env));
             vars.name = vars.add(&mut scratch, |s| json::string(s, &[&target.name]));
+        }
+        for (field, item) in patch.limits.ops() {
+            let op = vars.add(&mut scratch, |s| {
+                // `field` is the whole pointer tail (`/env/-`, `/env/3`).
+                path(
+                    s,
+                    target,
+                    &field,
+                    Missing {
+                        whole_list: true,
+                        items: 0,
+                    },
+                );
+                s.push_str(r#","value":"#);
+                s.push_str(&item);
+                s.push('}');
+            });
+            vars.limits.push(op);
         }
         vars
     }
@@ -393,7 +414,9 @@ impl EncodedPatch<'_> {
     /// At least the length of what [`EncodedPatch::write`] writes, so that
     /// the response can be allocated once.
     pub fn len_bound(&self) -> usize {
-        self.pieces.max_len + MAX_OPS * self.vars.text.len()
+        self.pieces.max_len
+            + MAX_OPS * self.vars.text.len()
+            + self.vars.limits.len() * self.pieces.op_next.0.len()
     }
 
     /// Appends the base64 of the patch's RFC 6902 JSON: the same JSON as
@@ -411,6 +434,10 @@ impl EncodedPatch<'_> {
         });
         w.list(patch.mounts, &pieces.mounts, |w| w.var(&vars.mounts_path));
         w.list(patch.env, &pieces.env, |w| w.var(&vars.env_path));
+        for op in &vars.limits {
+            w.op();
+            w.var(op);
+        }
         if w.first {
             // No operation (an empty patch is never sent, but stays valid).
             w.chunk(&Chunk::new("["));
@@ -440,7 +467,7 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::inject::ContainerList;
+    use crate::inject::{ContainerList, Limits, MemoryLimit};
 
     fn configs() -> Vec<InjectConfig> {
         // Validation allows quotes and backslashes: they must be escaped in
@@ -483,6 +510,51 @@ mod tests {
             .collect()
     }
 
+    /// No limit, each alone, both, at the end or inserted.
+    fn limits() -> Vec<Limits> {
+        let memory = |before| MemoryLimit { mib: 4096, before };
+        vec![
+            Limits::default(),
+            Limits {
+                memory: Some(memory(None)),
+                sm_percent: None,
+            },
+            Limits {
+                memory: None,
+                sm_percent: Some(100),
+            },
+            Limits {
+                memory: Some(memory(Some(12))),
+                sm_percent: Some(7),
+            },
+            Limits {
+                memory: Some(memory(Some(0))),
+                sm_percent: None,
+            },
+        ]
+    }
+
+    /// The bound holds for the longest patches.
+    #[test]
+    fn len_bound_holds() {
+        for cfg in configs() {
+            for target in targets() {
+                for limits in limits() {
+                    let patch = Patch {
+                        volumes: missing(3)[15],
+                        mounts: missing(4)[31],
+                        env: missing(3)[15],
+                        limits,
+                    };
+                    let encoded = patch.encode(&target, &cfg);
+                    let mut out = String::new();
+                    encoded.write(&mut out);
+                    assert!(out.len() <= encoded.len_bound(), "{patch:?}");
+                }
+            }
+        }
+    }
+
     /// The base64 patch, decoded and read as JSON.
     fn decoded(patch: &Patch, target: &Target, cfg: &InjectConfig) -> Value {
         let mut b64 = String::new();
@@ -504,6 +576,7 @@ mod tests {
                             volumes: *volumes,
                             mounts: *mounts,
                             env: env[(v * 7 + m) % env.len()],
+                            limits: limits()[(v + m) % limits().len()],
                         };
                         let plain: Value = serde_json::from_str(&patch.to_json(&target, &cfg))
                             .expect("plain rendering is JSON");
@@ -520,6 +593,7 @@ mod tests {
                         volumes: volumes[15],
                         mounts: mounts[31],
                         env: *env,
+                        limits: Limits::default(),
                     };
                     let plain: Value =
                         serde_json::from_str(&patch.to_json(&target, &cfg)).expect("JSON");
@@ -537,6 +611,7 @@ mod tests {
             volumes: missing(3)[15],
             mounts: missing(4)[31],
             env: missing(3)[15],
+            limits: limits()[3],
         };
         decoded(&patch, target, &cfg);
         cfg.vgpu_mount = "/elsewhere".to_owned();

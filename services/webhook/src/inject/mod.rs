@@ -22,6 +22,9 @@ pub const ANNOTATION_GPU_MEMORY: &str = "gpu-memory";
 pub const ANNOTATION_CONTAINER_NAME: &str = "gpu-fraction-container-name";
 /// `"false"` (any case) opts a pod out of injection.
 pub const ANNOTATION_INJECT: &str = "kai-resource-isolator.io/inject";
+/// The share of the GPU's SMs (percent, 1–100) the sharing container may
+/// use; becomes `CUDA_DEVICE_SM_LIMIT`.
+pub const ANNOTATION_GPU_CORES: &str = "kai-resource-isolator.io/gpu-cores";
 
 pub const VOLUME_VGPU: &str = "kai-resource-isolator-vgpu";
 pub const VOLUME_CONTAINERS: &str = "kai-resource-isolator-containers";
@@ -34,6 +37,11 @@ pub const LD_SO_PRELOAD_SUBPATH: &str = "ld.so.preload";
 pub const ENV_POD_UID: &str = "POD_UID";
 pub const ENV_CONTAINER_NAME: &str = "CONTAINER_NAME";
 pub const ENV_VGPU_MOUNT: &str = "CONTAINER_VGPU_MOUNT";
+/// libvgpu's memory cap for every device (`<n>m` is MiB). KAI fills it
+/// from an optional ConfigMap reference at bind time.
+pub const ENV_MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+/// libvgpu's SM limit for every device, in percent.
+pub const ENV_SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
 
 /// Which list the target container is in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,6 +115,72 @@ pub struct Patch {
     pub mounts: Missing,
     /// The target's `env`, items as in [`ENV_NAMES`].
     pub env: Missing,
+    /// Limits with a value of this pod's, added after the fixed items.
+    pub limits: Limits,
+}
+
+/// The limit variables a patch adds to the target's env, each by its own
+/// `add` after those of [`Patch::env`] (so the list exists by then).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// A literal `CUDA_DEVICE_MEMORY_LIMIT`, from `gpu-memory`.
+    pub memory: Option<MemoryLimit>,
+    /// `CUDA_DEVICE_SM_LIMIT`, from [`ANNOTATION_GPU_CORES`].
+    pub sm_percent: Option<u8>,
+}
+
+/// A literal `CUDA_DEVICE_MEMORY_LIMIT=<mib>m`.
+///
+/// Kubelet resolves env entries in order, a later entry of a name
+/// replacing an earlier one, and skips an optional reference whose
+/// ConfigMap or key is missing. Placed before KAI's reference, ours is the
+/// value only when KAI's is missing (docs/webhook.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryLimit {
+    pub mib: u64,
+    /// Inserted at this index of the env list (before the first entry of
+    /// the name); appended when `None`.
+    pub before: Option<usize>,
+}
+
+impl Limits {
+    fn is_empty(&self) -> bool {
+        self.memory.is_none() && self.sm_percent.is_none()
+    }
+
+    /// Each limit's `add`: its JSON pointer relative to the target
+    /// container, and its env item. Rendered the same way by both writers.
+    fn ops(&self) -> impl Iterator<Item = (String, String)> {
+        let memory = self.memory.map(|limit| {
+            let field = match limit.before {
+                Some(index) => format!("/env/{index}"),
+                None => "/env/-".to_owned(),
+            };
+            (
+                field,
+                literal_env(ENV_MEMORY_LIMIT, &format!("{}m", limit.mib)),
+            )
+        });
+        let sm = self.sm_percent.map(|percent| {
+            (
+                "/env/-".to_owned(),
+                literal_env(ENV_SM_LIMIT, &percent.to_string()),
+            )
+        });
+        memory.into_iter().chain(sm)
+    }
+}
+
+/// `{"name":…,"value":…}`; names and values here need no escaping beyond
+/// what [`json::string`] does.
+fn literal_env(name: &str, value: &str) -> String {
+    let mut out = String::with_capacity(64);
+    out.push_str(r#"{"name":"#);
+    json::string(&mut out, &[name]);
+    out.push_str(r#","value":"#);
+    json::string(&mut out, &[value]);
+    out.push('}');
+    out
 }
 
 /// Which items of one of our lists are missing, and how they are added.
@@ -157,13 +231,16 @@ pub struct MountSpec {
     pub read_only: bool,
 }
 
-/// Our mounts into the target container.
+/// Our mounts into the target container. `<mount>` is read-only, so a
+/// workload (even as root) cannot replace libvgpu.so or ld.so.preload for
+/// every pod of the node; only `<mount>/containers`, where libvgpu creates
+/// its directory, and libvgpu's lock directory stay writable.
 pub const MOUNTS: [MountSpec; 4] = [
     MountSpec {
         volume: VOLUME_VGPU,
         path: Dir::VgpuMount,
         sub_path: None,
-        read_only: false,
+        read_only: true,
     },
     MountSpec {
         volume: VOLUME_VGPU,
@@ -240,7 +317,10 @@ impl Dir {
 impl Patch {
     /// Nothing to add.
     pub fn is_empty(&self) -> bool {
-        self.volumes.items == 0 && self.mounts.items == 0 && self.env.items == 0
+        self.volumes.items == 0
+            && self.mounts.items == 0
+            && self.env.items == 0
+            && self.limits.is_empty()
     }
 
     /// The RFC 6902 JSON of this patch for `target` under `cfg`.
@@ -276,6 +356,11 @@ impl Patch {
         ops.list(&container, "/env", self.env, ENV_NAMES.len(), |out, i| {
             env_json(i, &target.name, cfg, out);
         });
+        for (field, item) in self.limits.ops() {
+            ops.op(&container, &field, false);
+            ops.out.push_str(&item);
+            ops.out.push('}');
+        }
         ops.out.push(']');
     }
 }
@@ -430,6 +515,22 @@ pub fn plan(pod: &Pod<'_>, cfg: &InjectConfig) -> Result<Decision, InvalidField>
     if annotation(ANNOTATION_INJECT).is_some_and(|v| v.trim().eq_ignore_ascii_case("false")) {
         return Ok(Decision::OptedOut);
     }
+    let sm_percent = match annotation(ANNOTATION_GPU_CORES).map(|v| (v, parse_percent(v))) {
+        None => None,
+        Some((_, Some(percent))) => Some(percent),
+        Some((value, None)) => {
+            return Ok(Decision::Deny {
+                message: format!(
+                    "annotation {ANNOTATION_GPU_CORES}={value:?} must be a whole percentage from 1 to 100 (the share of the GPU's streaming multiprocessors the container may use)"
+                ),
+            });
+        }
+    };
+    // A `gpu-memory` KAI cannot read is KAI's to reject; we add no limit
+    // for it.
+    let memory_mib = annotation(ANNOTATION_GPU_MEMORY)
+        .filter(|_| cfg.memory_limit_fallback)
+        .and_then(parse_mib);
     let Some(spec) = pod.spec.as_ref() else {
         return Ok(Decision::NoContainers);
     };
@@ -498,14 +599,39 @@ pub fn plan(pod: &Pod<'_>, cfg: &InjectConfig) -> Result<Decision, InvalidField>
                 .any(|have| same_mount(have, &MOUNTS[i], cfg))
         }),
         env: Missing::of(env.is_some(), ENV_NAMES.len(), |i| {
-            env.is_some_and(|found| found.has(i))
+            env.is_some_and(|found| found.ours.has(i))
         }),
+        limits: Limits {
+            // Never a second literal: one there (ours on a reinvocation, or
+            // the user's) already defines the variable.
+            memory: memory_mib
+                .filter(|_| !env.is_some_and(|found| found.memory_limit_literal))
+                .map(|mib| MemoryLimit {
+                    mib,
+                    before: env.and_then(|found| found.memory_limit_at),
+                }),
+            sm_percent: sm_percent.filter(|_| !env.is_some_and(|found| found.sm_limit)),
+        },
     };
     Ok(if patch.is_empty() {
         Decision::AlreadyInjected { target }
     } else {
         Decision::Inject { target, patch }
     })
+}
+
+/// `gpu-memory`: a positive whole number of MiB.
+fn parse_mib(value: &str) -> Option<u64> {
+    value.trim().parse::<u64>().ok().filter(|&mib| mib > 0)
+}
+
+/// A whole percentage from 1 to 100.
+fn parse_percent(value: &str) -> Option<u8> {
+    value
+        .trim()
+        .parse::<u8>()
+        .ok()
+        .filter(|p| (1..=100).contains(p))
 }
 
 fn find_named(

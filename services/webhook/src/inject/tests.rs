@@ -72,7 +72,7 @@ fn mounts_of(doc: &Value, list: &str, index: usize) -> Vec<(String, String, Opti
 
 fn expected_mounts() -> Vec<(String, String, Option<String>, bool)> {
     vec![
-        (VOLUME_VGPU.into(), "/usr/local/vgpu".into(), None, false),
+        (VOLUME_VGPU.into(), "/usr/local/vgpu".into(), None, true),
         (
             VOLUME_VGPU.into(),
             "/etc/ld.so.preload".into(),
@@ -99,6 +99,7 @@ fn bare_pod_gets_whole_arrays() {
             "add /spec/volumes",
             "add /spec/containers/0/volumeMounts",
             "add /spec/containers/0/env",
+            "add /spec/containers/0/env/-",
         ]
     );
     assert_eq!(mounts_of(&doc, "containers", 0), expected_mounts());
@@ -115,6 +116,7 @@ fn bare_pod_gets_whole_arrays() {
             {"name": "POD_UID", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.uid"}}},
             {"name": "CONTAINER_NAME", "value": "main"},
             {"name": "CONTAINER_VGPU_MOUNT", "value": "/usr/local/vgpu"},
+            {"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "2048m"},
         ])
     );
 }
@@ -141,7 +143,7 @@ fn existing_arrays_are_appended_to() {
     assert_eq!(doc["spec"]["containers"][0]["env"][0]["name"], "A");
     assert_eq!(
         doc["spec"]["containers"][0]["env"].as_array().map(Vec::len),
-        Some(4)
+        Some(5)
     );
 }
 
@@ -150,7 +152,7 @@ fn empty_existing_arrays_use_append() {
     let mut original = sharing_pod(json!([{"name": "main", "volumeMounts": [], "env": []}]));
     original["spec"]["volumes"] = json!([]);
     let (decision, doc) = apply(&original);
-    assert_eq!(paths(&decision).len(), 3 + 4 + 3);
+    assert_eq!(paths(&decision).len(), 3 + 4 + 3 + 1);
     assert_eq!(mounts_of(&doc, "containers", 0), expected_mounts());
 }
 
@@ -241,7 +243,15 @@ fn user_env_of_the_same_name_is_kept() {
         .cloned()
         .unwrap_or_default();
     let names: Vec<&str> = env.iter().filter_map(|e| e["name"].as_str()).collect();
-    assert_eq!(names, ["CONTAINER_NAME", "CONTAINER_VGPU_MOUNT", "POD_UID"]);
+    assert_eq!(
+        names,
+        [
+            "CONTAINER_NAME",
+            "CONTAINER_VGPU_MOUNT",
+            "POD_UID",
+            "CUDA_DEVICE_MEMORY_LIMIT"
+        ]
+    );
     assert_eq!(env[0]["value"], "custom");
     assert!(!names.contains(&"CUDA_DEVICE_MEMORY_SHARED_CACHE"));
 }
@@ -291,7 +301,11 @@ fn partially_injected_pod_gets_only_what_is_missing() {
         json!([{"name": VOLUME_VGPU, "hostPath": {"path": "/usr/local/vgpu"}}]);
     let (decision, doc) = apply(&original);
     assert_eq!(doc["spec"]["volumes"].as_array().map(Vec::len), Some(3));
-    assert_eq!(mounts_of(&doc, "containers", 0), expected_mounts());
+    // The mount that was there (writable, as older releases added it) is
+    // the same mount by name, path and subPath, so it is kept.
+    let mounts = mounts_of(&doc, "containers", 0);
+    assert_eq!(mounts[1..], expected_mounts()[1..]);
+    assert_eq!(mounts[0].1, "/usr/local/vgpu");
     assert_eq!(
         paths(&decision)
             .iter()
@@ -359,4 +373,236 @@ fn pod_without_containers_is_left_to_the_api_server() {
     let original =
         json!({"metadata": {"annotations": {"gpu-memory": "1"}}, "spec": {"containers": []}});
     assert_eq!(plan_for(&original, &cfg()), Decision::NoContainers);
+}
+
+fn env_of(doc: &Value) -> Vec<Value> {
+    doc["spec"]["containers"][0]["env"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// KAI's entry: an optional reference to the pod's capabilities ConfigMap.
+fn kai_memory_ref() -> Value {
+    json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": {"configMapKeyRef": {
+        "name": "p-capabilities", "key": "CUDA_DEVICE_MEMORY_LIMIT", "optional": true}}})
+}
+
+#[test]
+fn the_literal_memory_limit_goes_before_kais_reference() {
+    let original = sharing_pod(json!([{
+        "name": "main",
+        "env": [{"name": "A", "value": "1"}, kai_memory_ref(), {"name": "B", "value": "2"}]
+    }]));
+    let (decision, doc) = apply(&original);
+    assert!(
+        paths(&decision).contains(&"add /spec/containers/0/env/1".to_owned()),
+        "{:?}",
+        paths(&decision)
+    );
+    let env = env_of(&doc);
+    let names: Vec<&str> = env.iter().filter_map(|e| e["name"].as_str()).collect();
+    assert_eq!(
+        names[..4],
+        [
+            "A",
+            "CUDA_DEVICE_MEMORY_LIMIT",
+            "CUDA_DEVICE_MEMORY_LIMIT",
+            "B"
+        ]
+    );
+    assert_eq!(
+        env[1],
+        json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "2048m"})
+    );
+    assert_eq!(
+        env[2],
+        kai_memory_ref(),
+        "KAI's entry stays last of the name"
+    );
+
+    // Reinvoked (or re-submitted): never a second literal.
+    let (again, twice) = apply(&doc);
+    assert!(
+        matches!(again, Decision::AlreadyInjected { .. }),
+        "{again:?}"
+    );
+    assert_eq!(doc, twice);
+}
+
+#[test]
+fn the_literal_memory_limit_goes_before_the_first_of_several_entries() {
+    let second_ref = json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}});
+    let original = sharing_pod(json!([{
+        "name": "main",
+        "env": [kai_memory_ref(), second_ref]
+    }]));
+    let (_, doc) = apply(&original);
+    let env = env_of(&doc);
+    assert_eq!(env[0]["value"], "2048m");
+    assert_eq!(env[1], kai_memory_ref());
+}
+
+#[test]
+fn a_user_literal_memory_limit_is_left_alone() {
+    let original = sharing_pod(json!([{
+        "name": "main",
+        "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "100m"}, kai_memory_ref()]
+    }]));
+    let (_, doc) = apply(&original);
+    let env = env_of(&doc);
+    let literals: Vec<&Value> = env
+        .iter()
+        .filter(|e| e["name"] == "CUDA_DEVICE_MEMORY_LIMIT" && e.get("valueFrom").is_none())
+        .collect();
+    assert_eq!(
+        literals,
+        [&json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "100m"})]
+    );
+}
+
+#[test]
+fn fraction_pods_and_unreadable_sizes_get_no_literal_memory_limit() {
+    for annotations in [
+        json!({"gpu-fraction": "0.5"}),
+        json!({"gpu-memory": "lots"}),
+        json!({"gpu-memory": "0"}),
+        json!({"gpu-memory": "-5"}),
+    ] {
+        let original = json!({
+            "metadata": {"annotations": annotations},
+            "spec": {"containers": [{"name": "main"}]}
+        });
+        let (decision, doc) = apply(&original);
+        assert_eq!(decision.label(), "injected", "{annotations}");
+        assert!(
+            !env_of(&doc)
+                .iter()
+                .any(|e| e["name"] == "CUDA_DEVICE_MEMORY_LIMIT"),
+            "{annotations}"
+        );
+    }
+}
+
+#[test]
+fn the_literal_memory_limit_can_be_turned_off() {
+    let off = cfg().with_memory_limit_fallback(false);
+    let original = sharing_pod(json!([{"name": "main", "env": [kai_memory_ref()]}]));
+    let Decision::Inject { patch, target } = plan_for(&original, &off) else {
+        panic!("expected injection");
+    };
+    assert_eq!(patch.limits, Limits::default());
+    let mut doc = original;
+    json_patch::patch(&mut doc, &rfc6902(&patch, &target, &off)).expect("applies");
+    assert_eq!(
+        env_of(&doc)
+            .iter()
+            .filter(|e| e["name"] == "CUDA_DEVICE_MEMORY_LIMIT")
+            .count(),
+        1
+    );
+}
+
+fn cores_pod(cores: &str, env: Value) -> Value {
+    json!({
+        "metadata": {"name": "p", "annotations": {"gpu-fraction": "0.5", ANNOTATION_GPU_CORES: cores}},
+        "spec": {"containers": [{"name": "sidecar"}, {"name": "main", "env": env}]}
+    })
+}
+
+#[test]
+fn gpu_cores_sets_the_sm_limit_on_the_sharing_container() {
+    let mut original = cores_pod(" 30 ", json!([{"name": "A", "value": "1"}]));
+    original["metadata"]["annotations"][ANNOTATION_CONTAINER_NAME] = json!("main");
+    let (decision, doc) = apply(&original);
+    assert_eq!(decision.label(), "injected");
+    let env = doc["spec"]["containers"][1]["env"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let sm: Vec<&Value> = env.iter().filter(|e| e["name"] == ENV_SM_LIMIT).collect();
+    assert_eq!(
+        sm,
+        [&json!({"name": "CUDA_DEVICE_SM_LIMIT", "value": "30"})]
+    );
+    assert!(
+        doc["spec"]["containers"][0].get("env").is_none(),
+        "only the target"
+    );
+
+    let (again, twice) = apply(&doc);
+    assert!(
+        matches!(again, Decision::AlreadyInjected { .. }),
+        "{again:?}"
+    );
+    assert_eq!(doc, twice);
+}
+
+#[test]
+fn gpu_cores_keeps_an_sm_limit_the_user_set() {
+    let mut original = cores_pod(
+        "30",
+        json!([{"name": "CUDA_DEVICE_SM_LIMIT", "value": "80"}]),
+    );
+    original["metadata"]["annotations"][ANNOTATION_CONTAINER_NAME] = json!("main");
+    let (_, doc) = apply(&original);
+    let env = doc["spec"]["containers"][1]["env"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let sm: Vec<&Value> = env.iter().filter(|e| e["name"] == ENV_SM_LIMIT).collect();
+    assert_eq!(
+        sm,
+        [&json!({"name": "CUDA_DEVICE_SM_LIMIT", "value": "80"})]
+    );
+}
+
+#[test]
+fn a_bad_gpu_cores_value_is_denied() {
+    for bad in ["0", "101", "50%", "0.5", "", "-1", "half", "256"] {
+        match plan_for(&cores_pod(bad, json!([])), &cfg()) {
+            Decision::Deny { message } => assert!(
+                message.contains(ANNOTATION_GPU_CORES) && message.contains("1 to 100"),
+                "{bad:?}: {message}"
+            ),
+            other => panic!("{bad:?}: expected a denial, got {other:?}"),
+        }
+    }
+    for good in ["1", "100", " 7 "] {
+        assert_eq!(
+            plan_for(&cores_pod(good, json!([])), &cfg()).label(),
+            "injected",
+            "{good:?}"
+        );
+    }
+    // Not a sharing pod: the annotation is not ours to judge.
+    let plain = json!({
+        "metadata": {"annotations": {ANNOTATION_GPU_CORES: "bad"}},
+        "spec": {"containers": [{"name": "main"}]}
+    });
+    assert_eq!(plan_for(&plain, &cfg()).label(), "not_gpu_sharing");
+}
+
+#[test]
+fn the_library_directory_is_read_only_and_only_containers_is_writable() {
+    let (_, doc) = apply(&sharing_pod(json!([{"name": "main"}])));
+    let writable: Vec<String> = mounts_of(&doc, "containers", 0)
+        .into_iter()
+        .filter(|(_, _, _, read_only)| !read_only)
+        .map(|(_, path, _, _)| path)
+        .collect();
+    assert_eq!(writable, ["/usr/local/vgpu/containers", "/tmp/vgpulock"]);
+}
+
+#[test]
+fn a_pod_injected_with_the_old_writable_mount_is_not_patched_again() {
+    let (_, mut doc) = apply(&sharing_pod(json!([{"name": "main"}])));
+    doc["spec"]["containers"][0]["volumeMounts"][0]
+        .as_object_mut()
+        .map(|m| m.remove("readOnly"));
+    let (again, _) = apply(&doc);
+    assert!(
+        matches!(again, Decision::AlreadyInjected { .. }),
+        "{again:?}"
+    );
 }

@@ -26,19 +26,35 @@ pub fn objects<'a, const K: usize>(
     keys: [&str; K],
     mut each: impl FnMut([Member<'a>; K]),
 ) -> Option<()> {
+    objects_and_presence(text, keys, [], |members, []| each(members))
+}
+
+/// [`objects`], also telling for each of `present` whether the object has
+/// that member with a value other than `null` (of any type; not read).
+pub fn objects_and_presence<'a, const K: usize, const P: usize>(
+    text: &'a str,
+    keys: [&str; K],
+    present: [&str; P],
+    mut each: impl FnMut([Member<'a>; K], [bool; P]),
+) -> Option<()> {
     let mut at = Cursor { text, pos: 0 };
     at.eat(b'[')?;
     if !at.eat_if(b']') {
         loop {
             at.eat(b'{')?;
             let mut members = [None; K];
+            let mut found = [false; P];
             if !at.eat_if(b'}') {
                 loop {
                     let key = at.plain_string()?;
                     at.eat(b':')?;
-                    match keys.iter().position(|k| *k == key) {
-                        Some(k) => members[k] = Some(at.string_or_null()?),
-                        None => at.skip_value()?,
+                    if let Some(k) = keys.iter().position(|k| *k == key) {
+                        members[k] = Some(at.string_or_null()?);
+                    } else if let Some(p) = present.iter().position(|p| *p == key) {
+                        found[p] = !at.null_next();
+                        at.skip_value()?;
+                    } else {
+                        at.skip_value()?;
                     }
                     if !at.eat_if(b',') {
                         at.eat(b'}')?;
@@ -46,7 +62,7 @@ pub fn objects<'a, const K: usize>(
                     }
                 }
             }
-            each(members);
+            each(members, found);
             if !at.eat_if(b',') {
                 at.eat(b']')?;
                 break;
@@ -115,6 +131,15 @@ impl<'a> Cursor<'a> {
             (end, false) => self.text.get(start..end),
             (_, true) => None,
         }
+    }
+
+    /// Whether the next value is `null` (nothing is consumed).
+    fn null_next(&mut self) -> bool {
+        self.skip_whitespace();
+        self.text
+            .as_bytes()
+            .get(self.pos..)
+            .is_some_and(|rest| rest.starts_with(b"null"))
     }
 
     fn string_or_null(&mut self) -> Option<Option<&'a str>> {
@@ -226,6 +251,26 @@ mod tests {
             names(r#"[{"q":"a\\","n\u0061me":"x"}]"#),
             None,
             "escaped key"
+        );
+    }
+
+    #[test]
+    fn tells_which_members_are_present() {
+        let mut out = Vec::new();
+        let text = r#"[{"name":"A","valueFrom":{"x":[1]}},{"valueFrom":null,"name":"B"},
+                       {"name":"C","valueFrom":{},"valueFrom":null},{"name":"D","valueFrom":5}]"#;
+        objects_and_presence(text, ["name"], ["valueFrom"], |[name], [from]| {
+            out.push((name.flatten(), from));
+        })
+        .expect("common shape");
+        assert_eq!(
+            out,
+            [
+                (Some("A"), true),
+                (Some("B"), false),
+                (Some("C"), false),
+                (Some("D"), true)
+            ]
         );
     }
 

@@ -389,7 +389,9 @@ impl Assessor {
             let key = (id.clone(), device.uuid.clone());
             let was = self.near.contains(&key);
             // Percent of the cap, in u128 so huge values cannot overflow.
-            let percent = (u128::from(device.used) * 100 / u128::from(device.limit)) as u64;
+            // Stale charge counts: libvgpu still holds it against the cap.
+            let percent = (u128::from(device.used.saturating_add(device.stale_used)) * 100
+                / u128::from(device.limit)) as u64;
             let is = if was {
                 percent + NEAR_CAP_HYSTERESIS >= threshold
             } else {

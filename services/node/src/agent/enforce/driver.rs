@@ -1,0 +1,208 @@
+//! The async side of enforcement: a task fed the candidates of every
+//! assessment. Each pod is handled once; a refusal (429: a
+//! PodDisruptionBudget) or an error is retried with exponential backoff for
+//! as long as the pod stays a candidate. A pod that stops being one (its
+//! cap holds again, or it is gone) is forgotten.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::evict::{self, Outcome};
+use super::{Candidate, Policy, count_dry_run, count_eviction, count_refusal};
+use crate::agent::isolation::events::Notifier;
+use crate::agent::isolation::{Notice, Subject};
+
+/// The Event reason of an eviction.
+pub const EVENT_REASON: &str = "GpuIsolationEviction";
+
+/// Delays between attempts on one pod.
+#[derive(Clone, Copy, Debug)]
+pub struct Backoff {
+    pub first: Duration,
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            first: Duration::from_secs(5),
+            max: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Sends candidates to the enforcement task (a no-op when disabled).
+#[derive(Clone, Default)]
+pub struct Enforcer {
+    tx: Option<mpsc::UnboundedSender<Vec<Candidate>>>,
+}
+
+impl Enforcer {
+    pub fn disabled() -> Self {
+        Self::default()
+    }
+
+    /// Starts the task for `policy`; `Policy::None` starts nothing, and
+    /// `Evict` without an API client logs why and starts nothing.
+    pub fn spawn(
+        policy: Policy,
+        client: Option<kube::Client>,
+        notifier: Notifier,
+        backoff: Backoff,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let client = match (policy, client) {
+            (Policy::None, _) => return Self::disabled(),
+            (Policy::Evict, None) => {
+                tracing::error!(
+                    "--enforce evict needs the Kubernetes API; nothing will be evicted"
+                );
+                return Self::disabled();
+            }
+            (_, client) => client,
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = Task {
+            policy,
+            client,
+            notifier,
+            backoff,
+            done: HashSet::new(),
+            retry: HashMap::new(),
+        };
+        tokio::spawn(task.run(rx, shutdown));
+        tracing::info!(policy = ?policy, "enforcement on");
+        Self { tx: Some(tx) }
+    }
+
+    /// The candidates of the latest assessment (all of them, every time).
+    pub fn send(&self, candidates: Vec<Candidate>) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(candidates);
+        }
+    }
+}
+
+struct Task {
+    policy: Policy,
+    client: Option<kube::Client>,
+    notifier: Notifier,
+    backoff: Backoff,
+    /// Pods handled (evicted, gone, or counted in dry-run).
+    done: HashSet<String>,
+    /// Pods to try again: when, and the delay that led there.
+    retry: HashMap<String, (Instant, Duration)>,
+}
+
+impl Task {
+    async fn run(
+        mut self,
+        mut rx: mpsc::UnboundedReceiver<Vec<Candidate>>,
+        shutdown: CancellationToken,
+    ) {
+        let mut current: Vec<Candidate> = Vec::new();
+        loop {
+            for candidate in &current {
+                self.act(candidate).await;
+            }
+            let next_due = current
+                .iter()
+                .filter(|c| !self.done.contains(&c.uid))
+                .filter_map(|c| self.retry.get(&c.uid).map(|(at, _)| *at))
+                .min();
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                got = rx.recv() => {
+                    let Some(mut latest) = got else { break };
+                    // Only the newest assessment matters.
+                    while let Ok(newer) = rx.try_recv() {
+                        latest = newer;
+                    }
+                    current = latest;
+                    let uids: HashSet<&str> = current.iter().map(|c| c.uid.as_str()).collect();
+                    self.done.retain(|uid| uids.contains(uid.as_str()));
+                    self.retry.retain(|uid, _| uids.contains(uid.as_str()));
+                }
+                () = sleep_until(next_due) => {}
+            }
+        }
+    }
+
+    async fn act(&mut self, c: &Candidate) {
+        if self.done.contains(&c.uid) {
+            return;
+        }
+        if self
+            .retry
+            .get(&c.uid)
+            .is_some_and(|(at, _)| *at > Instant::now())
+        {
+            return;
+        }
+        let (Policy::Evict, Some(client)) = (self.policy, &self.client) else {
+            if self.policy == Policy::DryRun {
+                tracing::warn!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), why = %c.message, "would evict (--enforce dry-run)");
+                count_dry_run(c.reason);
+                self.done.insert(c.uid.clone());
+            }
+            return;
+        };
+        match evict::evict(client, &c.namespace, &c.pod).await {
+            Outcome::Evicted => {
+                tracing::warn!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), why = %c.message, "evicted: GPU memory cap does not hold");
+                count_eviction(c.reason);
+                self.notifier.send(vec![Notice {
+                    subject: Subject::Pod {
+                        namespace: c.namespace.clone(),
+                        name: c.pod.clone(),
+                        uid: c.uid.clone(),
+                    },
+                    warning: true,
+                    reason: EVENT_REASON,
+                    message: format!(
+                        "evicted by kai-resource-isolator (enforce: evict, reason {}): {}",
+                        c.reason.label(),
+                        c.message
+                    ),
+                }]);
+                self.done.insert(c.uid.clone());
+                self.retry.remove(&c.uid);
+            }
+            Outcome::Gone => {
+                self.done.insert(c.uid.clone());
+                self.retry.remove(&c.uid);
+            }
+            Outcome::Refused { message } => {
+                count_refusal(c.reason);
+                let delay = self.delay(&c.uid);
+                tracing::warn!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), detail = %message, retry_in = ?delay, "eviction refused for now (PodDisruptionBudget)");
+            }
+            Outcome::Failed { message } => {
+                let delay = self.delay(&c.uid);
+                tracing::error!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), detail = %message, retry_in = ?delay, "eviction failed");
+            }
+        }
+    }
+
+    /// Schedules the next attempt on `uid`, doubling its delay.
+    fn delay(&mut self, uid: &str) -> Duration {
+        let delay = match self.retry.get(uid) {
+            Some((_, last)) => (*last * 2).min(self.backoff.max),
+            None => self.backoff.first,
+        };
+        self.retry
+            .insert(uid.to_owned(), (Instant::now() + delay, delay));
+        delay
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

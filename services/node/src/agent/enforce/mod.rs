@@ -1,0 +1,208 @@
+//! Enforcement (opt-in): evict pods whose GPU memory cap does not hold.
+//!
+//! Detection (the isolation assessment) says *that* a cap does not hold;
+//! with `--enforce evict` the agent also acts on it, through the Eviction
+//! API so PodDisruptionBudgets are honoured. `dry-run` logs and counts what
+//! would be evicted. See docs/isolation.md.
+//!
+//! - [`candidates`] is pure: which pods, and why, from one assessment;
+//! - [`evict`] is one Eviction API call and what its answer means;
+//! - [`driver`] is the small async loop: once per pod, 429 retried with
+//!   backoff, a Warning Event, a log line and a counter per eviction;
+//! - [`stale`] reclaims the slots of dead processes (`--reclaim-stale-slots`).
+
+pub mod driver;
+pub mod evict;
+pub mod stale;
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kai_proto::v1::IsolationState;
+
+use super::isolation::{Escaped, MissingRegion};
+use super::state::ContainerView;
+
+/// What the agent does about a pod whose cap does not hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Policy {
+    /// Detect and report only.
+    #[default]
+    None,
+    /// Evict through the Eviction API.
+    Evict,
+    /// Log and count what would be evicted; evict nothing.
+    DryRun,
+}
+
+/// Why a pod is evicted; the order is the precedence when a pod has more
+/// than one reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    OverCap,
+    UncappedNoLimit,
+    NoRegion,
+    EscapedProcess,
+}
+
+impl Reason {
+    pub const ALL: [Self; 4] = [
+        Self::OverCap,
+        Self::UncappedNoLimit,
+        Self::NoRegion,
+        Self::EscapedProcess,
+    ];
+
+    /// The `reason` label of `kai_isolator_evictions_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::OverCap => "over_cap",
+            Self::UncappedNoLimit => "uncapped_no_limit",
+            Self::NoRegion => "no_region",
+            Self::EscapedProcess => "escaped_process",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A pod to evict.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub namespace: String,
+    pub pod: String,
+    pub uid: String,
+    pub reason: Reason,
+    /// Says exactly why, for the Event and the log.
+    pub message: String,
+}
+
+/// The pods one assessment says should go: sharing containers
+/// `uncapped_no_limit` or `over_cap` (the margin is applied by the
+/// assessment), `no_region` past its grace (only reported past it), and the
+/// pod of an escaped GPU process whose owner was identified. A container
+/// whose pod is not known (yet) is never a candidate. One per pod, the
+/// reason by [`Reason`]'s order; sorted by namespace and name.
+pub fn candidates(
+    views: &[ContainerView],
+    missing: &[MissingRegion],
+    escaped: &[Escaped],
+) -> Vec<Candidate> {
+    let mut found: Vec<Candidate> = Vec::new();
+    for view in views {
+        let Some(pod) = &view.pod else { continue };
+        let reason = match view.isolation.state {
+            IsolationState::OverCap => Reason::OverCap,
+            IsolationState::UncappedNoLimit => Reason::UncappedNoLimit,
+            _ => continue,
+        };
+        found.push(Candidate {
+            namespace: pod.namespace.clone(),
+            pod: pod.name.clone(),
+            uid: view.key.pod_uid.clone(),
+            reason,
+            message: format!(
+                "container {}: {}",
+                view.key.container, view.isolation.reason
+            ),
+        });
+    }
+    for m in missing {
+        found.push(Candidate {
+            namespace: m.namespace.clone(),
+            pod: m.pod.clone(),
+            uid: m.pod_uid.clone(),
+            reason: Reason::NoRegion,
+            message: m.reason.clone(),
+        });
+    }
+    for e in escaped {
+        let Some(owner) = e.owner.as_ref().filter(|o| !o.pod.is_empty()) else {
+            continue;
+        };
+        found.push(Candidate {
+            namespace: owner.namespace.clone(),
+            pod: owner.pod.clone(),
+            uid: owner.pod_uid.clone(),
+            reason: Reason::EscapedProcess,
+            message: format!("PID {} on {}: {}", e.pid, e.gpu_uuid, e.reason),
+        });
+    }
+    found.sort_by(|a, b| (&a.uid, a.reason).cmp(&(&b.uid, b.reason)));
+    found.dedup_by(|later, first| later.uid == first.uid);
+    found.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
+    found
+}
+
+/// Eviction counters of this process (one agent per process), rendered
+/// into the agent's metrics page.
+static EVICTIONS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+static DRY_RUN: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+static REFUSED: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+static RECLAIMED_SLOTS: AtomicU64 = AtomicU64::new(0);
+static RECLAIMED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) fn count_eviction(reason: Reason) {
+    EVICTIONS[reason.index()].fetch_add(1, Ordering::Relaxed);
+}
+
+pub(crate) fn count_dry_run(reason: Reason) {
+    DRY_RUN[reason.index()].fetch_add(1, Ordering::Relaxed);
+}
+
+pub(crate) fn count_refusal(reason: Reason) {
+    REFUSED[reason.index()].fetch_add(1, Ordering::Relaxed);
+}
+
+pub(crate) fn count_reclaimed(slots: u64, bytes: u64) {
+    RECLAIMED_SLOTS.fetch_add(slots, Ordering::Relaxed);
+    RECLAIMED_BYTES.fetch_add(bytes, Ordering::Relaxed);
+}
+
+/// Appends the enforcement counters (every reason, zeros included, so a
+/// rate over them is defined from the start).
+pub fn render_metrics(out: &mut String) {
+    let families: [(&str, &str, &[AtomicU64; 4]); 3] = [
+        (
+            "kai_isolator_evictions_total",
+            "Pods evicted through the Eviction API because their GPU memory cap did not hold (--enforce evict).",
+            &EVICTIONS,
+        ),
+        (
+            "kai_isolator_evictions_dry_run_total",
+            "Pods that would have been evicted (--enforce dry-run).",
+            &DRY_RUN,
+        ),
+        (
+            "kai_isolator_eviction_refusals_total",
+            "Evictions the API server refused for now (429: a PodDisruptionBudget); retried with backoff.",
+            &REFUSED,
+        ),
+    ];
+    for (name, help, counters) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for reason in Reason::ALL {
+            let _ = writeln!(
+                out,
+                "{name}{{reason=\"{}\"}} {}",
+                reason.label(),
+                counters[reason.index()].load(Ordering::Relaxed)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP kai_isolator_reclaimed_slots_total Region slots of dead processes cleared (--reclaim-stale-slots).\n# TYPE kai_isolator_reclaimed_slots_total counter\nkai_isolator_reclaimed_slots_total {}",
+        RECLAIMED_SLOTS.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP kai_isolator_reclaimed_bytes_total GPU memory charge released by clearing dead processes' slots.\n# TYPE kai_isolator_reclaimed_bytes_total counter\nkai_isolator_reclaimed_bytes_total {}",
+        RECLAIMED_BYTES.load(Ordering::Relaxed)
+    );
+}
+
+#[cfg(test)]
+mod tests;

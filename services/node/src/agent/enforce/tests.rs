@@ -1,0 +1,320 @@
+use std::time::Duration;
+
+use http::{Request, Response};
+use kai_proto::v1::IsolationState;
+use kai_region::discovery::ContainerKey;
+use kai_region::writer::RegionBuilder;
+use kube::client::Body;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::driver::{Backoff, Enforcer};
+use super::*;
+use crate::agent::isolation::events::Notifier;
+use crate::agent::isolation::{Isolation, Owner};
+use crate::agent::state::PodMeta;
+
+fn view(uid: &str, pod: Option<&str>, state: IsolationState) -> ContainerView {
+    let snapshot =
+        kai_region::decode(&RegionBuilder::v1().device("GPU-a", 1).to_bytes()).expect("region");
+    ContainerView {
+        key: ContainerKey {
+            pod_uid: uid.to_owned(),
+            container: "main".to_owned(),
+        },
+        pod: pod.map(|name| PodMeta {
+            namespace: "team-a".to_owned(),
+            name: name.to_owned(),
+            sharing: true,
+            gpu_container: None,
+            running: Vec::new(),
+        }),
+        snapshot,
+        observed_at_ms: 0,
+        isolation: Isolation {
+            state,
+            reason: format!("why {uid}"),
+            ..Isolation::default()
+        },
+    }
+}
+
+fn missing(uid: &str, pod: &str) -> MissingRegion {
+    MissingRegion {
+        pod_uid: uid.to_owned(),
+        namespace: "team-b".to_owned(),
+        pod: pod.to_owned(),
+        container: "main".to_owned(),
+        started_at: 0,
+        reason: "no region".to_owned(),
+    }
+}
+
+fn escaped(owner: Option<(&str, &str)>) -> Escaped {
+    Escaped {
+        gpu_uuid: "GPU-a".to_owned(),
+        pid: 4242,
+        used: Some(1 << 30),
+        owner: owner.map(|(uid, pod)| Owner {
+            pod_uid: uid.to_owned(),
+            namespace: "team-c".to_owned(),
+            pod: pod.to_owned(),
+            container: String::new(),
+        }),
+        reason: "not capped".to_owned(),
+        first_seen_ms: 0,
+    }
+}
+
+#[test]
+fn candidates_are_the_pods_whose_cap_does_not_hold() {
+    let views = [
+        view("u-capped", Some("capped"), IsolationState::Capped),
+        view("u-pending", Some("pending"), IsolationState::Pending),
+        view("u-over", Some("over"), IsolationState::OverCap),
+        view(
+            "u-uncapped",
+            Some("uncapped"),
+            IsolationState::UncappedNoLimit,
+        ),
+        // Pod not known: never evicted blindly.
+        view("u-unknown", None, IsolationState::UncappedNoLimit),
+    ];
+    let found = candidates(
+        &views,
+        &[missing("u-missing", "missing")],
+        &[
+            escaped(Some(("u-esc", "escaper"))),
+            escaped(None),
+            escaped(Some(("u-anon", ""))),
+        ],
+    );
+    let got: Vec<(&str, Reason)> = found.iter().map(|c| (c.pod.as_str(), c.reason)).collect();
+    assert_eq!(
+        got,
+        [
+            ("over", Reason::OverCap),
+            ("uncapped", Reason::UncappedNoLimit),
+            ("missing", Reason::NoRegion),
+            ("escaper", Reason::EscapedProcess),
+        ]
+    );
+    assert_eq!(found[0].message, "container main: why u-over");
+    assert!(
+        found[3].message.contains("PID 4242"),
+        "{}",
+        found[3].message
+    );
+}
+
+#[test]
+fn a_pod_with_several_reasons_is_one_candidate_with_the_worst() {
+    let views = [view("u-1", Some("p"), IsolationState::UncappedNoLimit)];
+    let found = candidates(&views, &[], &[escaped(Some(("u-1", "p")))]);
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].reason, Reason::UncappedNoLimit);
+}
+
+fn candidate(uid: &str, pod: &str, reason: Reason) -> Candidate {
+    Candidate {
+        namespace: "team-a".to_owned(),
+        pod: pod.to_owned(),
+        uid: uid.to_owned(),
+        reason,
+        message: "why".to_owned(),
+    }
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
+    let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                      "code": code, "reason": reason, "message": message});
+    let mut response = Response::new(Body::from(serde_json::to_vec(&body).expect("json")));
+    *response.status_mut() = http::StatusCode::from_u16(code).expect("code");
+    response
+}
+
+fn created() -> Response<Body> {
+    let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201});
+    let mut response = Response::new(Body::from(serde_json::to_vec(&body).expect("json")));
+    *response.status_mut() = http::StatusCode::CREATED;
+    response
+}
+
+fn counter(name: &str, reason: Reason) -> u64 {
+    let mut out = String::new();
+    render_metrics(&mut out);
+    let series = format!("{name}{{reason=\"{}\"}} ", reason.label());
+    out.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{series} missing: {out}"))
+}
+
+/// The Eviction API is retried through 429s (a PodDisruptionBudget) with
+/// backoff, then the pod is evicted once and never asked for again.
+#[tokio::test(start_paused = true)]
+async fn a_refused_eviction_is_retried_with_backoff_until_accepted() {
+    use http_body_util::BodyExt;
+
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let shutdown = CancellationToken::new();
+    let before = counter("kai_isolator_evictions_total", Reason::OverCap);
+    let refused_before = counter("kai_isolator_eviction_refusals_total", Reason::OverCap);
+    let enforcer = Enforcer::spawn(
+        Policy::Evict,
+        Some(client),
+        Notifier::disabled(),
+        Backoff {
+            first: Duration::from_secs(5),
+            max: Duration::from_secs(12),
+        },
+        shutdown.clone(),
+    );
+    let over = candidate("u-1", "trainer-0", Reason::OverCap);
+    enforcer.send(vec![over.clone()]);
+
+    let mut asked_at = Vec::new();
+    for attempt in 0..4 {
+        let (request, respond) = handle.next_request().await.expect("an eviction request");
+        asked_at.push(tokio::time::Instant::now());
+        assert_eq!(request.method(), http::Method::POST);
+        assert_eq!(
+            request.uri().path(),
+            "/api/v1/namespaces/team-a/pods/trainer-0/eviction"
+        );
+        let body = request
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(
+            body,
+            json!({"apiVersion": "policy/v1", "kind": "Eviction",
+                   "metadata": {"name": "trainer-0", "namespace": "team-a"}})
+        );
+        if attempt < 3 {
+            respond.send_response(status(
+                429,
+                "TooManyRequests",
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+            ));
+            // Each scan re-sends the same candidates: no extra request.
+            enforcer.send(vec![over.clone()]);
+        } else {
+            respond.send_response(created());
+        }
+    }
+    // Waits of 5 s, 10 s, then 12 s (capped); virtual time.
+    let gaps: Vec<u64> = asked_at
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs())
+        .collect();
+    assert_eq!(gaps, [5, 10, 12]);
+
+    // Once evicted, the pod is not asked for again while it terminates.
+    enforcer.send(vec![over.clone()]);
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert!(
+        futures_util::FutureExt::now_or_never(handle.next_request()).is_none(),
+        "no second eviction"
+    );
+    assert_eq!(
+        counter("kai_isolator_evictions_total", Reason::OverCap),
+        before + 1
+    );
+    assert_eq!(
+        counter("kai_isolator_eviction_refusals_total", Reason::OverCap),
+        refused_before + 3
+    );
+    shutdown.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_already_gone_or_no_longer_a_candidate_is_dropped() {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let shutdown = CancellationToken::new();
+    let enforcer = Enforcer::spawn(
+        Policy::Evict,
+        Some(client),
+        Notifier::disabled(),
+        Backoff::default(),
+        shutdown.clone(),
+    );
+    let gone = candidate("u-gone", "gone-0", Reason::UncappedNoLimit);
+    let flaky = candidate("u-flaky", "flaky-0", Reason::UncappedNoLimit);
+    enforcer.send(vec![flaky.clone(), gone.clone()]);
+    let mut paths = Vec::new();
+    for _ in 0..2 {
+        let (request, respond) = handle.next_request().await.expect("request");
+        let path = request.uri().path().to_owned();
+        if path.contains("gone-0") {
+            respond.send_response(status(404, "NotFound", "pods \"gone-0\" not found"));
+        } else {
+            respond.send_response(status(500, "InternalError", "multiple PDBs"));
+        }
+        paths.push(path);
+    }
+    paths.sort();
+    assert_eq!(
+        paths,
+        [
+            "/api/v1/namespaces/team-a/pods/flaky-0/eviction",
+            "/api/v1/namespaces/team-a/pods/gone-0/eviction"
+        ]
+    );
+    // The failed one's cap holds again: it is not retried.
+    enforcer.send(Vec::new());
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert!(futures_util::FutureExt::now_or_never(handle.next_request()).is_none());
+    shutdown.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn dry_run_counts_once_and_calls_nothing() {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let shutdown = CancellationToken::new();
+    let before = counter("kai_isolator_evictions_dry_run_total", Reason::NoRegion);
+    let enforcer = Enforcer::spawn(
+        Policy::DryRun,
+        Some(client),
+        Notifier::disabled(),
+        Backoff::default(),
+        shutdown.clone(),
+    );
+    let c = candidate("u-nr", "no-region-0", Reason::NoRegion);
+    for _ in 0..3 {
+        enforcer.send(vec![c.clone()]);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(futures_util::FutureExt::now_or_never(handle.next_request()).is_none());
+    assert_eq!(
+        counter("kai_isolator_evictions_dry_run_total", Reason::NoRegion),
+        before + 1
+    );
+    shutdown.cancel();
+}
+
+#[test]
+fn classify_reads_the_status_code() {
+    let s = |code: u16| kube::core::Status {
+        code,
+        message: "m".into(),
+        ..Default::default()
+    };
+    assert_eq!(evict::classify(&s(404)), evict::Outcome::Gone);
+    assert_eq!(
+        evict::classify(&s(429)),
+        evict::Outcome::Refused {
+            message: "m".into()
+        }
+    );
+    assert!(matches!(
+        evict::classify(&s(500)),
+        evict::Outcome::Failed { .. }
+    ));
+}

@@ -1,0 +1,448 @@
+//! The only place that writes into a live region: clearing the slots that
+//! processes killed without cleaning up left behind, so libvgpu stops
+//! charging their memory against the container's cap.
+//!
+//! Why: a process SIGKILLed while holding memory leaves its slot as it was
+//! (pid, status 1, usage). A process that joins later drops only pid-0
+//! slots, so the dead usage keeps counting against the cap (and lowers what
+//! `cuMemGetInfo` reports free) until an allocation would otherwise fail.
+//! Clearing it the way a clean exit does (usage zeroed, `status` and `pid`
+//! set to 0) lets libvgpu compact the slot on the next join by itself. We
+//! never move slots: libvgpu's processes cache a pointer to their own slot.
+//!
+//! How (every step is what makes the write safe):
+//! - the file is mapped read-write and `MAP_SHARED` only for the duration
+//!   of one call, after checking it is a v1 region whose `initialized_flag`
+//!   is set and whose length covers the layout (libvgpu never shrinks its
+//!   region; it sizes the file once, when creating it);
+//! - the region's own lock is taken: the process-shared POSIX semaphore
+//!   `sem` at offset 24, initialised by libvgpu, with `sem_timedwait`, so a
+//!   busy or wedged workload costs us the timeout, never a blocked agent;
+//!   `owner_pid` is left as it is (0): libvgpu waiters that time out check
+//!   whether the owner is alive *in their PID namespace*, where the agent's
+//!   PID would look dead and the lock would be broken under us;
+//! - under the lock, libvgpu does not add, remove or move slots, so the
+//!   slots below `proc_num` stay where they are; a slot is cleared only when
+//!   the caller says its *host* PID is dead (never from `pid`, which is in
+//!   the container's namespace). A dead process cannot write its slot, so
+//!   the only other writer of that slot's fields is libvgpu under the lock
+//!   we hold;
+//! - each cleared slot is bracketed by its `seqlock` (odd while writing), as
+//!   libvgpu's own writers do, so readers (the agent included) retry rather
+//!   than see half a slot;
+//! - the lock is posted before returning, on every path.
+//!
+//! Invariants of the `unsafe` below: every pointer is derived from the
+//! mapping's base plus an offset from [`layout::V1`], bounds-checked against
+//! the mapping length and aligned for its type (the mapping is page-aligned;
+//! the layout asserts 8-byte fields are 8-aligned, and `sem` at 24 is
+//! 8-aligned as glibc's `sem_t` requires); no Rust reference is ever created
+//! into the mapping, only atomics through raw pointers, because other
+//! processes write it concurrently; the mapping outlives every pointer (it
+//! is dropped at the end of the call).
+
+#![allow(unsafe_code)]
+
+use std::fs::OpenOptions;
+use std::path::Path;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use memmap2::{MmapMut, MmapOptions};
+
+use crate::layout::{LayoutVersion, MAGIC, MAX_DEVICES, MAX_PROCS, V1, used};
+
+/// Offset of `sem` (a glibc `sem_t`, 32 bytes) in the v1 layout.
+pub const SEM_OFFSET: usize = 24;
+const SEM_SIZE: usize = 32;
+// `sem` lies between `owner_pid` and `device_num`, 8-aligned.
+const _: () = assert!(
+    SEM_OFFSET == V1.owner_pid + 8
+        && SEM_OFFSET + SEM_SIZE == V1.device_num
+        && SEM_OFFSET.is_multiple_of(8)
+);
+
+/// One cleared slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReclaimedSlot {
+    pub slot: usize,
+    /// The dead process's host PID, as recorded.
+    pub hostpid: i32,
+    /// `used[i].total` that was charged, per device index (16 entries).
+    pub freed: [u64; MAX_DEVICES],
+}
+
+impl ReclaimedSlot {
+    /// Bytes freed over all devices.
+    pub fn total(&self) -> u64 {
+        self.freed.iter().fold(0u64, |a, b| a.saturating_add(*b))
+    }
+}
+
+/// Why nothing was reclaimed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReclaimError {
+    #[error("cannot open or map the region read-write")]
+    Io(#[from] std::io::Error),
+    #[error("region not initialised yet")]
+    NotReady,
+    #[error("the region is {len} bytes, shorter than the v1 layout ({})", V1.size)]
+    Truncated { len: usize },
+    /// Only v1 regions are written to (v0 has no seqlock).
+    #[error("only v1 regions are reclaimed, this one is {}", .0.name())]
+    Unsupported(LayoutVersion),
+    #[error("proc_num {0} out of range 0..=1024")]
+    ProcNum(i32),
+    /// The workload held the region's lock for the whole timeout.
+    #[error("the region's lock stayed taken for {0:?}; left alone")]
+    Busy(Duration),
+    #[error("waiting for the region's lock failed")]
+    Lock(#[source] std::io::Error),
+}
+
+impl ReclaimError {
+    /// Stable label for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Io(_) => "io",
+            Self::NotReady => "not_ready",
+            Self::Truncated { .. } => "truncated",
+            Self::Unsupported(_) => "unsupported_version",
+            Self::ProcNum(_) => "proc_num",
+            Self::Busy(_) => "busy",
+            Self::Lock(_) => "lock",
+        }
+    }
+}
+
+/// Clears, under the region's lock, every slot below `proc_num` whose
+/// `pid` is non-zero and whose host PID `is_dead` says is gone, plus pid-0
+/// slots still holding usage. Waits at most `timeout` for the lock.
+pub fn reclaim_dead_slots(
+    path: &Path,
+    timeout: Duration,
+    mut is_dead: impl FnMut(i32) -> bool,
+) -> Result<Vec<ReclaimedSlot>, ReclaimError> {
+    let file = OpenOptions::new().read(true).write(true).open(path)?;
+    let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+    if len == 0 {
+        return Err(ReclaimError::NotReady);
+    }
+    if len < V1.size {
+        return Err(ReclaimError::Truncated { len });
+    }
+    // SAFETY: a shared read-write mapping of a file we opened read-write.
+    // It is only accessed through `Region`'s bounds-checked atomic
+    // accessors (see the module invariants), never through references.
+    let mmap = unsafe { MmapOptions::new().len(V1.size).map_mut(&file)? };
+    let region = Mapped { mmap };
+
+    if region.i32(0) != MAGIC {
+        return Err(ReclaimError::NotReady);
+    }
+    let major = region.i32(V1.major_version.unwrap_or(4)) as u32;
+    let minor = region.i32(V1.minor_version.unwrap_or(8)) as u32;
+    if major != 1 {
+        return Err(ReclaimError::Unsupported(LayoutVersion::V1 {
+            major,
+            minor,
+        }));
+    }
+
+    let _guard = region.lock(timeout)?;
+    let proc_num = region.i32(V1.proc_num);
+    let count = usize::try_from(proc_num)
+        .ok()
+        .filter(|n| *n <= MAX_PROCS)
+        .ok_or(ReclaimError::ProcNum(proc_num))?;
+    let mut cleared = Vec::new();
+    for slot in 0..count {
+        let base = V1.slot(slot);
+        let pid = region.i32(base + V1.slot_pid);
+        let hostpid = region.i32(base + V1.slot_hostpid);
+        let freed: [u64; MAX_DEVICES] = std::array::from_fn(|d| {
+            region.u64(base + V1.slot_used + d * V1.used_stride + used::TOTAL)
+        });
+        let dead = if pid == 0 {
+            // Exited; only worth a write when usage was left behind.
+            freed.iter().any(|b| *b != 0)
+        } else {
+            hostpid > 0 && is_dead(hostpid)
+        };
+        if !dead {
+            continue;
+        }
+        region.clear_slot(base);
+        cleared.push(ReclaimedSlot {
+            slot,
+            hostpid,
+            freed,
+        });
+    }
+    Ok(cleared)
+}
+
+/// The read-write mapping; all access goes through the methods below.
+struct Mapped {
+    mmap: MmapMut,
+}
+
+/// Posts the semaphore when dropped.
+struct Held<'m> {
+    sem: *mut libc::sem_t,
+    _region: &'m Mapped,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        // SAFETY: `sem` points into the mapping `_region` borrows (so it is
+        // still mapped) and we hold one count of it, taken in `lock`.
+        unsafe {
+            libc::sem_post(self.sem);
+        }
+    }
+}
+
+impl Mapped {
+    fn ptr(&self, off: usize, size: usize) -> *mut u8 {
+        assert!(
+            off.is_multiple_of(size) && off + size <= self.mmap.len(),
+            "offset {off} (size {size}) outside the layout"
+        );
+        // SAFETY: in bounds, checked above.
+        unsafe { self.mmap.as_ptr().add(off) as *mut u8 }
+    }
+
+    fn i32_atomic(&self, off: usize) -> &AtomicI32 {
+        // SAFETY: in bounds and 4-aligned (`ptr` checks); the atomic is
+        // only used while `self` (the mapping) is alive.
+        unsafe { AtomicI32::from_ptr(self.ptr(off, 4) as *mut i32) }
+    }
+
+    fn u64_atomic(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: as `i32_atomic`, 8 bytes.
+        unsafe { AtomicU64::from_ptr(self.ptr(off, 8) as *mut u64) }
+    }
+
+    fn i32(&self, off: usize) -> i32 {
+        self.i32_atomic(off).load(Ordering::Acquire)
+    }
+
+    fn u64(&self, off: usize) -> u64 {
+        self.u64_atomic(off).load(Ordering::Acquire)
+    }
+
+    /// Takes the region's semaphore, waiting at most `timeout`.
+    fn lock(&self, timeout: Duration) -> Result<Held<'_>, ReclaimError> {
+        let sem = self.ptr(SEM_OFFSET, 8) as *mut libc::sem_t;
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid out-pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut now) };
+        let total_ns = now.tv_nsec as u128 + timeout.subsec_nanos() as u128;
+        let deadline = libc::timespec {
+            tv_sec: now
+                .tv_sec
+                .saturating_add(timeout.as_secs().min(i64::MAX as u64 / 2) as libc::time_t)
+                .saturating_add((total_ns / 1_000_000_000) as libc::time_t),
+            tv_nsec: (total_ns % 1_000_000_000) as libc::c_long,
+        };
+        loop {
+            // SAFETY: `sem` is the region's process-shared semaphore,
+            // initialised by libvgpu, inside our live mapping.
+            if unsafe { libc::sem_timedwait(sem, &deadline) } == 0 {
+                return Ok(Held { sem, _region: self });
+            }
+            let error = std::io::Error::last_os_error();
+            match error.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::ETIMEDOUT) => return Err(ReclaimError::Busy(timeout)),
+                _ => return Err(ReclaimError::Lock(error)),
+            }
+        }
+    }
+
+    /// What a clean exit leaves: usage zeroed, then `status` and `pid` 0,
+    /// inside the slot's seqlock.
+    fn clear_slot(&self, base: usize) {
+        let seqlock = V1.slot_seqlock.map(|off| self.u64_atomic(base + off));
+        if let Some(seq) = seqlock {
+            seq.fetch_add(1, Ordering::AcqRel); // odd: being written
+        }
+        for d in 0..MAX_DEVICES {
+            let entry = base + V1.slot_used + d * V1.used_stride;
+            for field in [
+                used::CONTEXT,
+                used::MODULE,
+                used::DATA,
+                used::OFFSET,
+                used::TOTAL,
+            ] {
+                self.u64_atomic(entry + field).store(0, Ordering::Release);
+            }
+        }
+        self.i32_atomic(base + V1.slot_status)
+            .store(0, Ordering::Release);
+        self.i32_atomic(base + V1.slot_pid)
+            .store(0, Ordering::Release);
+        if let Some(seq) = seqlock {
+            seq.fetch_add(1, Ordering::AcqRel); // even: done
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::writer::{ProcSpec, RegionBuilder, UsageSpec};
+
+    const MIB: u64 = 1 << 20;
+
+    /// Initialises the semaphore as libvgpu does (`sem_init(&sem, 1, 1)`).
+    pub(crate) fn init_sem(path: &Path) {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .expect("open");
+        // SAFETY: test setup; a fresh shared mapping of our own file.
+        let mmap = unsafe { MmapOptions::new().len(V1.size).map_mut(&file) }.expect("map");
+        let region = Mapped { mmap };
+        let sem = region.ptr(SEM_OFFSET, 8) as *mut libc::sem_t;
+        // SAFETY: 32 writable, aligned bytes inside the mapping.
+        assert_eq!(unsafe { libc::sem_init(sem, 1, 1) }, 0);
+    }
+
+    fn slot(slot: usize, pid: i32, used: u64) -> ProcSpec {
+        ProcSpec {
+            slot,
+            pid,
+            hostpid: pid,
+            status: 1,
+            seqlock: 4,
+            usage: vec![UsageSpec::data(used, used)],
+        }
+    }
+
+    #[test]
+    fn clears_dead_slots_only_and_leaves_the_lock_free() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("usage.cache");
+        let mut region = RegionBuilder::v1().device("GPU-a", 1024 * MIB);
+        region.procs = vec![
+            slot(0, 100, 512 * MIB), // dead
+            slot(1, 200, 128 * MIB), // live
+            ProcSpec {
+                pid: 0,
+                ..slot(2, 300, 64 * MIB) // exited, usage left
+            },
+            ProcSpec {
+                pid: 0,
+                ..slot(3, 400, 0) // exited cleanly
+            },
+        ];
+        region.write(&path).expect("write");
+        init_sem(&path);
+
+        let mut asked = Vec::new();
+        let cleared = reclaim_dead_slots(&path, Duration::from_secs(1), |hostpid| {
+            asked.push(hostpid);
+            hostpid == 100
+        })
+        .expect("reclaim");
+        assert_eq!(asked, [100, 200], "only slots with a pid are asked about");
+        assert_eq!(
+            cleared
+                .iter()
+                .map(|c| (c.slot, c.total()))
+                .collect::<Vec<_>>(),
+            [(0, 512 * MIB), (2, 64 * MIB)]
+        );
+        let snap = crate::Region::new(&path).snapshot().expect("read");
+        let by_slot = |i: usize| snap.processes.iter().find(|p| p.slot == i);
+        assert!(by_slot(0).is_none() && by_slot(2).is_none(), "{snap:?}");
+        let live = by_slot(1).expect("live slot");
+        assert_eq!((live.pid, live.devices[0].total), (200, 128 * MIB));
+        assert_eq!(snap.devices[0].used, 128 * MIB);
+        assert_eq!(snap.devices[0].stale_used, 0);
+        assert_eq!(snap.proc_num, 4, "slots are never moved or removed");
+
+        // The seqlock is even again (+2), and the lock was posted: a second
+        // call gets it at once and finds nothing left.
+        let bytes = std::fs::read(&path).expect("read");
+        let seq = V1.slot(0) + V1.slot_seqlock.expect("v1");
+        assert_eq!(
+            u64::from_le_bytes(bytes[seq..seq + 8].try_into().expect("8")),
+            6
+        );
+        let again =
+            reclaim_dead_slots(&path, Duration::from_millis(1), |_| true).expect("lock is free");
+        assert_eq!(again.iter().map(|c| c.slot).collect::<Vec<_>>(), [1]);
+    }
+
+    /// The writer's `with_lock` bytes are what glibc's `sem_init(sem, 1, 1)`
+    /// writes, so tests elsewhere can build lockable regions safely.
+    #[test]
+    fn the_writer_initialises_the_lock_as_glibc_does() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (ours, glibc) = (dir.path().join("ours"), dir.path().join("glibc"));
+        RegionBuilder::v1()
+            .device("GPU-a", MIB)
+            .with_lock()
+            .write(&ours)
+            .expect("write");
+        RegionBuilder::v1()
+            .device("GPU-a", MIB)
+            .write(&glibc)
+            .expect("write");
+        init_sem(&glibc);
+        let sem =
+            |p: &Path| std::fs::read(p).expect("read")[SEM_OFFSET..SEM_OFFSET + SEM_SIZE].to_vec();
+        assert_eq!(sem(&ours), sem(&glibc));
+        assert_eq!(
+            reclaim_dead_slots(&ours, Duration::from_secs(1), |_| true)
+                .map(|c| c.len())
+                .ok(),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn refuses_what_it_must_not_write() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let v0 = dir.path().join("v0.cache");
+        RegionBuilder::v0()
+            .device("GPU-a", MIB)
+            .write(&v0)
+            .expect("write");
+        assert!(matches!(
+            reclaim_dead_slots(&v0, Duration::ZERO, |_| true),
+            Err(ReclaimError::Truncated { .. })
+        ));
+        let fresh = dir.path().join("fresh.cache");
+        let mut b = RegionBuilder::v1().device("GPU-a", MIB);
+        b.uninitialised = true;
+        b.write(&fresh).expect("write");
+        assert!(matches!(
+            reclaim_dead_slots(&fresh, Duration::ZERO, |_| true),
+            Err(ReclaimError::NotReady)
+        ));
+        let empty = dir.path().join("empty.cache");
+        std::fs::write(&empty, b"").expect("write");
+        assert!(matches!(
+            reclaim_dead_slots(&empty, Duration::ZERO, |_| true),
+            Err(ReclaimError::NotReady)
+        ));
+        let mut corrupt = RegionBuilder::v1().device("GPU-a", MIB);
+        corrupt.proc_num = Some(5000);
+        let bad = dir.path().join("bad.cache");
+        corrupt.write(&bad).expect("write");
+        init_sem(&bad);
+        assert!(matches!(
+            reclaim_dead_slots(&bad, Duration::from_secs(1), |_| true),
+            Err(ReclaimError::ProcNum(5000))
+        ));
+    }
+}
