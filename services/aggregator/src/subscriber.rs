@@ -10,7 +10,7 @@ use kai_proto::v1::vgpu_node_client::VgpuNodeClient;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::cluster::{Cluster, unix_ms};
+use crate::cluster::Cluster;
 use crate::metrics;
 
 /// TLS towards the agents: their CA, and our client certificate when they
@@ -97,7 +97,7 @@ pub async fn run(
         };
         let error = match result {
             Ok(()) => "stream ended".to_owned(),
-            Err(error) => error,
+            Err(error) => error.to_string(),
         };
         cluster.set_down(&endpoint, &error);
         metrics::record_reconnect();
@@ -114,9 +114,24 @@ pub async fn run(
 /// Takes in one `WatchContainers` message from `endpoint`: the whole live
 /// update path after decoding (the cluster bench drives it too).
 pub fn receive(cluster: &Cluster, endpoint: &str, update: pb::ContainersUpdate) {
-    let lag_ms = unix_ms().saturating_sub(update.sent_at_unix_ms);
+    let lag_ms = kai_runtime::unix_ms().saturating_sub(update.sent_at_unix_ms);
     metrics::record_update(lag_ms);
     cluster.apply_update(endpoint, update);
+}
+
+/// Why a subscription stopped (its text is the node's `last_error`).
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("bad endpoint: {0}")]
+    Endpoint(#[source] tonic::transport::Error),
+    #[error("TLS: {0}")]
+    Tls(#[source] tonic::transport::Error),
+    #[error("connect: {0}")]
+    Connect(#[source] tonic::transport::Error),
+    #[error("WatchContainers: {}", .0.message())]
+    Watch(#[source] tonic::Status),
+    #[error("stream: {}", .0.message())]
+    Stream(#[source] tonic::Status),
 }
 
 /// Connects and follows the stream until it fails. A received update
@@ -126,25 +141,25 @@ async fn stream_once(
     cluster: &Cluster,
     settings: &Settings,
     attempt: &mut u32,
-) -> Result<(), String> {
+) -> Result<(), StreamError> {
     let scheme = if settings.tls.is_some() {
         "https"
     } else {
         "http"
     };
-    let mut builder = Endpoint::from_shared(format!("{scheme}://{endpoint}"))
-        .map_err(|e| format!("bad endpoint: {e}"))?;
+    let mut builder =
+        Endpoint::from_shared(format!("{scheme}://{endpoint}")).map_err(StreamError::Endpoint)?;
     if let Some(tls) = &settings.tls {
         builder = builder
             .tls_config(tls.client_config())
-            .map_err(|e| format!("TLS: {e}"))?;
+            .map_err(StreamError::Tls)?;
     }
     let channel: Channel = builder
         .connect_timeout(settings.connect_timeout)
         .tcp_nodelay(true)
         .connect()
         .await
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(StreamError::Connect)?;
     let mut client = VgpuNodeClient::new(channel);
     let mut stream = client
         .watch_containers(pb::WatchContainersRequest {
@@ -155,7 +170,7 @@ async fn stream_once(
             ..Default::default()
         })
         .await
-        .map_err(|e| format!("WatchContainers: {}", e.message()))?
+        .map_err(StreamError::Watch)?
         .into_inner();
     let mut devices_tick = tokio::time::interval(settings.devices_interval);
     loop {
@@ -166,7 +181,7 @@ async fn stream_once(
                     receive(cluster, endpoint, update);
                 }
                 Ok(None) => return Ok(()),
-                Err(status) => return Err(format!("stream: {}", status.message())),
+                Err(status) => return Err(StreamError::Stream(status)),
             },
             _ = devices_tick.tick() => {
                 match client.list_devices(pb::ListDevicesRequest {}).await {

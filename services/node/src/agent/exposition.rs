@@ -60,7 +60,7 @@ pub fn render(
     let _ = writeln!(
         out,
         "# HELP kai_node_agent_pod_source Where the pod join stands (disabled, static, syncing, ready, reconnecting).\n# TYPE kai_node_agent_pod_source gauge\nkai_node_agent_pod_source{{status=\"{}\"}} 1",
-        state.kube_status
+        state.kube_status.as_str()
     );
     let _ = writeln!(
         out,

@@ -161,7 +161,7 @@ pub fn update(state: &NodeState, namespace: &str, pod: &str) -> pb::ContainersUp
         node: state.node.clone(),
         revision: state.revision,
         containers: filtered(state, namespace, pod),
-        sent_at_unix_ms: super::store::unix_ms(),
+        sent_at_unix_ms: kai_runtime::unix_ms(),
         escaped_processes: escaped(state),
         checks: Some(checks_to_pb(&state.checks)),
     }
@@ -191,7 +191,7 @@ impl Service {
             let mut current = state.borrow_and_update().clone();
             let mut fresh = true;
             loop {
-                let item = next(&current, fresh, super::store::unix_ms());
+                let item = next(&current, fresh, kai_runtime::unix_ms());
                 if tx.send(Ok(item)).await.is_err() {
                     break; // client went away
                 }
@@ -256,7 +256,7 @@ impl VgpuNode for Service {
         Ok(Response::new(pb::ListDevicesResponse {
             node,
             devices: list.into_iter().map(host_to_pb).collect(),
-            nvml_status: self.devices.status().to_owned(),
+            nvml_status: self.devices.status().into_owned(),
             driver_version: driver,
         }))
     }
@@ -272,8 +272,8 @@ impl VgpuNode for Service {
             layouts_seen: state.layouts_seen.iter().cloned().collect(),
             containers: state.containers.len() as u32,
             revision: state.revision,
-            kube_status: state.kube_status.clone(),
-            nvml_status: self.devices.status().to_owned(),
+            kube_status: state.kube_status.as_str().to_owned(),
+            nvml_status: self.devices.status().into_owned(),
             corrupt_regions: state.corrupt_regions,
         }))
     }
@@ -329,7 +329,7 @@ pub(crate) mod tests {
             revision: 42,
             containers,
             layouts_seen: BTreeSet::from(["v1.2".to_owned()]),
-            kube_status: "ready".into(),
+            kube_status: crate::agent::model::PodSourceStatus::Ready,
             scanned: true,
             ..NodeState::default()
         }

@@ -10,27 +10,20 @@ use std::sync::Arc;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use kai_webhook::inject::{
+    ANNOTATION_CONTAINER_NAME, ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY,
+};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
-use super::state::{PodMeta, RunningContainer};
+pub use super::model::{Lookup, PodSourceStatus};
+use super::model::{PodMeta, RunningContainer};
 
-/// Annotations that mark a KAI GPU-sharing pod.
-const SHARING_ANNOTATIONS: [&str; 2] = ["gpu-fraction", "gpu-memory"];
-/// KAI's annotation naming the container that gets the GPU share.
-const CONTAINER_ANNOTATION: &str = "gpu-fraction-container-name";
-
-/// What is known about a pod UID.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Lookup {
-    Known(PodMeta),
-    /// The source is authoritative and has no such pod on this node.
-    Absent,
-    /// Nothing can be said (no API server, or not synced yet).
-    Unknown,
-}
+/// Annotations that mark a KAI GPU-sharing pod (the webhook's, so both
+/// agree on what a sharing pod is).
+const SHARING_ANNOTATIONS: [&str; 2] = [ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY];
 
 /// Source of pod metadata.
 #[derive(Clone)]
@@ -84,20 +77,33 @@ fn yes() -> bool {
 /// Errors setting up a pod source.
 #[derive(Debug, thiserror::Error)]
 pub enum PodSourceError {
-    #[error("cannot read static pods file {path}: {detail}")]
-    StaticFile { path: String, detail: String },
+    #[error("cannot read static pods file {}: {source}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read static pods file {}: {source}", path.display())]
+    Parse {
+        path: std::path::PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
 impl PodSource {
     /// Loads a JSON array of `{uid, namespace, name[, sharing,
     /// gpu_container, running: [{name, id, started_at}]]}`.
     pub fn from_static_file(path: &Path) -> Result<Self, PodSourceError> {
-        let err = |detail: String| PodSourceError::StaticFile {
-            path: path.display().to_string(),
-            detail,
-        };
-        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-        let pods: Vec<StaticPod> = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+        let text = std::fs::read_to_string(path).map_err(|source| PodSourceError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let pods: Vec<StaticPod> =
+            serde_json::from_str(&text).map_err(|source| PodSourceError::Parse {
+                path: path.to_owned(),
+                source,
+            })?;
         Ok(Self::Static(Arc::new(
             pods.into_iter()
                 .map(|p| {
@@ -166,15 +172,14 @@ impl PodSource {
         Self::Kube { store, sync }
     }
 
-    /// "disabled", "static", "syncing", "ready" or "reconnecting".
-    pub fn status(&self) -> &'static str {
+    pub fn status(&self) -> PodSourceStatus {
         match self {
-            Self::None => "disabled",
-            Self::Static(_) => "static",
+            Self::None => PodSourceStatus::Disabled,
+            Self::Static(_) => PodSourceStatus::Static,
             Self::Kube { sync, .. } => match *sync.borrow() {
-                PodSync::Syncing => "syncing",
-                PodSync::Ready => "ready",
-                PodSync::Reconnecting => "reconnecting",
+                PodSync::Syncing => PodSourceStatus::Syncing,
+                PodSync::Ready => PodSourceStatus::Ready,
+                PodSync::Reconnecting => PodSourceStatus::Reconnecting,
             },
         }
     }
@@ -195,7 +200,7 @@ impl PodSource {
 
     /// True when an absent pod really is gone (so its directory is an orphan).
     pub fn authoritative(&self) -> bool {
-        self.status() == "ready"
+        self.status().authoritative()
     }
 
     /// Every GPU-sharing pod the source knows, by UID (empty without a
@@ -292,7 +297,7 @@ fn meta_of(pod: &Pod) -> PodMeta {
         sharing: SHARING_ANNOTATIONS
             .iter()
             .any(|a| annotations.is_some_and(|m| m.contains_key(*a))),
-        gpu_container: annotation(CONTAINER_ANNOTATION).or(first),
+        gpu_container: annotation(ANNOTATION_CONTAINER_NAME).or(first),
         running: pod
             .status
             .as_ref()

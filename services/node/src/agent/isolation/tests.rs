@@ -9,7 +9,8 @@ use kai_region::discovery::ContainerKey;
 use kai_region::writer::{ProcSpec, RegionBuilder, UsageSpec};
 
 use super::*;
-use crate::agent::state::RunningContainer;
+use crate::agent::model::{ContainerView, RunningContainer};
+use kai_proto::v1::IsolationState;
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
