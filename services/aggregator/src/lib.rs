@@ -27,6 +27,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::cluster::Cluster;
 
@@ -314,12 +315,15 @@ async fn supervise(
         for endpoint in &new {
             let token = shutdown.child_token();
             cluster.add_endpoint(endpoint);
-            tokio::spawn(subscriber::run(
-                endpoint.clone(),
-                cluster.clone(),
-                settings.clone(),
-                token.clone(),
-            ));
+            tokio::spawn(
+                subscriber::run(
+                    endpoint.clone(),
+                    cluster.clone(),
+                    settings.clone(),
+                    token.clone(),
+                )
+                .instrument(tracing::info_span!("subscriber", %endpoint)),
+            );
             running.insert(endpoint.clone(), token);
         }
         tokio::select! {

@@ -82,7 +82,8 @@ fn unix_nanos() -> u128 {
         .map_or(0, |d| d.as_nanos())
 }
 
-/// Runs until `cancel`, keeping `endpoint`'s data in `cluster` current.
+/// Runs until `cancel`, keeping `endpoint`'s data in `cluster` current;
+/// its log lines carry `endpoint` from the span this is spawned in.
 pub async fn run(
     endpoint: String,
     cluster: Arc<Cluster>,
@@ -102,7 +103,7 @@ pub async fn run(
         cluster.set_down(&endpoint, &error);
         metrics::record_reconnect();
         let wait = backoff(&settings, attempt);
-        tracing::warn!(%endpoint, %error, retry_in = ?wait, "node agent stream down");
+        tracing::warn!(%error, retry_in = ?wait, "node agent stream down");
         attempt = attempt.saturating_add(1);
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -186,7 +187,7 @@ async fn stream_once(
             _ = devices_tick.tick() => {
                 match client.list_devices(pb::ListDevicesRequest {}).await {
                     Ok(response) => cluster.set_devices(endpoint, response.into_inner().devices),
-                    Err(status) => tracing::debug!(%endpoint, error = %status.message(), "ListDevices failed"),
+                    Err(status) => tracing::debug!(error = %status.message(), "ListDevices failed"),
                 }
             }
         }

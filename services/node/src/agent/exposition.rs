@@ -5,9 +5,9 @@ use std::fmt::Write;
 
 use kai_exposition::{HostDevices, NodeIsolation, Options};
 
-use super::grpc::{checks_to_pb, escaped_to_pb, filtered, host_to_pb};
 use super::nvml::HostDevice;
 use super::state::NodeState;
+use super::to_pb::{checks_to_pb, escaped_to_pb, filtered, host_to_pb};
 
 /// Renders host and per-container series. `now_secs` is used for
 /// `hami_container_last_kernel_elapsed_seconds`.

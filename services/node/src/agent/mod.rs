@@ -14,6 +14,7 @@ mod scan;
 mod serve;
 pub mod state;
 pub mod store;
+mod to_pb;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -22,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 pub use self::config::{AgentError, Args, Config, GrpcTls, PodsConfig};
 use self::nvml::Devices;
@@ -93,40 +95,51 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     let (grpc_listener, grpc_addr) = kai_runtime::net::bind(config.grpc_listen).await?;
     let (metrics_listener, metrics_addr) = kai_runtime::net::bind(config.metrics_listen).await?;
 
+    // Every line the agent's tasks log carries the node and the directory.
+    let span = tracing::info_span!("agent", node = %config.node_name, dir = %config.containers_dir.display());
     let mut tasks = Vec::new();
     let store = Arc::new(Mutex::new(RegionStore::new(&config.containers_dir)));
     let scans = Arc::new(AtomicU64::new(0));
-    tasks.push(tokio::spawn(poll(
-        Scanner {
-            store,
-            pods,
-            devices: devices.clone(),
-            notifier,
-            scans: scans.clone(),
-        },
-        tx,
-        config.clone(),
-        shutdown.clone(),
-    )));
-    tasks.push(tokio::spawn(serve_grpc(
-        grpc_listener,
-        grpc_tls,
-        grpc::Service {
-            state: rx.clone(),
-            devices: devices.clone(),
-            default_interval: config.watch_interval,
-        },
-        shutdown.clone(),
-    )));
-    tasks.push(tokio::spawn(serve_http(
-        metrics_listener,
-        rx.clone(),
-        devices,
-        scans.clone(),
-        config.legacy_metrics,
-        shutdown,
-    )));
-    tracing::info!(node = %config.node_name, %grpc_addr, %metrics_addr, dir = %config.containers_dir.display(), "node agent serving");
+    tasks.push(tokio::spawn(
+        poll(
+            Scanner {
+                store,
+                pods,
+                devices: devices.clone(),
+                notifier,
+                scans: scans.clone(),
+            },
+            tx,
+            config.clone(),
+            shutdown.clone(),
+        )
+        .instrument(span.clone()),
+    ));
+    tasks.push(tokio::spawn(
+        serve_grpc(
+            grpc_listener,
+            grpc_tls,
+            grpc::Service {
+                state: rx.clone(),
+                devices: devices.clone(),
+                default_interval: config.watch_interval,
+            },
+            shutdown.clone(),
+        )
+        .instrument(span.clone()),
+    ));
+    tasks.push(tokio::spawn(
+        serve_http(
+            metrics_listener,
+            rx.clone(),
+            devices,
+            scans.clone(),
+            config.legacy_metrics,
+            shutdown,
+        )
+        .instrument(span.clone()),
+    ));
+    span.in_scope(|| tracing::info!(%grpc_addr, %metrics_addr, "node agent serving"));
     Ok(Running {
         grpc_addr,
         metrics_addr,

@@ -17,6 +17,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 pub use super::model::{Lookup, PodSourceStatus};
 use super::model::{PodMeta, RunningContainer};
@@ -136,15 +137,16 @@ impl PodSource {
             .default_backoff()
             .modify(trim)
             .reflect(writer);
-        let node = node.to_owned();
-        tokio::spawn(async move {
+        let span = tracing::info_span!("pods", %node);
+        tokio::spawn(
+            async move {
             let mut stream = std::pin::pin!(stream);
             let quiet = tokio::time::sleep(QUIET_AFTER_ERRORS);
             let mut quiet = std::pin::pin!(quiet);
             let set = |next: PodSync| {
                 let before = sync_tx.send_replace(next);
                 if before != next {
-                    tracing::info!(%node, from = ?before, to = ?next, "pod source");
+                    tracing::info!(from = ?before, to = ?next, "pod source");
                 }
             };
             loop {
@@ -158,7 +160,7 @@ impl PodSource {
                         Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) if reconnecting => set(PodSync::Ready),
                         Some(Ok(_)) => {}
                         Some(Err(error)) => {
-                            tracing::warn!(%node, %error, "pod watch error; serving what is known, retrying with backoff");
+                            tracing::warn!(%error, "pod watch error; serving what is known, retrying with backoff");
                             if *sync_tx.borrow() == PodSync::Ready {
                                 set(PodSync::Reconnecting);
                             }
@@ -168,7 +170,9 @@ impl PodSource {
                     },
                 }
             }
-        });
+        }
+            .instrument(span),
+        );
         Self::Kube { store, sync }
     }
 
