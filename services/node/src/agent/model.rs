@@ -238,3 +238,20 @@ impl std::fmt::Display for PodSourceStatus {
         f.write_str(self.as_str())
     }
 }
+
+/// A pod container as the kubelet names its cgroup.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CgroupOwner {
+    pub pod_uid: String,
+    /// Runtime container ID (64 hex digits); empty when the path has none.
+    pub container_id: String,
+}
+
+/// The host's process table as the assessment asks it (the agent reads
+/// the host's `/proc`; tests answer from memory).
+pub trait HostPids: Sync {
+    /// Whether a host PID is alive; `None` for PIDs that cannot be host PIDs.
+    fn alive(&self, pid: i32) -> Option<bool>;
+    /// The pod container of a host PID; `None` when gone or not in a pod.
+    fn owner(&self, pid: u32) -> Option<CgroupOwner>;
+}

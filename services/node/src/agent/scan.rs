@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::join;
+use super::model::HostPids;
 use super::nvml::Devices;
 use super::orphans::{self, Orphans};
 use super::pods::PodSource;
@@ -99,7 +100,7 @@ pub(super) async fn poll(
                 sharing_pods: &sharing_pods,
                 lookup: &lookup,
                 gpu_processes: gpu_processes.as_deref().map_err(String::as_str),
-                host: host.as_ref(),
+                host: host.as_ref().map(|h| h as &dyn HostPids),
                 now_ms: kai_runtime::unix_ms(),
                 defer_unnamed: kube_status.settling(),
             },

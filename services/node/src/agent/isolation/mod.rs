@@ -18,9 +18,8 @@ use std::time::Duration;
 
 pub use self::assess::Assessor;
 pub use self::classify::{classify, human_bytes};
-use self::hostproc::HostProc;
 pub use super::model::{Checks, Escaped, Isolation, MissingRegion, Notice, Owner, Subject};
-use super::model::{GpuProcess, Lookup, PodMeta};
+use super::model::{GpuProcess, HostPids, Lookup, PodMeta};
 
 /// libvgpu lets accounted usage run this many percent over the cap before
 /// it fails allocations (HAMi-core `MEMORY_LIMIT_TOLERATION_RATE` = 1.1).
@@ -61,7 +60,7 @@ pub struct Input<'a> {
     /// NVML compute processes, or why they are unavailable.
     pub gpu_processes: Result<&'a [GpuProcess], &'a str>,
     /// The host's `/proc`; `None` when not mounted.
-    pub host: Option<&'a HostProc>,
+    pub host: Option<&'a dyn HostPids>,
     pub now_ms: u64,
     /// The pod list is still syncing or reconnecting: a container whose pod
     /// is not known yet is assessed but not announced, so its notice goes
