@@ -670,7 +670,7 @@ fn main() {
     let (update_ours, update_floor) = (median(ours), median(floor));
 
     // Render: the same text from both, then interleaved timings.
-    let now = kai_aggregator::cluster::unix_ms() / 1000;
+    let now = kai_runtime::unix_ms() / 1000;
     let text: Vec<u8> = MetricsPage::new(cluster.snapshot(), handle.clone(), false, now).fold(
         Vec::new(),
         |mut all, chunk| {

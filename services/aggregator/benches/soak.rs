@@ -115,7 +115,7 @@ async fn sim_agent(
         node: format!("sim-node-{node:04}"),
         revision: 1,
         containers: views,
-        kube_status: "ready".into(),
+        kube_status: kai_node::agent::model::PodSourceStatus::Ready,
         scanned: true,
         ..NodeState::default()
     };

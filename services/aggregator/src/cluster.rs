@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use kai_proto::v1 as pb;
 use tokio::sync::watch;
@@ -83,12 +83,6 @@ impl Default for Cluster {
     }
 }
 
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 impl Cluster {
     /// Follows every change (the value is a change counter).
     pub fn subscribe(&self) -> watch::Receiver<u64> {
@@ -140,7 +134,7 @@ impl Cluster {
             entry.link = Link::Connected;
             entry.revision = update.revision;
             entry.checks = update.checks;
-            entry.last_update_ms = unix_ms();
+            entry.last_update_ms = kai_runtime::unix_ms();
             (
                 std::mem::replace(&mut entry.containers, Arc::new(update.containers)),
                 std::mem::replace(&mut entry.escaped, Arc::new(update.escaped_processes)),

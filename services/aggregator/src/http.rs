@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use warp::hyper::body::Bytes;
 use warp::{Filter, Reply};
 
-use crate::cluster::{Cluster, NodeEntry, unix_ms};
+use crate::cluster::{Cluster, NodeEntry};
 use crate::{metrics, query};
 
 #[derive(Clone)]
@@ -143,7 +143,7 @@ impl MetricsPage {
             state.cluster.snapshot(),
             state.handle.clone(),
             state.legacy,
-            unix_ms() / 1000,
+            kai_runtime::unix_ms() / 1000,
         )
     }
 
@@ -236,16 +236,12 @@ pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationTo
                 devices: query::devices(&s.cluster.snapshot(), param(&q, "node")),
             })
         });
-    let healthz = warp::path!("healthz").map(|| "ok".into_response());
-    let readyz = warp::path!("readyz").and(with).map(|s: State| {
-        if *s.synced.borrow() {
-            "ok".into_response()
+    let synced = state.synced.clone();
+    let health = kai_runtime::health::routes(move || {
+        if *synced.borrow() {
+            Ok(())
         } else {
-            warp::reply::with_status(
-                "discovery not synced yet",
-                http::StatusCode::SERVICE_UNAVAILABLE,
-            )
-            .into_response()
+            Err("discovery not synced yet")
         }
     });
     let routes = metrics
@@ -255,9 +251,7 @@ pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationTo
         .unify()
         .or(devices)
         .unify()
-        .or(healthz)
-        .unify()
-        .or(readyz)
+        .or(health)
         .unify()
         .or(crate::web::routes(state, shutdown.clone()))
         .unify();

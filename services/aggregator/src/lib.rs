@@ -28,6 +28,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::cluster::Cluster;
 
@@ -98,14 +99,8 @@ pub struct Args {
 #[derive(Clone)]
 pub enum Discovery {
     Static(Vec<String>),
-    /// In-cluster / kubeconfig client.
+    /// Pods found through the API server.
     Kube {
-        namespace: String,
-        selector: String,
-        port: u16,
-    },
-    /// A given client (tests, embedding).
-    KubeClient {
         client: kube::Client,
         namespace: String,
         selector: String,
@@ -118,11 +113,6 @@ impl std::fmt::Debug for Discovery {
         match self {
             Self::Static(list) => f.debug_tuple("Static").field(list).finish(),
             Self::Kube {
-                namespace,
-                selector,
-                port,
-            }
-            | Self::KubeClient {
                 namespace,
                 selector,
                 port,
@@ -149,11 +139,14 @@ pub struct Config {
 }
 
 impl Args {
-    /// Validated settings; reads the TLS files named by the flags.
-    pub fn config(&self) -> Result<Config, AggregatorError> {
+    /// Validated settings; reads the TLS files named by the flags and,
+    /// without `--node-agent`, builds the in-cluster (or kubeconfig) client.
+    pub async fn config(&self) -> Result<Config, AggregatorError> {
         let read = |path: &std::path::Path| {
-            std::fs::read(path)
-                .map_err(|e| AggregatorError::Tls(format!("{}: {e}", path.display())))
+            std::fs::read(path).map_err(|source| AggregatorError::Tls {
+                path: path.to_owned(),
+                source,
+            })
         };
         let tls = match &self.agent_tls_ca_file {
             Some(ca) => Some(subscriber::AgentTls {
@@ -166,12 +159,11 @@ impl Args {
             }),
             None => None,
         };
-        Ok(self.config_with(tls))
-    }
-
-    fn config_with(&self, tls: Option<subscriber::AgentTls>) -> Config {
         let discovery = if self.node_agents.is_empty() {
             Discovery::Kube {
+                client: kube::Client::try_default()
+                    .await
+                    .map_err(AggregatorError::Kube)?,
                 namespace: self.agent_namespace.clone(),
                 selector: self.agent_selector.clone(),
                 port: self.agent_port,
@@ -179,6 +171,10 @@ impl Args {
         } else {
             Discovery::Static(self.node_agents.clone())
         };
+        Ok(self.config_with(discovery, tls))
+    }
+
+    fn config_with(&self, discovery: Discovery, tls: Option<subscriber::AgentTls>) -> Config {
         Config {
             discovery,
             listen: self.listen,
@@ -198,23 +194,22 @@ impl Args {
 /// Failures before serving.
 #[derive(Debug, thiserror::Error)]
 pub enum AggregatorError {
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Bind(#[from] kai_runtime::net::BindError),
     #[error(
         "no Kubernetes client for node-agent discovery ({0}); pass --node-agent to list agents instead"
     )]
-    Kube(String),
-    #[error("reflection service: {0}")]
-    Reflection(String),
-    #[error("gRPC server failed: {0}")]
-    Grpc(#[from] tonic::transport::Error),
+    Kube(#[source] kube::Error),
+    #[error(transparent)]
+    Grpc(#[from] kai_runtime::grpc::GrpcError),
     #[error("a server task failed: {0}")]
-    Task(String),
-    #[error("agent TLS: {0}")]
-    Tls(String),
+    Task(#[from] tokio::task::JoinError),
+    #[error("agent TLS: {path}: {source}")]
+    Tls {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// A started aggregator.
@@ -229,21 +224,10 @@ pub struct Running {
 impl Running {
     pub async fn wait(self) -> Result<(), AggregatorError> {
         for task in self.tasks {
-            task.await
-                .map_err(|e| AggregatorError::Task(e.to_string()))??;
+            task.await??;
         }
         Ok(())
     }
-}
-
-async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), AggregatorError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| AggregatorError::Bind { addr, source })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| AggregatorError::Bind { addr, source })?;
-    Ok((listener, local))
 }
 
 /// Starts discovery, subscriptions and both servers.
@@ -254,24 +238,14 @@ pub async fn start(
     let targets = match config.discovery.clone() {
         Discovery::Static(list) => discovery::fixed(&list),
         Discovery::Kube {
-            namespace,
-            selector,
-            port,
-        } => {
-            let client = kube::Client::try_default()
-                .await
-                .map_err(|e| AggregatorError::Kube(e.to_string()))?;
-            discovery::pods(client, &namespace, &selector, port, shutdown.clone())
-        }
-        Discovery::KubeClient {
             client,
             namespace,
             selector,
             port,
         } => discovery::pods(client, &namespace, &selector, port, shutdown.clone()),
     };
-    let (http_listener, http_addr) = bind(config.listen).await?;
-    let (grpc_listener, grpc_addr) = bind(config.grpc_listen).await?;
+    let (http_listener, http_addr) = kai_runtime::net::bind(config.listen).await?;
+    let (grpc_listener, grpc_addr) = kai_runtime::net::bind(config.grpc_listen).await?;
     let cluster = Arc::new(Cluster::default());
     let handle = metrics::install();
     kai_runtime::prometheus::spawn_upkeep(handle.clone(), shutdown.clone());
@@ -342,12 +316,15 @@ async fn supervise(
         for endpoint in &new {
             let token = shutdown.child_token();
             cluster.add_endpoint(endpoint);
-            tokio::spawn(subscriber::run(
-                endpoint.clone(),
-                cluster.clone(),
-                settings.clone(),
-                token.clone(),
-            ));
+            tokio::spawn(
+                subscriber::run(
+                    endpoint.clone(),
+                    cluster.clone(),
+                    settings.clone(),
+                    token.clone(),
+                )
+                .instrument(tracing::info_span!("subscriber", %endpoint)),
+            );
             running.insert(endpoint.clone(), token);
         }
         tokio::select! {
@@ -383,17 +360,10 @@ async fn serve_grpc(
     cluster: Arc<Cluster>,
     shutdown: CancellationToken,
 ) -> Result<(), AggregatorError> {
-    let (reporter, health) = tonic_health::server::health_reporter();
-    reporter
-        .set_serving::<VgpuClusterServer<grpc::Service>>()
-        .await;
-    kai_proto::add_reflection(tonic::transport::Server::builder().add_service(health))
-        .map_err(|e| AggregatorError::Reflection(e.to_string()))?
-        .add_service(VgpuClusterServer::new(grpc::Service { cluster }))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            shutdown.cancelled_owned(),
-        )
-        .await?;
+    type Server = VgpuClusterServer<grpc::Service>;
+    let router = kai_runtime::grpc::router::<Server>(&[kai_proto::FILE_DESCRIPTOR_SET])
+        .await?
+        .add_service(Server::new(grpc::Service { cluster }));
+    kai_runtime::grpc::serve(router, listener, None, shutdown).await?;
     Ok(())
 }

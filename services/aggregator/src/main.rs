@@ -11,7 +11,7 @@ async fn main() -> anyhow::Result<()> {
     let args = kai_aggregator::Args::parse();
     args.log.init().context("cannot set up logging")?;
     let shutdown = kai_runtime::shutdown::on_signal();
-    let running = kai_aggregator::start(args.config()?, shutdown).await?;
+    let running = kai_aggregator::start(args.config().await?, shutdown).await?;
     running.wait().await?;
     Ok(())
 }

@@ -10,7 +10,7 @@ use kai_proto::v1::vgpu_node_client::VgpuNodeClient;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::cluster::{Cluster, unix_ms};
+use crate::cluster::Cluster;
 use crate::metrics;
 
 /// TLS towards the agents: their CA, and our client certificate when they
@@ -82,7 +82,8 @@ fn unix_nanos() -> u128 {
         .map_or(0, |d| d.as_nanos())
 }
 
-/// Runs until `cancel`, keeping `endpoint`'s data in `cluster` current.
+/// Runs until `cancel`, keeping `endpoint`'s data in `cluster` current;
+/// its log lines carry `endpoint` from the span this is spawned in.
 pub async fn run(
     endpoint: String,
     cluster: Arc<Cluster>,
@@ -97,12 +98,12 @@ pub async fn run(
         };
         let error = match result {
             Ok(()) => "stream ended".to_owned(),
-            Err(error) => error,
+            Err(error) => error.to_string(),
         };
         cluster.set_down(&endpoint, &error);
         metrics::record_reconnect();
         let wait = backoff(&settings, attempt);
-        tracing::warn!(%endpoint, %error, retry_in = ?wait, "node agent stream down");
+        tracing::warn!(%error, retry_in = ?wait, "node agent stream down");
         attempt = attempt.saturating_add(1);
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -114,9 +115,24 @@ pub async fn run(
 /// Takes in one `WatchContainers` message from `endpoint`: the whole live
 /// update path after decoding (the cluster bench drives it too).
 pub fn receive(cluster: &Cluster, endpoint: &str, update: pb::ContainersUpdate) {
-    let lag_ms = unix_ms().saturating_sub(update.sent_at_unix_ms);
+    let lag_ms = kai_runtime::unix_ms().saturating_sub(update.sent_at_unix_ms);
     metrics::record_update(lag_ms);
     cluster.apply_update(endpoint, update);
+}
+
+/// Why a subscription stopped (its text is the node's `last_error`).
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("bad endpoint: {0}")]
+    Endpoint(#[source] tonic::transport::Error),
+    #[error("TLS: {0}")]
+    Tls(#[source] tonic::transport::Error),
+    #[error("connect: {0}")]
+    Connect(#[source] tonic::transport::Error),
+    #[error("WatchContainers: {}", .0.message())]
+    Watch(#[source] tonic::Status),
+    #[error("stream: {}", .0.message())]
+    Stream(#[source] tonic::Status),
 }
 
 /// Connects and follows the stream until it fails. A received update
@@ -126,25 +142,25 @@ async fn stream_once(
     cluster: &Cluster,
     settings: &Settings,
     attempt: &mut u32,
-) -> Result<(), String> {
+) -> Result<(), StreamError> {
     let scheme = if settings.tls.is_some() {
         "https"
     } else {
         "http"
     };
-    let mut builder = Endpoint::from_shared(format!("{scheme}://{endpoint}"))
-        .map_err(|e| format!("bad endpoint: {e}"))?;
+    let mut builder =
+        Endpoint::from_shared(format!("{scheme}://{endpoint}")).map_err(StreamError::Endpoint)?;
     if let Some(tls) = &settings.tls {
         builder = builder
             .tls_config(tls.client_config())
-            .map_err(|e| format!("TLS: {e}"))?;
+            .map_err(StreamError::Tls)?;
     }
     let channel: Channel = builder
         .connect_timeout(settings.connect_timeout)
         .tcp_nodelay(true)
         .connect()
         .await
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(StreamError::Connect)?;
     let mut client = VgpuNodeClient::new(channel);
     let mut stream = client
         .watch_containers(pb::WatchContainersRequest {
@@ -155,7 +171,7 @@ async fn stream_once(
             ..Default::default()
         })
         .await
-        .map_err(|e| format!("WatchContainers: {}", e.message()))?
+        .map_err(StreamError::Watch)?
         .into_inner();
     let mut devices_tick = tokio::time::interval(settings.devices_interval);
     loop {
@@ -166,12 +182,12 @@ async fn stream_once(
                     receive(cluster, endpoint, update);
                 }
                 Ok(None) => return Ok(()),
-                Err(status) => return Err(format!("stream: {}", status.message())),
+                Err(status) => return Err(StreamError::Stream(status)),
             },
             _ = devices_tick.tick() => {
                 match client.list_devices(pb::ListDevicesRequest {}).await {
                     Ok(response) => cluster.set_devices(endpoint, response.into_inner().devices),
-                    Err(status) => tracing::debug!(%endpoint, error = %status.message(), "ListDevices failed"),
+                    Err(status) => tracing::debug!(error = %status.message(), "ListDevices failed"),
                 }
             }
         }

@@ -9,11 +9,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Once};
 
 use http_body_util::BodyExt;
-use kai_aggregator::cluster::{Cluster, NodeEntry, unix_ms};
+use kai_aggregator::cluster::{Cluster, NodeEntry};
 use kai_aggregator::http::{self, CHUNK_BYTES, METRICS_CONTENT_TYPE, MetricsPage};
 use kai_aggregator::metrics;
 use kai_exposition::Options;
 use kai_proto::v1 as pb;
+use kai_runtime::unix_ms;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 

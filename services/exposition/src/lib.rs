@@ -3,7 +3,7 @@
 //! Both the node agent and the aggregator render from their current state
 //! on every scrape, so a series exists exactly while its container does:
 //! nothing to expire, nothing stale. Names and labels are the Go HAMi
-//! monitor's (DESIGN.md §5); the aggregator adds `node`. The legacy names of
+//! monitor's (listed in docs/node-agent.md); the aggregator adds `node`. The legacy names of
 //! older HAMi monitors are available behind an option.
 //!
 //! [`render`] and [`render_isolation`] write a page whole; [`Page`] writes

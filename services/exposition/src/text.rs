@@ -20,6 +20,10 @@ impl Family {
         Self::new(name, help, "gauge")
     }
 
+    pub fn counter(name: &'static str, help: &'static str) -> Self {
+        Self::new(name, help, "counter")
+    }
+
     fn new(name: &'static str, help: &'static str, kind: &'static str) -> Self {
         Self {
             name,

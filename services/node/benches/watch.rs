@@ -58,7 +58,7 @@ fn state(n: usize) -> NodeState {
         containers,
         layouts_seen: BTreeSet::from(["v1.2".to_owned()]),
         corrupt_regions: 0,
-        kube_status: "ready".into(),
+        kube_status: kai_node::agent::model::PodSourceStatus::Ready,
         scanned: true,
         ..NodeState::default()
     }

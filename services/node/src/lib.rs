@@ -1,6 +1,6 @@
 //! The node DaemonSet's two jobs, one binary (`kai-node`):
 //! - [`libsync`]: installs libvgpu.so and ld.so.preload into the host
-//!   directory atomically and keeps them in sync (DESIGN.md §3);
+//!   directory atomically and keeps them in sync (docs/node-agent.md);
 //! - [`agent`]: reads every container's libvgpu region, joins it with the
 //!   node's pods and NVML devices, and serves gRPC `vgpu.v1.VgpuNode` plus
 //!   Prometheus metrics;

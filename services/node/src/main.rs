@@ -39,7 +39,7 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = kai_runtime::shutdown::on_signal();
     match cli.command {
         Command::Agent(args) => {
-            let running = kai_node::agent::start(args.config()?, shutdown).await?;
+            let running = kai_node::agent::start(args.config().await?, shutdown).await?;
             running.wait().await?;
         }
         Command::Libsync(args) => kai_node::libsync::run(args.config(), shutdown).await?,

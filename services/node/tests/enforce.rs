@@ -112,7 +112,7 @@ async fn an_uncapped_pod_is_evicted_once_with_an_event_and_a_count() {
             ..Config::local(
                 NODE,
                 containers.clone(),
-                PodsConfig::KubeClient(kube::Client::new(service, "default")),
+                PodsConfig::Kube(kube::Client::new(service, "default")),
             )
         },
         shutdown.clone(),

@@ -50,11 +50,7 @@ async fn notices_are_published_as_events_on_the_pod_once_per_change() {
             scan_interval: Duration::from_millis(50),
             events: true,
             pod_name: Some("kai-node-abcde".into()),
-            ..Config::local(
-                "gpu-node-5",
-                containers.clone(),
-                PodsConfig::KubeClient(client),
-            )
+            ..Config::local("gpu-node-5", containers.clone(), PodsConfig::Kube(client))
         },
         shutdown.clone(),
     )

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
+use kai_node::agent::model::PodSourceStatus;
 use kai_node::agent::state::NodeState;
 use kai_node::agent::{self, Config, PodsConfig};
 use kai_region::writer::{RegionBuilder, UsageSpec};
@@ -133,7 +134,7 @@ async fn the_agent_serves_through_api_server_outages_and_recovers() {
         Config {
             scan_interval: Duration::from_millis(50),
             orphan_grace: Duration::ZERO,
-            ..Config::local(NODE, containers.clone(), PodsConfig::KubeClient(client))
+            ..Config::local(NODE, containers.clone(), PodsConfig::Kube(client))
         },
         shutdown.clone(),
     )
@@ -148,7 +149,7 @@ async fn the_agent_serves_through_api_server_outages_and_recovers() {
     .await;
     {
         let s = state.borrow();
-        assert_eq!(s.kube_status, "syncing");
+        assert_eq!(s.kube_status, PodSourceStatus::Syncing);
         assert!(s.containers[0].pod.is_none(), "nothing known yet");
     }
     let metrics = support::http_get(running.metrics_addr, "/metrics").await;
@@ -159,14 +160,14 @@ async fn the_agent_serves_through_api_server_outages_and_recovers() {
 
     up_tx.send_replace(true);
     until(&mut state, "the pod list", |s| {
-        s.kube_status == "ready" && named(s)
+        s.kube_status == PodSourceStatus::Ready && named(s)
     })
     .await;
 
     // Mid-run outage: what was known is kept; the join says so.
     outage_tx.send_replace(true);
     until(&mut state, "the outage noticed", |s| {
-        s.kube_status == "reconnecting"
+        s.kube_status == PodSourceStatus::Reconnecting
     })
     .await;
     assert!(
@@ -185,7 +186,7 @@ async fn the_agent_serves_through_api_server_outages_and_recovers() {
 
     recover_tx.send_replace(true);
     until(&mut state, "recovery", |s| {
-        s.kube_status == "ready" && named(s)
+        s.kube_status == PodSourceStatus::Ready && named(s)
     })
     .await;
 

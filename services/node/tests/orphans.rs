@@ -6,6 +6,7 @@ mod support;
 
 use std::time::Duration;
 
+use kai_node::agent::model::PodSourceStatus;
 use kai_node::agent::{self, Config, PodsConfig};
 use kai_region::writer::{RegionBuilder, UsageSpec};
 use serde_json::json;
@@ -46,11 +47,7 @@ async fn gone_pods_are_cleaned_up_and_only_sharing_pods_reported() {
             scan_interval: Duration::from_millis(50),
             watch_interval: Duration::from_secs(30),
             orphan_grace: Duration::ZERO,
-            ..Config::local(
-                "gpu-node-3",
-                containers.clone(),
-                PodsConfig::KubeClient(client),
-            )
+            ..Config::local("gpu-node-3", containers.clone(), PodsConfig::Kube(client))
         },
         shutdown.clone(),
     )
@@ -60,7 +57,7 @@ async fn gone_pods_are_cleaned_up_and_only_sharing_pods_reported() {
     let mut state = running.state.clone();
     let state = tokio::time::timeout(
         Duration::from_secs(10),
-        state.wait_for(|s| s.scanned && s.kube_status == "ready"),
+        state.wait_for(|s| s.scanned && s.kube_status == PodSourceStatus::Ready),
     )
     .await
     .expect("kube join ready within 10 s")

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use kai_node::agent::pods::{Lookup, PodSource};
+use kai_node::agent::pods::{Lookup, PodSource, PodSourceStatus};
 use kai_node::agent::state::{PodMeta, RunningContainer};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -42,7 +42,7 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
     );
     let shutdown = CancellationToken::new();
     let source = PodSource::watch_node(client, "gpu-node-1", shutdown.clone());
-    assert_eq!(source.status(), "syncing");
+    assert_eq!(source.status(), PodSourceStatus::Syncing);
     assert_eq!(
         source.lookup(SHARING),
         Lookup::Unknown,
@@ -52,7 +52,7 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
     tokio::time::timeout(Duration::from_secs(10), source.synced())
         .await
         .expect("synced within 10 s");
-    assert_eq!(source.status(), "ready");
+    assert_eq!(source.status(), PodSourceStatus::Ready);
     assert!(source.authoritative());
     assert_eq!(
         source.lookup(SHARING),

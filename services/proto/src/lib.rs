@@ -33,22 +33,7 @@ pub fn serialize_isolation_state<S: serde::Serializer>(
     }
 }
 
-/// Encoded `FileDescriptorSet` of the API, for server reflection.
+/// Encoded `FileDescriptorSet` of the API, for server reflection
+/// (`kai_runtime::grpc::router`).
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/vgpu_descriptor.bin"));
-
-/// Server reflection for the API (and `grpc.health.v1`), so
-/// `grpcurl … list` and `grpcurl … vgpu.v1.VgpuNode/ListContainers` work.
-/// Both v1 and v1alpha are served: grpcurl 1.8 only speaks v1alpha.
-pub fn add_reflection(
-    router: tonic::transport::server::Router,
-) -> Result<tonic::transport::server::Router, tonic_reflection::server::Error> {
-    let builder = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    Ok(router
-        .add_service(builder().build_v1()?)
-        .add_service(builder().build_v1alpha()?))
-}

@@ -1,8 +1,9 @@
 //! Offsets of HAMi-core's `shared_region_t` (x86-64, little-endian).
 //!
-//! Numbers from DESIGN.md §4, checked against a region written by the real
-//! libvgpu 1.2 (shared/fixtures). Every offset of an 8-byte field is a
-//! multiple of 8, so loads from a page-aligned mapping are aligned.
+//! Numbers from HAMi-core's struct (summarised in docs/region.md), checked
+//! against a region written by the real libvgpu 1.2 (shared/fixtures).
+//! Every offset of an 8-byte field is a multiple of 8, so loads from a
+//! page-aligned mapping are aligned.
 
 /// `initialized_flag` once libvgpu has set the region up.
 pub const MAGIC: i32 = 19_920_718;

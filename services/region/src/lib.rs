@@ -3,7 +3,7 @@
 //! libvgpu (HAMi-core) keeps one shared region per container, a file it
 //! mmaps and updates as the workload allocates GPU memory. This crate:
 //! - [`layout`]: the offsets of both layouts (legacy v0 and versioned v1),
-//!   as the table in DESIGN.md §4;
+//!   as tabled in docs/region.md;
 //! - [`Region`]: a read-only mapping with validated, tear-tolerant snapshots;
 //! - [`writer`]: produces regions the real library would, for tests, the demo
 //!   and the simulator;

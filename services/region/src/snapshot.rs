@@ -79,4 +79,33 @@ impl RegionSnapshot {
     pub fn live_processes(&self) -> usize {
         self.processes.iter().filter(|p| p.live).count()
     }
+
+    /// Marks the live slots `dead` picks as not live, whatever their `pid`
+    /// says (a killed process never clears its slot): their usage moves
+    /// from the live sums to `stale_used`, as if the slot had been read
+    /// that way. Sums saturate; they were summed without overflow.
+    pub fn retire_slots(&mut self, mut dead: impl FnMut(&ProcessSlot) -> bool) {
+        for slot in &mut self.processes {
+            if !slot.live || !dead(slot) {
+                continue;
+            }
+            slot.live = false;
+            for (device, used) in self.devices.iter_mut().zip(&slot.devices) {
+                device.retire(used);
+            }
+        }
+    }
+}
+
+impl DeviceUsage {
+    /// Moves one slot's usage from the live sums to `stale_used`.
+    fn retire(&mut self, used: &SlotDevice) {
+        self.used = self.used.saturating_sub(used.total);
+        self.context = self.context.saturating_sub(used.context);
+        self.module = self.module.saturating_sub(used.module);
+        self.buffer = self.buffer.saturating_sub(used.data);
+        self.monitor_used = self.monitor_used.saturating_sub(used.monitor_used);
+        self.sm_util = self.sm_util.saturating_sub(used.sm_util);
+        self.stale_used = self.stale_used.saturating_add(used.total);
+    }
 }

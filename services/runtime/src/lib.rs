@@ -4,8 +4,12 @@
 //! a single shutdown fan-out, and TLS certificates that reload when Kubernetes
 //! rotates the Secret behind them.
 
+#[cfg(feature = "grpc")]
+pub mod grpc;
+pub mod health;
 pub mod https;
 pub mod net;
+#[cfg(feature = "test-support")]
 pub mod procstat;
 pub mod prometheus;
 pub mod shutdown;
@@ -21,4 +25,12 @@ pub mod watch;
 pub fn install_crypto_provider() {
     // An `Err` only means a provider is already installed, which is what we want.
     let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it): the
+/// unit of every `*_unix_ms` field of the API.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -17,10 +17,17 @@ pub enum LogFormat {
 #[derive(Clone, Debug, clap::Args)]
 pub struct LogArgs {
     /// Log filter, in `tracing` EnvFilter syntax (e.g. `info,kai_webhook=debug`).
-    #[arg(long = "log-level", env = "LOG_LEVEL", default_value = "info")]
+    // Global: `kai-node agent --log-level debug` works as in the other
+    // binaries, and so does the flag before the subcommand.
+    #[arg(
+        long = "log-level",
+        env = "LOG_LEVEL",
+        default_value = "info",
+        global = true
+    )]
     pub level: String,
     /// Log line format.
-    #[arg(long = "log-format", env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    #[arg(long = "log-format", env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true)]
     pub format: LogFormat,
 }
 

@@ -169,22 +169,16 @@ where
 fn routes(
     state: Arc<State>,
 ) -> impl Filter<Extract = (warp::reply::Response,), Error = warp::Rejection> + Clone {
+    let draining = state.shutdown.clone();
+    let health = kai_runtime::health::routes(move || {
+        // Fail readiness while draining so the Service stops routing here.
+        if draining.is_cancelled() {
+            Err("shutting down")
+        } else {
+            Ok(())
+        }
+    });
     let with_state = warp::any().map(move || state.clone());
-    let healthz = warp::path!("healthz")
-        .and(warp::get())
-        .map(|| "ok".into_response());
-    let readyz = warp::path!("readyz")
-        .and(warp::get())
-        .and(with_state.clone())
-        .map(|state: Arc<State>| {
-            // Fail readiness while draining so the Service stops routing here.
-            if state.shutdown.is_cancelled() {
-                warp::reply::with_status("shutting down", StatusCode::SERVICE_UNAVAILABLE)
-                    .into_response()
-            } else {
-                "ok".into_response()
-            }
-        });
     let metrics =
         warp::path!("metrics")
             .and(warp::get())
@@ -197,7 +191,7 @@ fn routes(
                 )
                 .into_response()
             });
-    healthz.or(readyz).unify().or(metrics).unify()
+    health.or(metrics).unify()
 }
 
 async fn mutate(request: Request<Incoming>, state: &State) -> Response<Full<Bytes>> {

@@ -17,8 +17,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use warp::{Filter, Reply};
 
-use crate::cluster::unix_ms;
 use crate::http::State;
+use kai_runtime::unix_ms;
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const APP_JS: &str = include_str!("assets/app.js");

@@ -1,13 +1,11 @@
 //! The node's Prometheus text: the shared HAMi families (rendered from the
 //! same messages the gRPC API serves) plus the agent's own series.
 
-use std::fmt::Write;
+use kai_exposition::{Family, HostDevices, NodeIsolation, Options};
 
-use kai_exposition::{HostDevices, NodeIsolation, Options};
-
-use super::grpc::{checks_to_pb, escaped_to_pb, filtered, host_to_pb};
 use super::nvml::HostDevice;
 use super::state::NodeState;
+use super::to_pb::{checks_to_pb, escaped_to_pb, filtered, host_to_pb};
 
 /// Renders host and per-container series. `now_secs` is used for
 /// `hami_container_last_kernel_elapsed_seconds`.
@@ -47,31 +45,56 @@ pub fn render(
         }],
         opts,
     );
-    let _ = writeln!(
-        out,
-        "# HELP kai_node_agent_containers Containers with a readable region.\n# TYPE kai_node_agent_containers gauge\nkai_node_agent_containers {}",
-        state.containers.len()
+    // The agent's own series.
+    one(
+        &mut out,
+        Family::gauge(
+            "kai_node_agent_containers",
+            "Containers with a readable region.",
+        ),
+        &[],
+        state.containers.len() as u64,
     );
-    let _ = writeln!(
-        out,
-        "# HELP kai_node_agent_corrupt_regions_total Regions skipped as unreadable since start.\n# TYPE kai_node_agent_corrupt_regions_total counter\nkai_node_agent_corrupt_regions_total {}",
-        state.corrupt_regions
+    one(
+        &mut out,
+        Family::counter(
+            "kai_node_agent_corrupt_regions_total",
+            "Regions skipped as unreadable since start.",
+        ),
+        &[],
+        state.corrupt_regions,
     );
-    let _ = writeln!(
-        out,
-        "# HELP kai_node_agent_pod_source Where the pod join stands (disabled, static, syncing, ready, reconnecting).\n# TYPE kai_node_agent_pod_source gauge\nkai_node_agent_pod_source{{status=\"{}\"}} 1",
-        state.kube_status
+    one(
+        &mut out,
+        Family::gauge(
+            "kai_node_agent_pod_source",
+            "Where the pod join stands (disabled, static, syncing, ready, reconnecting).",
+        ),
+        &[("status", state.kube_status.as_str())],
+        1,
     );
-    let _ = writeln!(
-        out,
-        "# HELP kai_node_agent_revision Revision of the container set.\n# TYPE kai_node_agent_revision gauge\nkai_node_agent_revision {}",
-        state.revision
+    one(
+        &mut out,
+        Family::gauge("kai_node_agent_revision", "Revision of the container set."),
+        &[],
+        state.revision,
     );
-    let _ = writeln!(
-        out,
-        "# HELP kai_node_agent_scans_total Scans of the containers directory since start (periodic and on directory changes).\n# TYPE kai_node_agent_scans_total counter\nkai_node_agent_scans_total {scans}"
+    one(
+        &mut out,
+        Family::counter(
+            "kai_node_agent_scans_total",
+            "Scans of the containers directory since start (periodic and on directory changes).",
+        ),
+        &[],
+        scans,
     );
     super::preload_path::render(&mut out);
     super::enforce::render_metrics(&mut out);
     out
+}
+
+/// A family of one sample (every value is far below 2^53, so exact as f64).
+fn one(out: &mut String, mut family: Family, labels: &[(&str, &str)], value: u64) {
+    family.sample(labels, value as f64);
+    family.render(out);
 }

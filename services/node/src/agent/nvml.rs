@@ -7,6 +7,8 @@ use std::ffi::OsStr;
 
 use nvml_wrapper::Nvml;
 
+pub use super::model::GpuProcess;
+
 /// One physical GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostDevice {
@@ -19,20 +21,17 @@ pub struct HostDevice {
     pub memory_util: u32,
 }
 
-/// A compute process on one GPU, as NVML lists it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GpuProcess {
-    pub gpu_uuid: String,
-    /// Host PID.
-    pub pid: u32,
-    /// `None` when NVML cannot say (e.g. WDDM, some vGPU hosts).
-    pub used: Option<u64>,
-}
-
 /// NVML, or the reason it is unavailable.
 pub struct Devices {
-    nvml: Option<Nvml>,
-    status: String,
+    nvml: Result<Nvml, Unavailable>,
+}
+
+/// Why there is no NVML.
+enum Unavailable {
+    /// Loading the library failed.
+    Load(String),
+    /// Turned off (`--no-nvml`) or simulated; the reason as said.
+    Off(String),
 }
 
 impl Devices {
@@ -45,30 +44,38 @@ impl Devices {
         match builder.init() {
             Ok(nvml) => {
                 tracing::info!(library = ?library, "NVML loaded");
-                Self {
-                    nvml: Some(nvml),
-                    status: "ok".to_owned(),
-                }
+                Self { nvml: Ok(nvml) }
             }
             Err(error) => {
                 tracing::warn!(%error, library = ?library, "NVML unavailable: host GPU devices will be empty; container usage still flows");
-                Self::unavailable(format!("unavailable: {error}"))
+                Self {
+                    nvml: Err(Unavailable::Load(error.to_string())),
+                }
             }
         }
     }
 
     /// NVML turned off on purpose, or not loadable.
     pub fn unavailable(status: String) -> Self {
-        Self { nvml: None, status }
+        Self {
+            nvml: Err(Unavailable::Off(status)),
+        }
     }
 
-    pub fn status(&self) -> &str {
-        &self.status
+    /// `ok`, `unavailable: <load error>`, or the reason it is off
+    /// (`NodeInfo.nvml_status`).
+    pub fn status(&self) -> std::borrow::Cow<'_, str> {
+        match &self.nvml {
+            Ok(_) => "ok".into(),
+            Err(Unavailable::Load(error)) => format!("unavailable: {error}").into(),
+            Err(Unavailable::Off(why)) => why.as_str().into(),
+        }
     }
 
     pub fn driver_version(&self) -> String {
         self.nvml
             .as_ref()
+            .ok()
             .and_then(|n| n.sys_driver_version().ok())
             .unwrap_or_default()
     }
@@ -77,11 +84,10 @@ impl Devices {
     /// trusted as complete (NVML off, or a device that would not answer):
     /// a partial list must not make the escaped-process check look passing.
     pub fn processes(&self) -> Result<Vec<GpuProcess>, String> {
-        let Some(nvml) = &self.nvml else {
-            return Err(match self.status.strip_prefix("unavailable: ") {
-                Some(why) => format!("NVML not loaded: {why}"),
-                None => format!("NVML {}", self.status),
-            });
+        let nvml = match &self.nvml {
+            Ok(nvml) => nvml,
+            Err(Unavailable::Load(error)) => return Err(format!("NVML not loaded: {error}")),
+            Err(Unavailable::Off(why)) => return Err(format!("NVML {why}")),
         };
         let count = nvml
             .device_count()
@@ -111,7 +117,7 @@ impl Devices {
 
     /// Reads every device; a device that fails to answer is skipped with a log line.
     pub fn list(&self) -> Vec<HostDevice> {
-        let Some(nvml) = &self.nvml else {
+        let Ok(nvml) = &self.nvml else {
             return Vec::new();
         };
         let count = match nvml.device_count() {

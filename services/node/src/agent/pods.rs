@@ -10,27 +10,21 @@ use std::sync::Arc;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use kai_webhook::inject::{
+    ANNOTATION_CONTAINER_NAME, ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY,
+};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
-use super::state::{PodMeta, RunningContainer};
+pub use super::model::{Lookup, PodSourceStatus};
+use super::model::{PodMeta, RunningContainer};
 
-/// Annotations that mark a KAI GPU-sharing pod.
-const SHARING_ANNOTATIONS: [&str; 2] = ["gpu-fraction", "gpu-memory"];
-/// KAI's annotation naming the container that gets the GPU share.
-const CONTAINER_ANNOTATION: &str = "gpu-fraction-container-name";
-
-/// What is known about a pod UID.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Lookup {
-    Known(PodMeta),
-    /// The source is authoritative and has no such pod on this node.
-    Absent,
-    /// Nothing can be said (no API server, or not synced yet).
-    Unknown,
-}
+/// Annotations that mark a KAI GPU-sharing pod (the webhook's, so both
+/// agree on what a sharing pod is).
+const SHARING_ANNOTATIONS: [&str; 2] = [ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY];
 
 /// Source of pod metadata.
 #[derive(Clone)]
@@ -84,20 +78,33 @@ fn yes() -> bool {
 /// Errors setting up a pod source.
 #[derive(Debug, thiserror::Error)]
 pub enum PodSourceError {
-    #[error("cannot read static pods file {path}: {detail}")]
-    StaticFile { path: String, detail: String },
+    #[error("cannot read static pods file {}: {source}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read static pods file {}: {source}", path.display())]
+    Parse {
+        path: std::path::PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
 impl PodSource {
     /// Loads a JSON array of `{uid, namespace, name[, sharing,
     /// gpu_container, running: [{name, id, started_at}]]}`.
     pub fn from_static_file(path: &Path) -> Result<Self, PodSourceError> {
-        let err = |detail: String| PodSourceError::StaticFile {
-            path: path.display().to_string(),
-            detail,
-        };
-        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-        let pods: Vec<StaticPod> = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+        let text = std::fs::read_to_string(path).map_err(|source| PodSourceError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let pods: Vec<StaticPod> =
+            serde_json::from_str(&text).map_err(|source| PodSourceError::Parse {
+                path: path.to_owned(),
+                source,
+            })?;
         Ok(Self::Static(Arc::new(
             pods.into_iter()
                 .map(|p| {
@@ -130,15 +137,16 @@ impl PodSource {
             .default_backoff()
             .modify(trim)
             .reflect(writer);
-        let node = node.to_owned();
-        tokio::spawn(async move {
+        let span = tracing::info_span!("pods", %node);
+        tokio::spawn(
+            async move {
             let mut stream = std::pin::pin!(stream);
             let quiet = tokio::time::sleep(QUIET_AFTER_ERRORS);
             let mut quiet = std::pin::pin!(quiet);
             let set = |next: PodSync| {
                 let before = sync_tx.send_replace(next);
                 if before != next {
-                    tracing::info!(%node, from = ?before, to = ?next, "pod source");
+                    tracing::info!(from = ?before, to = ?next, "pod source");
                 }
             };
             loop {
@@ -152,7 +160,7 @@ impl PodSource {
                         Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) if reconnecting => set(PodSync::Ready),
                         Some(Ok(_)) => {}
                         Some(Err(error)) => {
-                            tracing::warn!(%node, %error, "pod watch error; serving what is known, retrying with backoff");
+                            tracing::warn!(%error, "pod watch error; serving what is known, retrying with backoff");
                             if *sync_tx.borrow() == PodSync::Ready {
                                 set(PodSync::Reconnecting);
                             }
@@ -162,19 +170,20 @@ impl PodSource {
                     },
                 }
             }
-        });
+        }
+            .instrument(span),
+        );
         Self::Kube { store, sync }
     }
 
-    /// "disabled", "static", "syncing", "ready" or "reconnecting".
-    pub fn status(&self) -> &'static str {
+    pub fn status(&self) -> PodSourceStatus {
         match self {
-            Self::None => "disabled",
-            Self::Static(_) => "static",
+            Self::None => PodSourceStatus::Disabled,
+            Self::Static(_) => PodSourceStatus::Static,
             Self::Kube { sync, .. } => match *sync.borrow() {
-                PodSync::Syncing => "syncing",
-                PodSync::Ready => "ready",
-                PodSync::Reconnecting => "reconnecting",
+                PodSync::Syncing => PodSourceStatus::Syncing,
+                PodSync::Ready => PodSourceStatus::Ready,
+                PodSync::Reconnecting => PodSourceStatus::Reconnecting,
             },
         }
     }
@@ -195,7 +204,7 @@ impl PodSource {
 
     /// True when an absent pod really is gone (so its directory is an orphan).
     pub fn authoritative(&self) -> bool {
-        self.status() == "ready"
+        self.status().authoritative()
     }
 
     /// Every GPU-sharing pod the source knows, by UID (empty without a
@@ -292,7 +301,7 @@ fn meta_of(pod: &Pod) -> PodMeta {
         sharing: SHARING_ANNOTATIONS
             .iter()
             .any(|a| annotations.is_some_and(|m| m.contains_key(*a))),
-        gpu_container: annotation(CONTAINER_ANNOTATION).or(first),
+        gpu_container: annotation(ANNOTATION_CONTAINER_NAME).or(first),
         running: pod
             .status
             .as_ref()

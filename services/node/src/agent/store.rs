@@ -6,7 +6,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use kai_region::discovery::{self, ContainerKey};
 use kai_region::{Region, RegionError, RegionSnapshot};
@@ -84,7 +83,7 @@ impl RegionStore {
         if listing == Listing::Refresh {
             self.relist();
         }
-        let now = unix_ms();
+        let now = kai_runtime::unix_ms();
         let mut scan = Scan {
             regions: Vec::with_capacity(self.listing.len()),
             dirs: self.listing.clone(),
@@ -166,10 +165,4 @@ impl RegionStore {
             })
             .collect();
     }
-}
-
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

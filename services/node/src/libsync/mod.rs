@@ -1,5 +1,5 @@
 //! libsync: puts `libvgpu.so` and `ld.so.preload` on the host, atomically,
-//! and keeps them there (DESIGN.md §3).
+//! and keeps them there (docs/node-agent.md).
 //!
 //! A container starting at any moment must never preload a half-written
 //! library, so every file is written to a temp file in the target
@@ -21,7 +21,6 @@ use std::time::Duration;
 use kai_runtime::watch::{Depth, DirWatch};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use warp::Filter;
 
 /// Flags of `kai-node libsync`.
 #[derive(Clone, Debug, clap::Args)]
@@ -224,20 +223,12 @@ async fn serve_health(
     ready: Arc<AtomicBool>,
     shutdown: CancellationToken,
 ) {
-    let healthz = warp::path!("healthz").map(|| "ok".to_owned());
-    let readyz = warp::path!("readyz").map(move || {
+    let ready = move || {
         if ready.load(Ordering::Acquire) {
-            warp::reply::with_status("ok".to_owned(), http::StatusCode::OK)
+            Ok(())
         } else {
-            warp::reply::with_status(
-                "not installed yet".to_owned(),
-                http::StatusCode::SERVICE_UNAVAILABLE,
-            )
+            Err("not installed yet")
         }
-    });
-    warp::serve(healthz.or(readyz))
-        .incoming(listener)
-        .graceful(shutdown.cancelled_owned())
-        .run()
-        .await;
+    };
+    kai_runtime::health::serve(listener, ready, shutdown).await;
 }

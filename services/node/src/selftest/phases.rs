@@ -174,7 +174,8 @@ impl Run<'_> {
 
     fn nvml_figures(&mut self) {
         let Some(nvml) = &self.nvml else { return };
-        self.report.figure("nvml_status", nvml.status().to_owned());
+        self.report
+            .figure("nvml_status", nvml.status().into_owned());
         let driver = nvml.driver_version();
         if !driver.is_empty() {
             self.report.figure("nvml_driver_version", driver);

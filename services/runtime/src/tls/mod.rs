@@ -1,16 +1,18 @@
 //! TLS for our HTTPS and gRPC servers: PEM loading, a certificate resolver
-//! that hot-reloads when the files change, and self-signed bundles for the
-//! demo, the tests and in-cluster bootstrap.
+//! that hot-reloads when the files change, and (feature `test-support`)
+//! self-signed bundles for the demo and the tests.
 
 mod incoming;
 mod pem;
 mod reload;
+#[cfg(feature = "test-support")]
 mod selfsigned;
 
 pub use incoming::incoming;
 
 pub use pem::PemPair;
 pub use reload::ReloadingCert;
+#[cfg(feature = "test-support")]
 pub use selfsigned::{SelfSigned, generate};
 
 use std::path::PathBuf;
@@ -39,8 +41,10 @@ pub enum TlsError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[cfg(feature = "test-support")]
     #[error("cannot generate a certificate: {0}")]
     Generate(#[from] rcgen::Error),
+    #[cfg(feature = "test-support")]
     #[error("cannot write {path}: {source}")]
     Write {
         path: PathBuf,

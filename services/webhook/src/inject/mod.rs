@@ -1,7 +1,7 @@
 //! Decides what to inject into a Pod and builds the RFC 6902 patch.
 //!
 //! Pure: no I/O, no clock. The contract (annotations, target container,
-//! volumes, mounts, env, idempotence) is DESIGN.md §2. Everything added is
+//! volumes, mounts, env, idempotence) is docs/webhook.md. Everything added is
 //! compared with what is already there so a reinvocation (or a pod that was
 //! already mutated) gets an empty patch instead of duplicates the API server
 //! would reject.

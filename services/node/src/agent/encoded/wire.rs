@@ -12,8 +12,8 @@ use bytes::BufMut;
 use kai_region::{DeviceUsage, LayoutVersion, ProcessSlot};
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
 
-use crate::agent::grpc;
 use crate::agent::state::{ContainerView, NodeState};
+use crate::agent::{grpc, to_pb};
 
 /// `vgpu.v1.ContainersUpdate` without `sent_at_unix_ms` (appended per
 /// message by `Encoded`).
@@ -32,14 +32,14 @@ impl Encode for Update<'_> {
         for view in state
             .containers
             .iter()
-            .filter(|v| grpc::matches(v, self.namespace, self.pod))
+            .filter(|v| to_pb::matches(v, self.namespace, self.pod))
         {
             s.message(3, &Container { view, node });
         }
         for missing in state
             .missing
             .iter()
-            .filter(|m| grpc::missing_matches(m, self.namespace, self.pod))
+            .filter(|m| to_pb::missing_matches(m, self.namespace, self.pod))
         {
             s.prost(3, &grpc::missing_to_pb(missing, node));
         }

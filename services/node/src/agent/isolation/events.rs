@@ -7,8 +7,6 @@
 //! pods cannot flood the API server. Dropped notices are counted and
 //! logged (the log line and the metric still carry them).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -32,16 +30,12 @@ const QUEUE: usize = 256;
 #[derive(Clone)]
 pub struct Notifier {
     tx: Option<mpsc::Sender<Notice>>,
-    dropped: Arc<AtomicU64>,
 }
 
 impl Notifier {
     /// Notices are logged only (no API server, or Events turned off).
     pub fn disabled() -> Self {
-        Self {
-            tx: None,
-            dropped: Arc::default(),
-        }
+        Self { tx: None }
     }
 
     /// Starts the publisher task for `node`.
@@ -52,7 +46,6 @@ impl Notifier {
         shutdown: CancellationToken,
     ) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
-        let dropped = Arc::new(AtomicU64::new(0));
         let recorder = Recorder::new(
             client,
             Reporter {
@@ -60,31 +53,22 @@ impl Notifier {
                 instance,
             },
         );
-        tokio::spawn(publish(
-            recorder,
-            node.to_owned(),
-            rx,
-            dropped.clone(),
-            shutdown,
-        ));
-        Self {
-            tx: Some(tx),
-            dropped,
-        }
+        tokio::spawn(publish(recorder, node.to_owned(), rx, shutdown));
+        Self { tx: Some(tx) }
     }
 
     pub fn send(&self, notices: Vec<Notice>) {
         let Some(tx) = &self.tx else { return };
         for notice in notices {
-            if tx.try_send(notice).is_err() {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
+            // Closed: the publisher stopped at shutdown; nothing to say.
+            if let Err(mpsc::error::TrySendError::Full(notice)) = tx.try_send(notice) {
+                // Already logged by the assessment; say that no Event follows.
+                tracing::warn!(
+                    reason = notice.reason,
+                    "isolation Event queue full (API server slow); this notice is not written as an Event"
+                );
             }
         }
-    }
-
-    /// Notices not written as Events (queue full or rate-limited).
-    pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
     }
 }
 
@@ -113,7 +97,6 @@ async fn publish(
     recorder: Recorder,
     node: String,
     mut rx: mpsc::Receiver<Notice>,
-    dropped: Arc<AtomicU64>,
     shutdown: CancellationToken,
 ) {
     let mut bucket = Bucket {
@@ -127,7 +110,6 @@ async fn publish(
             next = rx.recv() => match next { Some(n) => n, None => break },
         };
         if !bucket.take(Instant::now()) {
-            dropped.fetch_add(1, Ordering::Relaxed);
             if !limited {
                 tracing::warn!(burst = BURST, every = ?REFILL, "isolation Events rate-limited; dropping until the budget refills (logs and metrics still carry them)");
                 limited = true;

@@ -6,18 +6,23 @@
 
 use std::path::{Path, PathBuf};
 
-/// A pod container as the kubelet names its cgroup.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CgroupOwner {
-    pub pod_uid: String,
-    /// Runtime container ID (64 hex digits); empty when the path has none.
-    pub container_id: String,
-}
+pub use crate::agent::model::CgroupOwner;
+use crate::agent::model::HostPids;
 
 /// A view of the host's process table.
 #[derive(Clone, Debug)]
 pub struct HostProc {
     root: PathBuf,
+}
+
+impl HostPids for HostProc {
+    fn alive(&self, pid: i32) -> Option<bool> {
+        HostProc::alive(self, pid)
+    }
+
+    fn owner(&self, pid: u32) -> Option<CgroupOwner> {
+        HostProc::owner(self, pid)
+    }
 }
 
 impl HostProc {

@@ -8,8 +8,10 @@ use std::path::Path;
 use kai_region::discovery::ContainerKey;
 use kai_region::writer::{ProcSpec, RegionBuilder, UsageSpec};
 
+use super::hostproc::HostProc;
 use super::*;
-use crate::agent::state::RunningContainer;
+use crate::agent::model::{ContainerView, RunningContainer};
+use kai_proto::v1::IsolationState;
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -563,4 +565,40 @@ fn an_unnamed_container_is_announced_once_its_pod_is_known() {
     let out = assessor.assess(&mut named, &syncing(NOW_MS + 1000));
     assert_eq!(reasons(&out.notices), ["GpuMemoryUncapped"]);
     assert!(matches!(out.notices[0].subject, Subject::Pod { .. }));
+}
+
+/// The host's process table from memory: the assessment reads no `/proc`.
+struct Table {
+    alive: Vec<i32>,
+}
+
+impl crate::agent::model::HostPids for Table {
+    fn alive(&self, pid: i32) -> Option<bool> {
+        (pid > 0).then(|| self.alive.contains(&pid))
+    }
+
+    fn owner(&self, _pid: u32) -> Option<crate::agent::model::CgroupOwner> {
+        None
+    }
+}
+
+#[test]
+fn a_process_table_in_memory_retires_the_slots_of_dead_host_pids() {
+    let region = RegionBuilder::v1()
+        .device(GPU, 4 * GIB)
+        .process(5000, vec![UsageSpec::data(GIB, GIB)])
+        .process(5001, vec![UsageSpec::data(256 * MIB, 256 * MIB)]);
+    let host = Table { alive: vec![5000] };
+    let mut views = vec![view_of(UID, &region)];
+    Assessor::default().assess(
+        &mut views,
+        &Input {
+            host: Some(&host),
+            ..input(NOW_MS)
+        },
+    );
+    let device = &views[0].snapshot.devices[0];
+    assert_eq!((device.used, device.stale_used), (GIB, 256 * MIB));
+    assert_eq!(views[0].isolation.stale_slots, 1);
+    assert_eq!(views[0].snapshot.live_processes(), 1);
 }

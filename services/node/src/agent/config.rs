@@ -1,0 +1,248 @@
+//! Flags, validated settings and the errors before the agent serves.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{enforce, isolation, pods};
+
+/// Flags of `kai-node agent`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// This node's name (from the downward API in the DaemonSet).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Where libvgpu writes `<podUID>_<container>/usage.cache`.
+    #[arg(
+        long,
+        env = "VGPU_CONTAINERS_DIR",
+        default_value = "/usr/local/vgpu/containers"
+    )]
+    pub containers_dir: PathBuf,
+    /// gRPC (VgpuNode, health, reflection) listen address.
+    #[arg(long, env = "GRPC_LISTEN", default_value = "0.0.0.0:50051")]
+    pub grpc_listen: SocketAddr,
+    /// Plain-HTTP `/metrics`, `/healthz`, `/readyz` listen address.
+    #[arg(long, env = "METRICS_LISTEN", default_value = "0.0.0.0:9394")]
+    pub metrics_listen: SocketAddr,
+    /// How often every region is re-read (directory events trigger a scan at once).
+    #[arg(long, env = "SCAN_INTERVAL_MS", default_value_t = 1000)]
+    pub scan_interval_ms: u64,
+    /// Default heartbeat of WatchContainers streams.
+    #[arg(long, env = "WATCH_INTERVAL_MS", default_value_t = 5000)]
+    pub watch_interval_ms: u64,
+    /// Do not talk to the API server; name pods from --static-pods or not at all.
+    #[arg(long, env = "NO_KUBE")]
+    pub no_kube: bool,
+    /// With --no-kube: a JSON file holding an array of {uid, namespace, name}
+    /// to name pods.
+    #[arg(long, env = "STATIC_PODS")]
+    pub static_pods: Option<PathBuf>,
+    /// NVML library to load.
+    #[arg(long, env = "NVML_LIBRARY", default_value = "libnvidia-ml.so.1")]
+    pub nvml_library: OsString,
+    /// Do not load NVML at all.
+    #[arg(long, env = "NO_NVML")]
+    pub no_nvml: bool,
+    /// Seconds before the directory of a pod gone from the node is removed.
+    #[arg(long, env = "ORPHAN_GRACE_SECONDS", default_value_t = 300)]
+    pub orphan_grace_seconds: u64,
+    /// Also serve the legacy metric names of older HAMi monitors.
+    #[arg(long, env = "LEGACY_METRICS")]
+    pub legacy_metrics: bool,
+    /// PEM certificate for the gRPC port: serves TLS (reloaded on change).
+    #[arg(long, env = "GRPC_TLS_CERT_FILE", requires = "grpc_tls_key_file")]
+    pub grpc_tls_cert_file: Option<PathBuf>,
+    /// PEM private key for the gRPC port.
+    #[arg(long, env = "GRPC_TLS_KEY_FILE", requires = "grpc_tls_cert_file")]
+    pub grpc_tls_key_file: Option<PathBuf>,
+    /// CA bundle: require client certificates issued by it (mutual TLS).
+    #[arg(long, env = "GRPC_TLS_CLIENT_CA_FILE", requires = "grpc_tls_cert_file")]
+    pub grpc_tls_client_ca_file: Option<PathBuf>,
+    /// The host's /proc (hostPath-mounted), to check that slot host PIDs are
+    /// alive and to name the pod of an escaped GPU process. Unset: those
+    /// checks are reported unavailable.
+    #[arg(long, env = "HOST_PROC")]
+    pub host_proc: Option<PathBuf>,
+    /// Seconds a GPU-sharing container may run without a region before it is NO_REGION.
+    #[arg(long, env = "NO_REGION_GRACE_SECONDS", default_value_t = 60)]
+    pub no_region_grace_seconds: u64,
+    /// Usage at or above this percent of the cap emits a near-cap Event.
+    #[arg(long, env = "NEAR_CAP_PERCENT", default_value_t = 95,
+          value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub near_cap_percent: u64,
+    /// MiB NVML may measure above the cap (driver overhead) before OVER_CAP.
+    #[arg(long, env = "OVER_CAP_MARGIN_MIB", default_value_t = 512)]
+    pub over_cap_margin_mib: u64,
+    /// Seconds an unaccounted GPU process must persist before it is reported.
+    #[arg(long, env = "ESCAPE_GRACE_SECONDS", default_value_t = 10)]
+    pub escape_grace_seconds: u64,
+    /// Do not write Kubernetes Events (isolation findings are still logged and exported).
+    #[arg(long, env = "NO_EVENTS")]
+    pub no_events: bool,
+    /// This agent's pod name, the Events' reporting instance.
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    /// What to do about a pod whose cap does not hold (docs/isolation.md).
+    #[arg(long, env = "ENFORCE", value_enum, default_value_t = enforce::Policy::None)]
+    pub enforce: enforce::Policy,
+    /// Clear the region slots of dead host PIDs so libvgpu stops charging them (needs --host-proc).
+    #[arg(long, env = "RECLAIM_STALE_SLOTS")]
+    pub reclaim_stale_slots: bool,
+}
+
+/// TLS for the gRPC port.
+#[derive(Clone, Debug)]
+pub struct GrpcTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Require client certificates issued by this CA.
+    pub client_ca: Option<PathBuf>,
+}
+
+/// Validated agent settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub node_name: String,
+    pub containers_dir: PathBuf,
+    pub grpc_listen: SocketAddr,
+    pub metrics_listen: SocketAddr,
+    pub scan_interval: Duration,
+    pub watch_interval: Duration,
+    pub pods: PodsConfig,
+    /// `None` = NVML off.
+    pub nvml_library: Option<OsString>,
+    pub orphan_grace: Duration,
+    /// `None` = plaintext gRPC.
+    pub grpc_tls: Option<GrpcTls>,
+    /// Also render legacy metric names.
+    pub legacy_metrics: bool,
+    pub isolation: isolation::Settings,
+    /// The host's /proc; `None` = host-PID checks unavailable.
+    pub host_proc: Option<PathBuf>,
+    /// Write Kubernetes Events (needs an API server).
+    pub events: bool,
+    pub pod_name: Option<String>,
+    pub enforce: enforce::Policy,
+    pub reclaim_stale_slots: bool,
+}
+
+/// Where pod names come from.
+#[derive(Clone)]
+pub enum PodsConfig {
+    None,
+    Static(PathBuf),
+    /// The pods of this node, through the API server.
+    Kube(kube::Client),
+}
+
+impl std::fmt::Debug for PodsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::None => f.write_str("None"),
+            Self::Static(path) => f.debug_tuple("Static").field(path).finish(),
+            Self::Kube(_) => f.write_str("Kube"),
+        }
+    }
+}
+
+/// Errors before the agent serves.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Bind(#[from] kai_runtime::net::BindError),
+    #[error(transparent)]
+    Pods(#[from] pods::PodSourceError),
+    #[error("a server task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    #[error(transparent)]
+    Grpc(#[from] kai_runtime::grpc::GrpcError),
+    #[error("gRPC TLS: {0}")]
+    Tls(#[from] kai_runtime::tls::TlsError),
+    #[error("gRPC TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+impl Config {
+    /// Settings for embedding (demo, tests): ephemeral loopback ports,
+    /// 1 s scans, no NVML, no TLS, no Events, no host /proc; override fields
+    /// with struct-update syntax.
+    pub fn local(node_name: &str, containers_dir: PathBuf, pods: PodsConfig) -> Self {
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        Self {
+            node_name: node_name.to_owned(),
+            containers_dir,
+            grpc_listen: loopback,
+            metrics_listen: loopback,
+            scan_interval: Duration::from_secs(1),
+            watch_interval: Duration::from_secs(5),
+            pods,
+            nvml_library: None,
+            orphan_grace: Duration::from_secs(300),
+            grpc_tls: None,
+            legacy_metrics: false,
+            isolation: isolation::Settings::default(),
+            host_proc: None,
+            events: false,
+            pod_name: None,
+            enforce: enforce::Policy::None,
+            reclaim_stale_slots: false,
+        }
+    }
+}
+
+impl Args {
+    /// Validated settings; without `--no-kube`, builds the in-cluster (or
+    /// kubeconfig) client.
+    pub async fn config(&self) -> Result<Config, AgentError> {
+        let node_name = self
+            .node_name
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| "unknown-node".to_owned());
+        let pods = match (&self.static_pods, self.no_kube) {
+            (Some(path), _) => PodsConfig::Static(path.clone()),
+            (None, true) => PodsConfig::None,
+            (None, false) => match kube::Client::try_default().await {
+                Ok(client) => PodsConfig::Kube(client),
+                Err(error) => {
+                    // Keep serving what the regions say; pods stay unnamed.
+                    tracing::error!(%error, "no Kubernetes client (use --no-kube outside a cluster); pods will not be joined");
+                    PodsConfig::None
+                }
+            },
+        };
+        Ok(Config {
+            node_name,
+            containers_dir: self.containers_dir.clone(),
+            grpc_listen: self.grpc_listen,
+            metrics_listen: self.metrics_listen,
+            scan_interval: Duration::from_millis(self.scan_interval_ms.max(50)),
+            watch_interval: Duration::from_millis(self.watch_interval_ms.max(100)),
+            pods,
+            nvml_library: (!self.no_nvml).then(|| self.nvml_library.clone()),
+            orphan_grace: Duration::from_secs(self.orphan_grace_seconds),
+            legacy_metrics: self.legacy_metrics,
+            isolation: isolation::Settings {
+                no_region_grace: Duration::from_secs(self.no_region_grace_seconds),
+                monitor_margin_bytes: self.over_cap_margin_mib.saturating_mul(1 << 20),
+                near_cap_percent: self.near_cap_percent,
+                escape_grace: Duration::from_secs(self.escape_grace_seconds),
+            },
+            host_proc: self.host_proc.clone(),
+            events: !self.no_events,
+            pod_name: self.pod_name.clone(),
+            enforce: self.enforce,
+            reclaim_stale_slots: self.reclaim_stale_slots,
+            grpc_tls: match (&self.grpc_tls_cert_file, &self.grpc_tls_key_file) {
+                (Some(cert), Some(key)) => Some(GrpcTls {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: self.grpc_tls_client_ca_file.clone(),
+                }),
+                _ => None,
+            },
+        })
+    }
+}

@@ -1,0 +1,304 @@
+//! The assessment proper: one verdict per container, the containers that
+//! should have a region and have none, and a notice for every change.
+
+use std::collections::{HashMap, HashSet};
+
+use kai_proto::v1::IsolationState;
+
+use super::classify::{classify, human_bytes, stale_slots};
+use super::{Checks, Input, Isolation, MissingRegion, Notice, Output, Settings, Subject};
+use crate::agent::model::ContainerView;
+
+/// Percentage points below the near-cap threshold that count as "back
+/// below": without them a job hovering at the threshold would emit an
+/// Event on every scan.
+const NEAR_CAP_HYSTERESIS: u64 = 2;
+
+/// Identity of a container across scans.
+type ContainerId = (String, String);
+
+/// Remembers what was already reported.
+#[derive(Default)]
+pub struct Assessor {
+    pub(super) settings: Settings,
+    pub(super) states: HashMap<ContainerId, IsolationState>,
+    pub(super) near: HashSet<(ContainerId, String)>,
+    pub(super) first_seen: HashMap<(String, u32), u64>,
+    /// Escaped processes already announced.
+    pub(super) reported: HashSet<(String, u32)>,
+    pub(super) stale: HashMap<ContainerId, u32>,
+}
+
+impl Assessor {
+    pub fn new(settings: Settings) -> Self {
+        Self {
+            settings,
+            ..Self::default()
+        }
+    }
+
+    /// Assesses every view in place (state, stale slots, near-cap) and
+    /// returns what else was found plus the notices for what changed.
+    pub fn assess(&mut self, views: &mut [ContainerView], input: &Input<'_>) -> Output {
+        let mut out = Output {
+            checks: Checks {
+                escaped_processes: input.gpu_processes.map(|_| ()).map_err(str::to_owned),
+                host_pids: match input.host {
+                    Some(_) => Ok(()),
+                    None => Err("the host's /proc is not mounted (--host-proc)".to_owned()),
+                },
+            },
+            ..Output::default()
+        };
+        let mut seen_states = HashMap::with_capacity(views.len());
+        let mut seen_near = HashSet::new();
+        let mut seen_stale = HashMap::new();
+
+        for view in views.iter_mut() {
+            if let Some(host) = input.host {
+                // A killed process never clears its slot: one whose host
+                // PID is gone holds stale usage, not live usage.
+                view.snapshot
+                    .retire_slots(|slot| host.alive(slot.hostpid) == Some(false));
+            }
+            let id = (view.key.pod_uid.clone(), view.key.container.clone());
+            let (state, reason) = classify(&view.snapshot, &self.settings);
+            let announce = view.pod.is_some() || !input.defer_unnamed;
+            let near_cap = self.near_cap(view, &id, announce, &mut seen_near, &mut out.notices);
+            let stale_slots = stale_slots(&view.snapshot);
+            if stale_slots != self.stale.get(&id).copied().unwrap_or(0) && stale_slots > 0 {
+                tracing::warn!(pod = %view.pod_name(), container = %view.key.container, stale_slots, "region slots hold usage of processes that are gone; reported as stale, not as live usage");
+            }
+            if stale_slots > 0 {
+                seen_stale.insert(id.clone(), stale_slots);
+            }
+            if announce {
+                self.transition(
+                    &id,
+                    state,
+                    &reason,
+                    subject_of(view),
+                    &view.key.container,
+                    &mut out.notices,
+                );
+                seen_states.insert(id, state);
+            } else if let Some(before) = self.states.get(&id) {
+                // Keep what was announced; decide when the pod is known.
+                seen_states.insert(id, *before);
+            }
+            view.isolation = Isolation {
+                state,
+                reason,
+                near_cap,
+                stale_slots,
+            };
+        }
+
+        let with_region: HashSet<(&str, &str)> = views
+            .iter()
+            .map(|v| (v.key.pod_uid.as_str(), v.key.container.as_str()))
+            .collect();
+        let now_secs = (input.now_ms / 1000) as i64;
+        for (uid, pod) in input.sharing_pods {
+            let Some(target) = &pod.gpu_container else {
+                continue;
+            };
+            if with_region.contains(&(uid.as_str(), target.as_str())) {
+                continue;
+            }
+            let Some(started_at) = pod
+                .running
+                .iter()
+                .find(|c| &c.name == target)
+                .and_then(|c| c.started_at)
+            else {
+                continue; // not running (yet): nothing to expect
+            };
+            let running_for = now_secs.saturating_sub(started_at);
+            if running_for < self.settings.no_region_grace.as_secs() as i64 {
+                continue;
+            }
+            let reason = format!(
+                "container {target} has run {running_for} s without a libvgpu region: libvgpu is not preloaded (webhook skipped the pod, or a static/musl binary), it fell back to its private /tmp cache, or the container has not initialised CUDA yet"
+            );
+            let id = (uid.clone(), target.clone());
+            let subject = Subject::Pod {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                uid: uid.clone(),
+            };
+            self.transition(
+                &id,
+                IsolationState::NoRegion,
+                &reason,
+                subject,
+                target,
+                &mut out.notices,
+            );
+            seen_states.insert(id, IsolationState::NoRegion);
+            out.missing.push(MissingRegion {
+                pod_uid: uid.clone(),
+                namespace: pod.namespace.clone(),
+                pod: pod.name.clone(),
+                container: target.clone(),
+                started_at,
+                reason,
+            });
+        }
+
+        if let Ok(processes) = input.gpu_processes {
+            out.escaped = self.escaped(views, processes, input, &mut out.notices);
+        } else {
+            self.first_seen.clear();
+        }
+
+        // Forget containers that went away, so a new one with the same name
+        // is reported afresh.
+        self.states = seen_states;
+        self.near = seen_near;
+        self.stale = seen_stale;
+        out.missing
+            .sort_by(|a, b| (&a.pod_uid, &a.container).cmp(&(&b.pod_uid, &b.container)));
+        out
+    }
+
+    /// Emits a notice when a container enters a state, and when it returns
+    /// to `Capped` from a bad one.
+    fn transition(
+        &self,
+        id: &ContainerId,
+        state: IsolationState,
+        reason: &str,
+        subject: Subject,
+        container: &str,
+        notices: &mut Vec<Notice>,
+    ) {
+        let before = self.states.get(id).copied();
+        if before == Some(state) {
+            return;
+        }
+        let notice = match state {
+            IsolationState::Capped | IsolationState::Pending | IsolationState::Unspecified => {
+                match before {
+                    Some(
+                        IsolationState::UncappedNoLimit
+                        | IsolationState::NoRegion
+                        | IsolationState::OverCap,
+                    ) if state == IsolationState::Capped => Some((
+                        false,
+                        "GpuMemoryCapVerified",
+                        format!("container {container}: GPU memory cap enforced again"),
+                    )),
+                    _ => None,
+                }
+            }
+            IsolationState::UncappedNoLimit => Some((true, "GpuMemoryUncapped", reason.to_owned())),
+            IsolationState::NoRegion => Some((true, "GpuRegionMissing", reason.to_owned())),
+            IsolationState::OverCap => Some((true, "GpuMemoryOverCap", reason.to_owned())),
+        };
+        if let Some((warning, event_reason, message)) = notice {
+            push(notices, subject, warning, event_reason, message);
+        }
+    }
+
+    /// Near-cap devices of a view; notices on each crossing up and down.
+    /// Without `announce` the crossing is neither recorded nor announced,
+    /// so it is announced once the pod is known.
+    fn near_cap(
+        &self,
+        view: &ContainerView,
+        id: &ContainerId,
+        announce: bool,
+        seen: &mut HashSet<(ContainerId, String)>,
+        notices: &mut Vec<Notice>,
+    ) -> Vec<String> {
+        let threshold = self.settings.near_cap_percent;
+        let mut near = Vec::new();
+        for device in &view.snapshot.devices {
+            if device.limit == 0 {
+                continue;
+            }
+            let key = (id.clone(), device.uuid.clone());
+            let was = self.near.contains(&key);
+            // Percent of the cap, in u128 so huge values cannot overflow.
+            // Stale charge counts: libvgpu still holds it against the cap.
+            let percent = (u128::from(device.used.saturating_add(device.stale_used)) * 100
+                / u128::from(device.limit)) as u64;
+            let is = if was {
+                percent + NEAR_CAP_HYSTERESIS >= threshold
+            } else {
+                percent >= threshold
+            };
+            if is {
+                near.push(device.uuid.clone());
+            }
+            if !announce {
+                if was {
+                    seen.insert(key);
+                }
+                continue;
+            }
+            if is {
+                seen.insert(key);
+            }
+            if is != was {
+                let (warning, reason, verb) = if is {
+                    (true, "GpuMemoryNearCap", "at")
+                } else {
+                    (false, "GpuMemoryBelowCap", "back to")
+                };
+                push(
+                    notices,
+                    subject_of(view),
+                    warning,
+                    reason,
+                    format!(
+                        "container {}: GPU memory {verb} {percent}% of its {} cap on {}",
+                        view.key.container,
+                        human_bytes(device.limit),
+                        device.uuid
+                    ),
+                );
+            }
+        }
+        near
+    }
+}
+
+pub(super) fn push(
+    notices: &mut Vec<Notice>,
+    subject: Subject,
+    warning: bool,
+    reason: &'static str,
+    message: String,
+) {
+    let target = match &subject {
+        Subject::Pod {
+            namespace, name, ..
+        } => format!("{namespace}/{name}"),
+        Subject::Node => "node".to_owned(),
+    };
+    if warning {
+        tracing::warn!(%target, reason, %message, "isolation");
+    } else {
+        tracing::info!(%target, reason, %message, "isolation");
+    }
+    notices.push(Notice {
+        subject,
+        warning,
+        reason,
+        message,
+    });
+}
+
+pub(super) fn subject_of(view: &ContainerView) -> Subject {
+    match &view.pod {
+        Some(pod) => Subject::Pod {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: view.key.pod_uid.clone(),
+        },
+        // Without a pod join the node is the only thing to attach it to.
+        None => Subject::Node,
+    }
+}

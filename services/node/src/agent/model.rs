@@ -1,0 +1,257 @@
+//! The agent's domain types: what a region, a pod and an NVML process
+//! become once joined, and the isolation verdicts about them. No I/O here;
+//! every other agent module builds on these, and they import nothing back.
+
+use kai_proto::v1::IsolationState;
+use kai_region::RegionSnapshot;
+use kai_region::discovery::ContainerKey;
+
+/// The pod a region belongs to, as the API server (or a static file) says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodMeta {
+    pub namespace: String,
+    pub name: String,
+    /// Has KAI's `gpu-fraction` or `gpu-memory` annotation.
+    pub sharing: bool,
+    /// The container KAI gives the GPU share to: the
+    /// `gpu-fraction-container-name` annotation, else the first container.
+    pub gpu_container: Option<String>,
+    /// Containers that are running, from the pod status.
+    pub running: Vec<RunningContainer>,
+}
+
+/// A running container of a pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+pub struct RunningContainer {
+    pub name: String,
+    /// Runtime ID without the `containerd://` scheme; empty when unknown.
+    #[serde(default)]
+    pub id: String,
+    /// `state.running.startedAt`, unix seconds.
+    #[serde(default)]
+    pub started_at: Option<i64>,
+}
+
+/// One container's region, joined with its pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerView {
+    pub key: ContainerKey,
+    /// `None` when the pod is not known (no API server join).
+    pub pod: Option<PodMeta>,
+    pub snapshot: RegionSnapshot,
+    /// When this content was read (unix milliseconds).
+    pub observed_at_ms: u64,
+    /// Whether the cap holds (filled by the isolation assessment).
+    pub isolation: Isolation,
+}
+
+impl ContainerView {
+    /// Same content, ignoring when it was read.
+    pub fn same_content(&self, other: &Self) -> bool {
+        self.key == other.key
+            && self.pod == other.pod
+            && self.snapshot == other.snapshot
+            && self.isolation == other.isolation
+    }
+
+    pub fn namespace(&self) -> &str {
+        self.pod.as_ref().map_or("", |p| p.namespace.as_str())
+    }
+
+    /// Pod name, or the pod UID when the name is unknown.
+    pub fn pod_name(&self) -> &str {
+        self.pod
+            .as_ref()
+            .map_or(self.key.pod_uid.as_str(), |p| p.name.as_str())
+    }
+}
+
+/// What is known about a pod UID.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    Known(PodMeta),
+    /// The source is authoritative and has no such pod on this node.
+    Absent,
+    /// Nothing can be said (no API server, or not synced yet).
+    Unknown,
+}
+
+/// A compute process on one GPU, as NVML lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuProcess {
+    pub gpu_uuid: String,
+    /// Host PID.
+    pub pid: u32,
+    /// `None` when NVML cannot say (e.g. WDDM, some vGPU hosts).
+    pub used: Option<u64>,
+}
+
+/// The verdict for one container with a region.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Isolation {
+    pub state: IsolationState,
+    /// Why the state is not `Capped`; empty when it is.
+    pub reason: String,
+    /// UUIDs of devices at or above the near-cap threshold.
+    pub near_cap: Vec<String>,
+    /// Slots holding usage whose process is gone.
+    pub stale_slots: u32,
+}
+
+impl Default for Isolation {
+    fn default() -> Self {
+        Self {
+            state: IsolationState::Unspecified,
+            reason: String::new(),
+            near_cap: Vec::new(),
+            stale_slots: 0,
+        }
+    }
+}
+
+/// A GPU-sharing container that has run past the grace period with no region.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MissingRegion {
+    pub pod_uid: String,
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    /// Unix seconds.
+    pub started_at: i64,
+    pub reason: String,
+}
+
+/// A pod container, resolved from a host PID's cgroup.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Owner {
+    pub pod_uid: String,
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+}
+
+/// A GPU process no region accounts for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Escaped {
+    pub gpu_uuid: String,
+    pub pid: u32,
+    pub used: Option<u64>,
+    pub owner: Option<Owner>,
+    pub reason: String,
+    pub first_seen_ms: u64,
+}
+
+/// Which checks could run: `Err` says why not. Unavailable is not passing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checks {
+    pub escaped_processes: Result<(), String>,
+    pub host_pids: Result<(), String>,
+}
+
+impl Default for Checks {
+    fn default() -> Self {
+        Self {
+            escaped_processes: Err("not run yet".into()),
+            host_pids: Err("not run yet".into()),
+        }
+    }
+}
+
+impl Checks {
+    pub fn describe(result: &Result<(), String>) -> String {
+        match result {
+            Ok(()) => "ok".to_owned(),
+            Err(why) => format!("unavailable: {why}"),
+        }
+    }
+}
+
+/// What an Event is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Subject {
+    Pod {
+        namespace: String,
+        name: String,
+        uid: String,
+    },
+    /// The node the agent runs on.
+    Node,
+}
+
+/// A change worth telling a person about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notice {
+    pub subject: Subject,
+    pub warning: bool,
+    /// PascalCase, e.g. `GpuMemoryUncapped`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// Where the pod join stands, as published and exported (the strings are
+/// those of `kai_node_agent_pod_source{status}` and `NodeInfo.kube_status`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PodSourceStatus {
+    /// `--no-kube` without a file, or no Kubernetes client.
+    #[default]
+    Disabled,
+    /// `--static-pods`: complete by definition.
+    Static,
+    /// No complete list yet.
+    Syncing,
+    /// The list is complete and the watch is live.
+    Ready,
+    /// Listed once, the API server stopped answering: what was known is kept.
+    Reconnecting,
+}
+
+impl PodSourceStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Disabled => "disabled",
+            Self::Static => "static",
+            Self::Syncing => "syncing",
+            Self::Ready => "ready",
+            Self::Reconnecting => "reconnecting",
+        }
+    }
+
+    /// An absent pod really is gone (so its directory is an orphan).
+    pub fn authoritative(self) -> bool {
+        self == Self::Ready
+    }
+
+    /// The source lists every sharing pod, so a sharing container without
+    /// a region can be told.
+    pub fn complete(self) -> bool {
+        matches!(self, Self::Ready | Self::Static)
+    }
+
+    /// A pod not known yet may still be named soon.
+    pub fn settling(self) -> bool {
+        matches!(self, Self::Syncing | Self::Reconnecting)
+    }
+}
+
+impl std::fmt::Display for PodSourceStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A pod container as the kubelet names its cgroup.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CgroupOwner {
+    pub pod_uid: String,
+    /// Runtime container ID (64 hex digits); empty when the path has none.
+    pub container_id: String,
+}
+
+/// The host's process table as the assessment asks it (the agent reads
+/// the host's `/proc`; tests answer from memory).
+pub trait HostPids: Sync {
+    /// Whether a host PID is alive; `None` for PIDs that cannot be host PIDs.
+    fn alive(&self, pid: i32) -> Option<bool>;
+    /// The pod container of a host PID; `None` when gone or not in a pod.
+    fn owner(&self, pid: u32) -> Option<CgroupOwner>;
+}

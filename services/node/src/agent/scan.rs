@@ -1,0 +1,148 @@
+//! The scan loop: regions, pods and NVML processes read together, joined,
+//! assessed and published as one [`NodeState`] revision.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use kai_runtime::watch::{Depth, DirWatch};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::join;
+use super::model::HostPids;
+use super::nvml::Devices;
+use super::orphans::{self, Orphans};
+use super::pods::PodSource;
+use super::state::{self, NodeState};
+use super::store::{self, RegionStore};
+use super::{AgentError, Config, enforce, isolation};
+
+/// What the scan loop reads from.
+pub(super) struct Scanner {
+    pub(super) store: Arc<Mutex<RegionStore>>,
+    pub(super) pods: PodSource,
+    pub(super) devices: Arc<Devices>,
+    pub(super) notifier: isolation::events::Notifier,
+    pub(super) enforcer: enforce::driver::Enforcer,
+    pub(super) scans: Arc<AtomicU64>,
+}
+
+/// Re-reads regions when a container directory or region file appears,
+/// vanishes or is replaced, and every scan interval (live values change in
+/// place, through the mapping, without any file event); publishes a new
+/// revision when the content changed.
+pub(super) async fn poll(
+    scanner: Scanner,
+    tx: watch::Sender<Arc<NodeState>>,
+    config: Config,
+    shutdown: CancellationToken,
+) -> Result<(), AgentError> {
+    let Scanner {
+        store,
+        pods,
+        devices,
+        notifier,
+        enforcer,
+        scans,
+    } = scanner;
+    let mut dir_watch = DirWatch::new([config.containers_dir.clone()], Depth::RootAndChildren)
+        .unwrap_or_else(|error| {
+            tracing::warn!(%error, "inotify unavailable; relying on periodic scans");
+            DirWatch::disabled()
+        });
+    let mut tick = tokio::time::interval(config.scan_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut orphans = Orphans::default();
+    let mut assessor = isolation::Assessor::new(config.isolation.clone());
+    let host = config
+        .host_proc
+        .as_deref()
+        .map(isolation::hostproc::HostProc::new);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            // The directory may only appear after start.
+            _ = tick.tick() => dir_watch.rearm(),
+            () = dir_watch.changed() => {}
+        }
+        // Listing 1024 directories costs as much as reading their regions;
+        // skip it when the watch vouches that no directory came or went.
+        let listing = if dir_watch.unchanged_since_last_asked() {
+            store::Listing::Unchanged
+        } else {
+            store::Listing::Refresh
+        };
+        let scan_store = store.clone();
+        let scan_devices = devices.clone();
+        let (scan, corrupt, gpu_processes) = tokio::task::spawn_blocking(move || {
+            let mut store = scan_store.lock().unwrap_or_else(|p| p.into_inner());
+            let scan = store.scan(listing);
+            // NVML blocks too; read the processes right after the regions so
+            // both describe the same moment.
+            (scan, store.corrupt_total(), scan_devices.processes())
+        })
+        .await?;
+
+        // One reading of the join state per scan, so what is published and
+        // whether orphans were swept always agree.
+        let kube_status = pods.status();
+        let mut layouts = tx.borrow().layouts_seen.clone();
+        let lookup = |uid: &str| pods.lookup(uid);
+        let mut containers = join::containers(scan.regions, &lookup, &mut layouts);
+        // Missing regions can only be told from an authoritative pod list.
+        let sharing_pods = if kube_status.complete() {
+            pods.sharing_pods()
+        } else {
+            Vec::new()
+        };
+        let assessed = assessor.assess(
+            &mut containers,
+            &isolation::Input {
+                sharing_pods: &sharing_pods,
+                lookup: &lookup,
+                gpu_processes: gpu_processes.as_deref().map_err(String::as_str),
+                host: host.as_ref().map(|h| h as &dyn HostPids),
+                now_ms: kai_runtime::unix_ms(),
+                defer_unnamed: kube_status.settling(),
+            },
+        );
+        notifier.send(assessed.notices);
+        enforcer.send(enforce::candidates(
+            &containers,
+            &assessed.missing,
+            &assessed.escaped,
+        ));
+        if let (true, Some(host)) = (config.reclaim_stale_slots, host.clone()) {
+            let targets = enforce::stale::targets(&containers, &config.containers_dir);
+            let _ =
+                tokio::task::spawn_blocking(move || enforce::stale::reclaim(&targets, &host)).await;
+        }
+        if kube_status.authoritative() {
+            orphans::remove(&orphans.due(&scan.dirs, &lookup, Instant::now(), config.orphan_grace));
+        }
+        let mut next = NodeState {
+            node: config.node_name.clone(),
+            revision: 0,
+            containers,
+            layouts_seen: layouts,
+            corrupt_regions: corrupt,
+            kube_status,
+            scanned: true,
+            missing: assessed.missing,
+            escaped: assessed.escaped,
+            checks: assessed.checks,
+            encoded_update: state::EncodedCache::default(),
+        };
+        scans.fetch_add(1, Ordering::Relaxed);
+        tx.send_if_modified(|state| {
+            if state.same_content(&next) {
+                return false;
+            }
+            next.revision = state.revision + 1;
+            *state = Arc::new(std::mem::take(&mut next));
+            true
+        });
+    }
+    Ok(())
+}
