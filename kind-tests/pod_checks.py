@@ -66,7 +66,9 @@ def injected(pod, container, mount):
     c = target[0]
     mounts = [m for m in c.get("volumeMounts", []) if m["name"] in VOLUMES]
     want_mounts = [
-        {"name": "kai-resource-isolator-vgpu", "mountPath": mount},
+        # Read-only: a workload must not replace libvgpu.so or ld.so.preload
+        # for every pod on the node; only containers/ (below) is writable.
+        {"name": "kai-resource-isolator-vgpu", "mountPath": mount, "readOnly": True},
         {"name": "kai-resource-isolator-vgpu", "mountPath": "/etc/ld.so.preload", "subPath": "ld.so.preload", "readOnly": True},
         {"name": "kai-resource-isolator-containers", "mountPath": mount + "/containers"},
         {"name": "kai-resource-isolator-vgpulock", "mountPath": "/tmp/vgpulock"},
@@ -81,6 +83,9 @@ def injected(pod, container, mount):
     got = sorted((norm(m) for m in mounts), key=lambda m: m["mountPath"])
     if got != sorted(want_mounts, key=lambda m: m["mountPath"]):
         problems.append(f"mounts of {container}: want {want_mounts}, got {got}")
+    paths = [m["mountPath"] for m in mounts]
+    if mount in paths and mount + "/containers" in paths and paths.index(mount) > paths.index(mount + "/containers"):
+        problems.append(f"mounts of {container}: {mount}/containers must come after {mount} (nested mount)")
     env = {e["name"]: e for e in c.get("env", [])}
     pod_uid = env.get("POD_UID", {}).get("valueFrom", {}).get("fieldRef", {})
     if pod_uid.get("fieldPath") != "metadata.uid" or pod_uid.get("apiVersion", "v1") != "v1":
