@@ -383,17 +383,19 @@ try:
     changed = threading.Condition()
 
     def synthetic_view():
-        rows = [[f"ns-{(n * PER_NODE + j) % 50}", f"pod-{n}-{j}", "main", f"node-{n:04}", f"GPU-{n}-{j % 8}",
-                 (n * PER_NODE + j + 1) * MIB + (model["bump"] if (n, j) == (0, 1) else 0),
-                 (n * PER_NODE + j + 1) * 2 * MIB, 0, "capped", "", False]
-                for n in range(NODES) for j in range(PER_NODE)]
+        def row(n, j):
+            used = (n * PER_NODE + j + 1) * MIB + (model["bump"] if (n, j) == (0, 1) else 0)
+            limit = (n * PER_NODE + j + 1) * 2 * MIB
+            return [f"ns-{(n * PER_NODE + j) % 50}", f"pod-{n}-{j}", "main", f"node-{n:04}", f"GPU-{n}-{j % 8}",
+                    used, limit, 0, "capped", "", False, max(0, limit - used)]
+        rows = [row(n, j) for n in range(NODES) for j in range(PER_NODE)]
         nodes = [{"node": f"node-{n:04}", "state": "connected", "lastUpdateUnixMs": 0,
                   "gpus": [{"uuid": f"GPU-{n}-{g}", "name": "NVIDIA H100", "capacity": 80 * GIB, "allocated": GIB,
                             "used": GIB, "stale": 0, "headroom": 79 * GIB, "containers": 12, "uncapped": 0}
                            for g in range(8)]} for n in range(NODES)]
         return json.dumps({"revision": model["revision"], "generatedUnixMs": 0, "nodes": nodes,
                            "columns": ["namespace", "pod", "container", "node", "gpu", "used", "limit", "stale",
-                                       "state", "reason", "nearCap"],
+                                       "state", "reason", "nearCap", "headroom"],
                            "containers": rows, "escaped": []}).encode()
 
     class Synthetic(http.server.BaseHTTPRequestHandler):

@@ -154,6 +154,7 @@ fn update(node: usize, containers: usize, revision: u64) -> pb::ContainersUpdate
                     sm_util_percent: 35,
                     sm_limit: 100,
                     stale_bytes: 0,
+                    headroom_bytes: (4 << 30) - ((c as u64 + revision) << 20),
                 }],
                 processes: 1,
                 last_kernel_time: 1_796_000_000,

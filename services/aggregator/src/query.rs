@@ -100,6 +100,7 @@ pub fn devices(nodes: &[NodeEntry], node: &str) -> Vec<pb::ClusterDevice> {
                 });
                 entry.allocated_bytes += d.limit_bytes;
                 entry.container_used_bytes += d.used_bytes;
+                entry.container_stale_bytes += d.stale_bytes;
                 entry.containers += 1;
                 entry.uncapped_containers += u32::from(d.limit_bytes == 0);
             }

@@ -124,11 +124,8 @@ pub fn top_rows(containers: &[model::Container]) -> Vec<TopRow> {
                 percent: (d.limit_bytes > 0)
                     .then(|| (d.used_bytes as f64 * 1000.0 / d.limit_bytes as f64).round() / 10.0),
                 stale_bytes: d.stale_bytes,
-                headroom_bytes: (d.limit_bytes > 0).then(|| {
-                    d.limit_bytes
-                        .saturating_sub(d.used_bytes)
-                        .saturating_sub(d.stale_bytes)
-                }),
+                // The agent computes it (limit - used - stale); uncapped has none.
+                headroom_bytes: (d.limit_bytes > 0).then_some(d.headroom_bytes),
                 state,
                 reason: c.isolation_reason.clone(),
             }
@@ -617,6 +614,8 @@ mod tests {
                 used_bytes: used,
                 limit_bytes: limit,
                 stale_bytes: stale,
+                // As the agent sends it (kai_region::DeviceUsage::headroom).
+                headroom_bytes: limit.saturating_sub(used).saturating_sub(stale),
                 ..Default::default()
             }],
             ..Default::default()
@@ -633,7 +632,11 @@ mod tests {
         let pods: Vec<&str> = rows.iter().map(|r| r.pod.as_str()).collect();
         assert_eq!(pods, ["big", "free", "small"]);
         assert_eq!(rows[0].percent, Some(90.0));
-        assert_eq!(rows[2].headroom_bytes, Some(850), "limit − used − stale");
+        assert_eq!(
+            rows[2].headroom_bytes,
+            Some(850),
+            "the agent's headroom, for capped devices only"
+        );
         assert_eq!((rows[1].percent, rows[1].headroom_bytes), (None, None));
         assert_eq!(rows[1].state, "uncapped_no_limit");
     }

@@ -36,6 +36,8 @@ pub struct Device {
     pub limit_bytes: u64,
     pub used_bytes: u64,
     pub stale_bytes: u64,
+    /// limit - used - stale, as the node agent computes it.
+    pub headroom_bytes: u64,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

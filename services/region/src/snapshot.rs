@@ -98,6 +98,17 @@ impl RegionSnapshot {
 }
 
 impl DeviceUsage {
+    /// What the next allocation can still get: the cap less live usage and
+    /// the stale charge of dead processes, which libvgpu keeps counting
+    /// against the cap until it reclaims their slots. `None` when uncapped.
+    pub fn headroom(&self) -> Option<u64> {
+        (self.limit > 0).then(|| {
+            self.limit
+                .saturating_sub(self.used)
+                .saturating_sub(self.stale_used)
+        })
+    }
+
     /// Moves one slot's usage from the live sums to `stale_used`.
     fn retire(&mut self, used: &SlotDevice) {
         self.used = self.used.saturating_sub(used.total);

@@ -37,10 +37,12 @@ pub const COLUMNS: &[&str] = &[
     "state",
     "reason",
     "nearCap",
+    "headroom",
 ];
 
 /// namespace, pod, container, node, GPU uuid, used, limit (0 = uncapped),
-/// stale, state label, reason, near cap.
+/// stale, state label, reason, near cap, headroom (the agent's
+/// limit − used − stale; 0 when uncapped).
 pub type ContainerRow = (
     String,
     String,
@@ -53,6 +55,7 @@ pub type ContainerRow = (
     &'static str,
     String,
     bool,
+    u64,
 );
 
 #[derive(Debug, Serialize)]
@@ -146,6 +149,7 @@ pub fn build(nodes: &[NodeEntry], revision: u64, now_ms: u64) -> View {
                     state,
                     c.isolation_reason.clone(),
                     false,
+                    0,
                 ));
             }
             for d in &c.devices {
@@ -170,6 +174,7 @@ pub fn build(nodes: &[NodeEntry], revision: u64, now_ms: u64) -> View {
                     state,
                     c.isolation_reason.clone(),
                     c.near_cap_devices.contains(&d.uuid),
+                    d.headroom_bytes,
                 ));
             }
         }
@@ -232,6 +237,8 @@ mod tests {
                 used_bytes: used,
                 limit_bytes: limit,
                 stale_bytes: stale,
+                // As the agent sends it (kai_region::DeviceUsage::headroom).
+                headroom_bytes: limit.saturating_sub(used).saturating_sub(stale),
                 ..Default::default()
             }],
             ..Default::default()

@@ -37,6 +37,7 @@ pub fn container_to_pb(view: &ContainerView, node: &str) -> pb::ContainerUsage {
                 sm_util_percent: d.sm_util.min(u64::from(u32::MAX)) as u32,
                 sm_limit: d.sm_limit,
                 stale_bytes: d.stale_used,
+                headroom_bytes: d.headroom().unwrap_or(0),
             })
             .collect(),
         processes: s.live_processes() as u32,

@@ -172,8 +172,8 @@
   function rows() {
     const cols = view.columns;
     const ix = (name) => cols.indexOf(name);
-    const [iNs, iPod, iCt, iNode, iGpu, iUsed, iLimit, iStale, iState, iReason, iNear] =
-      ["namespace", "pod", "container", "node", "gpu", "used", "limit", "stale", "state", "reason", "nearCap"].map(ix);
+    const [iNs, iPod, iCt, iNode, iGpu, iUsed, iLimit, iStale, iState, iReason, iNear, iHeadroom] =
+      ["namespace", "pod", "container", "node", "gpu", "used", "limit", "stale", "state", "reason", "nearCap", "headroom"].map(ix);
     const capacity = new Map();
     for (const n of view.nodes) for (const g of n.gpus) capacity.set(n.node + "/" + g.uuid, g.capacity);
     const escaped = new Map();
@@ -189,7 +189,8 @@
         key: base + c[iCt] + "/" + c[iGpu],
         namespace: c[iNs], pod: c[iPod], container: c[iCt], node: c[iNode], gpu: c[iGpu],
         used, limit, stale, state: c[iState], reason: c[iReason], nearCap: c[iNear],
-        headroom: limit > 0 ? Math.max(0, limit - used - stale) : Infinity,
+        // The agent's figure (limit − used − stale); uncapped sorts last.
+        headroom: limit > 0 ? c[iHeadroom] : Infinity,
         percent: limit > 0 ? used / limit : Infinity,
         gpuCapacity: capacity.get(c[iNode] + "/" + c[iGpu]) || 0,
         escaped: (escaped.get(base + c[iCt]) || 0) + (escaped.get(base) || 0),

@@ -235,6 +235,7 @@ impl Encode for Device<'_> {
         s.varint(9, d.sm_util.min(u64::from(u32::MAX)));
         s.varint(10, d.sm_limit);
         s.varint(11, d.stale_used);
+        s.varint(12, d.headroom().unwrap_or(0));
     }
 }
 
@@ -272,7 +273,7 @@ mod tests {
         view.snapshot.devices.push(DeviceUsage {
             index: 3,
             uuid: "GPU-ffffffff-0000-4000-8000-000000000000".into(),
-            limit: 1,
+            limit: 100,
             sm_limit: 2,
             used: 3,
             context: 4,
