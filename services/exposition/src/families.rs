@@ -513,6 +513,6 @@ pub(crate) fn checks(
         if opts.node_label {
             text(out, "\",node=\"", node);
         }
-        close(out, u64::from(status == "ok"));
+        close(out, u64::from(kai_proto::check::decode(status).is_ok()));
     }
 }

@@ -15,6 +15,7 @@ use serde_json::value::RawValue;
 use crate::config::InjectConfig;
 use crate::inject::{self, Decision, EncodedPatch};
 use crate::json;
+use crate::outcome::Outcome;
 use crate::pod::{Pod, Str};
 
 /// Largest body accepted; a Pod is far smaller, and the API server itself
@@ -65,8 +66,8 @@ impl BadRequest {
 pub struct Reviewed {
     /// Serialised AdmissionReview response.
     pub body: Vec<u8>,
-    /// `injected`, `denied`, … or `pass_through` for non-CREATE operations.
-    pub decision: &'static str,
+    /// How it ended (`pass_through` for anything but a Pod CREATE).
+    pub decision: Outcome,
     pub uid: String,
     pub namespace: String,
     pub pod: String,
@@ -350,7 +351,7 @@ pub fn review(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, BadRequest> {
     let request = review.request.ok_or(BadRequest::NoRequest)?;
     let mut reviewed = Reviewed {
         body: Vec::new(),
-        decision: "pass_through",
+        decision: Outcome::PassThrough,
         uid: request.uid,
         namespace: request.namespace.unwrap_or_default(),
         pod: request.name.unwrap_or_default(),
@@ -376,7 +377,7 @@ pub fn review(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, BadRequest> {
         }
         let decision =
             inject::plan(&pod, cfg).map_err(|e| BadRequest::InvalidPod(e.to_string()))?;
-        reviewed.decision = decision.label();
+        reviewed.decision = decision.outcome();
         match decision {
             Decision::Inject { target, patch } => {
                 answer = Answer::Patch(patch.encode(&target, cfg));
@@ -436,7 +437,7 @@ mod tests {
 
     fn outcome(body: &[u8]) -> Result<&'static str, &'static str> {
         review(body, &InjectConfig::default())
-            .map(|r| r.decision)
+            .map(|r| r.decision.label())
             .map_err(|e| e.label())
     }
 

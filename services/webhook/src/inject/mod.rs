@@ -8,6 +8,7 @@
 
 use crate::config::InjectConfig;
 use crate::json;
+use crate::outcome::Outcome;
 use crate::pod::{self, Container, Pod};
 
 mod encoded;
@@ -87,16 +88,21 @@ pub enum Decision {
 }
 
 impl Decision {
-    /// Stable label for metrics and logs.
-    pub fn label(&self) -> &'static str {
+    /// How the review ends when this is the plan.
+    pub fn outcome(&self) -> Outcome {
         match self {
-            Self::Inject { .. } => "injected",
-            Self::AlreadyInjected { .. } => "already_injected",
-            Self::NotSharing { .. } => "not_gpu_sharing",
-            Self::OptedOut => "opted_out",
-            Self::NoContainers => "no_containers",
-            Self::Deny { .. } => "denied",
+            Self::Inject { .. } => Outcome::Injected,
+            Self::AlreadyInjected { .. } => Outcome::AlreadyInjected,
+            Self::NotSharing { .. } => Outcome::NotGpuSharing,
+            Self::OptedOut => Outcome::OptedOut,
+            Self::NoContainers => Outcome::NoContainers,
+            Self::Deny { .. } => Outcome::Denied,
         }
+    }
+
+    /// Stable label for metrics and logs (the outcome's).
+    pub fn label(&self) -> &'static str {
+        self.outcome().label()
     }
 }
 
