@@ -20,12 +20,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use kai_node::agent::grpc;
 use kai_node::agent::isolation::Isolation;
-use kai_node::agent::nvml::Devices;
 use kai_node::agent::state::{ContainerView, NodeState, PodMeta};
 use kai_proto::v1::IsolationState;
-use kai_proto::v1::vgpu_node_server::VgpuNodeServer;
 use kai_region::discovery::ContainerKey;
 use kai_region::{DeviceUsage, LayoutVersion, ProcessSlot, RegionSnapshot, SlotDevice};
 use kai_runtime::procstat::{self, ProcStat};
@@ -98,7 +95,7 @@ fn container(node: usize, serial: u64) -> ContainerView {
     }
 }
 
-/// One simulated agent: the real `VgpuNode` service over its own listener.
+/// One simulated agent: the agent's real gRPC port over its own listener.
 async fn sim_agent(
     node: usize,
     containers: u64,
@@ -122,19 +119,12 @@ async fn sim_agent(
     let (tx, rx) = watch::channel(Arc::new(state));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let service = grpc::Service {
-        state: rx,
-        devices: Arc::new(Devices::unavailable("simulated".into())),
-        default_interval: Duration::from_secs(5),
-    };
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(VgpuNodeServer::new(service))
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                shutdown.cancelled_owned(),
-            ),
-    );
+    tokio::spawn(kai_node::agent::serve_state(
+        listener,
+        rx,
+        Duration::from_secs(5),
+        shutdown,
+    ));
     Ok((addr, tx))
 }
 

@@ -33,6 +33,47 @@ pub fn serialize_isolation_state<S: serde::Serializer>(
     }
 }
 
+/// How `IsolationChecks` carries a check's result: `ok`, or
+/// `unavailable: <why>`. Both ends go through here, so the node's typed
+/// result and the exposition's reading of it cannot drift apart.
+pub mod check {
+    const OK: &str = "ok";
+    const UNAVAILABLE: &str = "unavailable: ";
+
+    /// The wire text of a check's result.
+    pub fn encode(result: &Result<(), String>) -> String {
+        match result {
+            Ok(()) => OK.to_owned(),
+            Err(why) => format!("{UNAVAILABLE}{why}"),
+        }
+    }
+
+    /// A check's result back from its wire text; anything but `ok` means
+    /// the check cannot run (with the reason, when it carries one).
+    pub fn decode(wire: &str) -> Result<(), &str> {
+        if wire == OK {
+            Ok(())
+        } else {
+            Err(wire.strip_prefix(UNAVAILABLE).unwrap_or(wire))
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::{decode, encode};
+
+        #[test]
+        fn decode_reads_what_encode_writes() {
+            assert_eq!(encode(&Ok(())), "ok");
+            assert_eq!(decode(&encode(&Ok(()))), Ok(()));
+            let wire = encode(&Err("not mounted".to_owned()));
+            assert_eq!(wire, "unavailable: not mounted");
+            assert_eq!(decode(&wire), Err("not mounted"));
+            assert_eq!(decode(""), Err(""));
+        }
+    }
+}
+
 /// Encoded `FileDescriptorSet` of the API, for server reflection
 /// (`kai_runtime::grpc::router`).
 pub const FILE_DESCRIPTOR_SET: &[u8] =

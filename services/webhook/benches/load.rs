@@ -235,7 +235,10 @@ async fn main() -> anyhow::Result<()> {
 
     let body = body();
     let reviewed = kai_webhook::review::review(&body, &inject)?;
-    anyhow::ensure!(reviewed.decision == "injected", "the bench must inject");
+    anyhow::ensure!(
+        reviewed.decision.label() == "injected",
+        "the bench must inject"
+    );
     let response = Bytes::from(reviewed.body);
     let floor_listener = TcpListener::bind("127.0.0.1:0").await?;
     let floor_addr = floor_listener.local_addr()?;

@@ -167,7 +167,7 @@ fn main() {
     ];
     let only = std::env::var("MUTATE_ONLY").unwrap_or_default();
     for (job, body) in jobs.iter().filter(|(job, _)| job.ends_with(only.as_str())) {
-        let decision = review(body, &cfg).map(|r| r.decision);
+        let decision = review(body, &cfg).map(|r| r.decision.label());
         assert_eq!(decision, Ok("injected"), "{job}: the bench must inject");
         let (ours, floor) = interleaved(
             rounds,

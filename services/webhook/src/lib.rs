@@ -9,6 +9,7 @@ pub mod config;
 pub mod inject;
 mod json;
 pub mod metrics;
+pub mod outcome;
 pub mod pod;
 pub mod review;
 pub mod server;

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::outcome::Outcome;
+
 /// Reviews by outcome (`decision`: injected, already_injected, not_gpu_sharing,
 /// opted_out, no_containers, denied, pass_through, bad_request).
 pub const REVIEWS_TOTAL: &str = "kai_webhook_admission_reviews_total";
@@ -40,21 +42,11 @@ fn describe() {
     metrics::describe_counter!(CERT_RELOADS_TOTAL, "Serving certificate reloads.");
 }
 
-/// Decisions a review can end in (see [`crate::inject::Decision::label`]).
-const DECISIONS: [&str; 7] = [
-    "injected",
-    "already_injected",
-    "not_gpu_sharing",
-    "opted_out",
-    "no_containers",
-    "denied",
-    "pass_through",
-];
-
 /// The per-review series, registered once: looking a labelled series up in
 /// the recorder on every review cost more than the increment.
 pub struct Reviews {
-    by_decision: [metrics::Counter; DECISIONS.len()],
+    /// Indexed by the [`Outcome`]'s discriminant (the order of [`Outcome::ALL`]).
+    by_decision: [metrics::Counter; Outcome::ALL.len()],
     duration: metrics::Histogram,
 }
 
@@ -62,17 +54,14 @@ impl Reviews {
     /// Registers the series with the installed recorder (see [`install`]).
     pub fn register() -> Self {
         Self {
-            by_decision: DECISIONS
-                .map(|decision| metrics::counter!(REVIEWS_TOTAL, "decision" => decision)),
+            by_decision: Outcome::ALL
+                .map(|outcome| metrics::counter!(REVIEWS_TOTAL, "decision" => outcome.label())),
             duration: metrics::histogram!(REVIEW_DURATION),
         }
     }
 
-    pub fn record(&self, decision: &'static str, elapsed: Duration) {
-        match DECISIONS.iter().position(|d| *d == decision) {
-            Some(i) => self.by_decision[i].increment(1),
-            None => metrics::counter!(REVIEWS_TOTAL, "decision" => decision).increment(1),
-        }
+    pub fn record(&self, outcome: Outcome, elapsed: Duration) {
+        self.by_decision[outcome as usize].increment(1);
         self.duration.record(elapsed.as_secs_f64());
     }
 }

@@ -23,6 +23,7 @@ use warp::{Filter, Reply};
 
 use crate::config::InjectConfig;
 use crate::metrics;
+use crate::outcome::Outcome;
 use crate::review::{self, BadRequest, MAX_BODY_BYTES};
 
 /// Everything needed to start the webhook.
@@ -285,13 +286,14 @@ fn bad_request(error: &BadRequest) -> Response<Full<Bytes>> {
 fn log_review(r: &review::Reviewed) {
     let container = r.container.as_deref().unwrap_or("");
     let detail = r.detail.as_deref().unwrap_or("");
+    let decision = r.decision.label();
     match r.decision {
-        "pass_through" | "not_gpu_sharing" => tracing::debug!(
-            uid = %r.uid, namespace = %r.namespace, pod = %r.pod, decision = r.decision, detail,
+        Outcome::PassThrough | Outcome::NotGpuSharing => tracing::debug!(
+            uid = %r.uid, namespace = %r.namespace, pod = %r.pod, decision, detail,
             "admission review"
         ),
         _ => tracing::info!(
-            uid = %r.uid, namespace = %r.namespace, pod = %r.pod, container, decision = r.decision, detail,
+            uid = %r.uid, namespace = %r.namespace, pod = %r.pod, container, decision, detail,
             "admission review"
         ),
     }

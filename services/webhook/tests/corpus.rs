@@ -22,7 +22,7 @@ fn reviewed(pod: &Value, uid: &str) -> (Value, &'static str) {
     let out = review(&body, &InjectConfig::default()).expect("well-formed review");
     (
         serde_json::from_slice(&out.body).expect("response is JSON"),
-        out.decision,
+        out.decision.label(),
     )
 }
 
@@ -246,7 +246,7 @@ fn field_order_does_not_change_the_answer() {
 
 fn review_body(body: &[u8], cfg: &InjectConfig) -> (&'static str, Vec<u8>) {
     let out = review(body, cfg).expect("well-formed review");
-    (out.decision, out.body)
+    (out.decision.label(), out.body)
 }
 
 #[test]
@@ -258,7 +258,7 @@ fn non_create_operations_pass_through() {
     for op in ["UPDATE", "DELETE", "CONNECT"] {
         let body = serde_json::to_vec(&support::review_of("u", op, &pod)).expect("encodes");
         let out = review(&body, &InjectConfig::default()).expect("well-formed");
-        assert_eq!(out.decision, "pass_through", "{op}");
+        assert_eq!(out.decision.label(), "pass_through", "{op}");
         let response: Value = serde_json::from_slice(&out.body).expect("JSON");
         assert_eq!(response["response"]["allowed"], true);
         assert!(

@@ -19,11 +19,11 @@ pub use super::to_pb::{
 
 /// The service; cheap to clone.
 #[derive(Clone)]
-pub struct Service {
-    pub state: watch::Receiver<Arc<NodeState>>,
-    pub devices: Arc<Devices>,
+pub(crate) struct Service {
+    pub(crate) state: watch::Receiver<Arc<NodeState>>,
+    pub(crate) devices: Arc<Devices>,
     /// Heartbeat of `WatchContainers` when the client asks for none.
-    pub default_interval: Duration,
+    pub(crate) default_interval: Duration,
 }
 
 /// Smallest heartbeat a client may ask for.

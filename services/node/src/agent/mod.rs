@@ -31,6 +31,8 @@ pub use self::config::{AgentError, Args, Config, GrpcTls, PodsConfig};
 use self::nvml::Devices;
 use self::pods::PodSource;
 use self::scan::{Scanner, poll};
+#[cfg(feature = "test-support")]
+pub use self::serve::serve_state;
 use self::serve::{grpc_tls_config, serve_grpc, serve_http};
 use self::state::NodeState;
 use self::store::RegionStore;

@@ -159,10 +159,7 @@ impl Default for Checks {
 
 impl Checks {
     pub fn describe(result: &Result<(), String>) -> String {
-        match result {
-            Ok(()) => "ok".to_owned(),
-            Err(why) => format!("unavailable: {why}"),
-        }
+        kai_proto::check::encode(result)
     }
 }
 

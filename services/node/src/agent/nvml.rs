@@ -56,7 +56,7 @@ impl Devices {
     }
 
     /// NVML turned off on purpose, or not loadable.
-    pub fn unavailable(status: String) -> Self {
+    pub(crate) fn unavailable(status: String) -> Self {
         Self {
             nvml: Err(Unavailable::Off(status)),
         }

@@ -53,6 +53,24 @@ pub(super) async fn serve_grpc(
     Ok(())
 }
 
+/// Serves the agent's gRPC port (`VgpuNode`, health, reflection; plain
+/// text) for a node state the caller feeds, without NVML: for benches that
+/// simulate many agents with neither regions, pods nor a GPU.
+#[cfg(feature = "test-support")]
+pub async fn serve_state(
+    listener: TcpListener,
+    state: watch::Receiver<Arc<NodeState>>,
+    watch_interval: Duration,
+    shutdown: CancellationToken,
+) -> Result<(), AgentError> {
+    let service = grpc::Service {
+        state,
+        devices: Arc::new(Devices::unavailable("simulated".to_owned())),
+        default_interval: watch_interval,
+    };
+    serve_grpc(listener, None, service, shutdown).await
+}
+
 pub(super) async fn serve_http(
     listener: TcpListener,
     state: watch::Receiver<Arc<NodeState>>,

@@ -2,6 +2,8 @@ use json_patch::PatchOperation;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::config::InjectConfig;
+use crate::pod::Pod;
 
 /// Plans `value` as the webhook sees it: decoded from JSON text.
 fn plan_for(value: &Value, cfg: &InjectConfig) -> Decision {

@@ -181,13 +181,13 @@ impl tonic::server::ServerStreamingService<pb::WatchContainersRequest> for Watch
 /// `vgpu.v1.VgpuNode`: `WatchContainers` from [`Encoded`] updates, every
 /// other method through the generated server.
 #[derive(Clone)]
-pub struct NodeServer {
+pub(crate) struct NodeServer {
     service: Service,
     generated: VgpuNodeServer<Service>,
 }
 
 impl NodeServer {
-    pub fn new(service: Service) -> Self {
+    pub(crate) fn new(service: Service) -> Self {
         Self {
             generated: VgpuNodeServer::new(service.clone()),
             service,

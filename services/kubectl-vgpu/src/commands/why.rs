@@ -1,0 +1,274 @@
+//! `why`: why a pod's containers are (not) capped, with its Events.
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams};
+use serde::Serialize;
+
+use super::Output;
+use crate::Outcome;
+use crate::model::{self, State};
+use crate::render::{self, Format, bytes};
+use crate::source::{Aggregator, query_value};
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WhyReport {
+    pub namespace: String,
+    pub pod: String,
+    pub containers: Vec<WhyContainer>,
+    pub escaped_processes: Vec<WhyEscaped>,
+    pub events: Vec<WhyEvent>,
+    /// Why Events could not be read, when they could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub events_unavailable: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WhyContainer {
+    pub container: String,
+    pub node: String,
+    pub state: &'static str,
+    pub reason: String,
+    pub what_to_do: &'static str,
+    pub stale_slots: u32,
+    pub devices: Vec<WhyDevice>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WhyDevice {
+    pub gpu: String,
+    pub used_bytes: u64,
+    pub limit_bytes: u64,
+    pub stale_bytes: u64,
+    pub near_cap: bool,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WhyEscaped {
+    pub gpu: String,
+    pub host_pid: u32,
+    pub used_bytes: u64,
+    pub container: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WhyEvent {
+    pub r#type: String,
+    pub reason: String,
+    pub message: String,
+    pub count: i32,
+    pub last_seen: String,
+}
+
+pub(super) async fn events(
+    client: &kube::Client,
+    namespace: &str,
+    pod: &str,
+) -> anyhow::Result<Vec<WhyEvent>> {
+    let api: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let list = api
+        .list(&ListParams::default().fields(&format!("involvedObject.name={pod}")))
+        .await
+        .context("listing the pod's Events")?;
+    let mut events: Vec<(String, WhyEvent)> = list
+        .items
+        .into_iter()
+        .map(|e| {
+            let when = e
+                .last_timestamp
+                .as_ref()
+                .map(|t| t.0.to_string())
+                .or_else(|| e.event_time.as_ref().map(|t| t.0.to_string()))
+                .unwrap_or_default();
+            (
+                when.clone(),
+                WhyEvent {
+                    r#type: e.type_.unwrap_or_default(),
+                    reason: e.reason.unwrap_or_default(),
+                    message: e.message.unwrap_or_default(),
+                    count: e.count.unwrap_or(1),
+                    last_seen: when,
+                },
+            )
+        })
+        .collect();
+    events.sort_by(|a, b| a.0.cmp(&b.0));
+    // The latest ten, oldest first (as `kubectl describe`).
+    let skip = events.len().saturating_sub(10);
+    Ok(events.into_iter().skip(skip).map(|(_, e)| e).collect())
+}
+
+pub(super) async fn why(
+    agg: &Aggregator,
+    kube: Option<kube::Client>,
+    namespace: &str,
+    pod: &str,
+    format: Format,
+) -> anyhow::Result<Output> {
+    let got: model::Containers = agg
+        .get(&format!(
+            "/api/v1/containers?namespace={}&pod={}",
+            query_value(namespace),
+            query_value(pod)
+        ))
+        .await?;
+    if got.containers.is_empty() && got.escaped_processes.is_empty() {
+        return Ok(Output {
+            text: format!(
+                "No GPU-sharing container of pod {namespace}/{pod} is known to the aggregator ({}).\n",
+                agg.describe
+            ),
+            outcome: Outcome::NotFound,
+        });
+    }
+    let (events, events_unavailable) = match &kube {
+        Some(client) => match events(client, namespace, pod).await {
+            Ok(e) => (e, None),
+            Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+        },
+        None => (Vec::new(), Some("no kubeconfig".into())),
+    };
+    let report = WhyReport {
+        namespace: namespace.to_owned(),
+        pod: pod.to_owned(),
+        containers: got
+            .containers
+            .iter()
+            .map(|c| {
+                let state = State::parse(&c.isolation_state);
+                WhyContainer {
+                    container: c.container.clone(),
+                    node: c.node.clone(),
+                    state: state.label(),
+                    reason: c.isolation_reason.clone(),
+                    what_to_do: state.advice(),
+                    stale_slots: c.stale_slots,
+                    devices: c
+                        .devices
+                        .iter()
+                        .map(|d| WhyDevice {
+                            gpu: d.uuid.clone(),
+                            used_bytes: d.used_bytes,
+                            limit_bytes: d.limit_bytes,
+                            stale_bytes: d.stale_bytes,
+                            near_cap: c.near_cap_devices.contains(&d.uuid),
+                        })
+                        .collect(),
+                }
+            })
+            .collect(),
+        escaped_processes: got
+            .escaped_processes
+            .iter()
+            .map(|e| WhyEscaped {
+                gpu: e.gpu_uuid.clone(),
+                host_pid: e.host_pid,
+                used_bytes: e.used_bytes,
+                container: e.container.clone(),
+                reason: e.reason.clone(),
+            })
+            .collect(),
+        events,
+        events_unavailable,
+    };
+    let breach = got
+        .containers
+        .iter()
+        .any(|c| State::parse(&c.isolation_state).is_breach())
+        || !report.escaped_processes.is_empty();
+    let outcome = if breach {
+        Outcome::NotCapped
+    } else {
+        Outcome::Ok
+    };
+    let text = match render::structured(&report, format)? {
+        Some(text) => text,
+        None => why_text(&report),
+    };
+    Ok(Output { text, outcome })
+}
+
+pub(super) fn why_text(r: &WhyReport) -> String {
+    use std::fmt::Write;
+    let mut out = format!("Pod {}/{}\n", r.namespace, r.pod);
+    for c in &r.containers {
+        let _ = writeln!(
+            out,
+            "\nContainer {} on {}: {}",
+            c.container, c.node, c.state
+        );
+        if !c.reason.is_empty() {
+            let _ = writeln!(out, "  Reason:      {}", c.reason);
+        }
+        for d in &c.devices {
+            let _ = writeln!(
+                out,
+                "  GPU {}: {} used of {}, stale charge {}{}",
+                d.gpu,
+                bytes(d.used_bytes),
+                if d.limit_bytes == 0 {
+                    "no cap".into()
+                } else {
+                    bytes(d.limit_bytes)
+                },
+                bytes(d.stale_bytes),
+                if d.near_cap { " (near the cap)" } else { "" }
+            );
+        }
+        if c.stale_slots > 0 {
+            let _ = writeln!(
+                out,
+                "  Stale slots: {} (exited processes still charged)",
+                c.stale_slots
+            );
+        }
+        let _ = writeln!(out, "  What to do:  {}", c.what_to_do);
+    }
+    if !r.escaped_processes.is_empty() {
+        let _ = writeln!(out, "\nEscaped GPU processes (no cap covers them):");
+        for e in &r.escaped_processes {
+            let _ = writeln!(
+                out,
+                "  PID {} on {} ({}): {} used; {}",
+                e.host_pid,
+                e.gpu,
+                if e.container.is_empty() {
+                    "container unknown"
+                } else {
+                    &e.container
+                },
+                bytes(e.used_bytes),
+                e.reason
+            );
+        }
+        let _ = writeln!(
+            out,
+            "  What to do:  make the workload dynamically linked against glibc, or keep it off shared GPUs"
+        );
+    }
+    let _ = writeln!(out, "\nEvents:");
+    match &r.events_unavailable {
+        Some(why) => {
+            let _ = writeln!(out, "  unavailable: {why}");
+        }
+        None if r.events.is_empty() => {
+            let _ = writeln!(out, "  <none>");
+        }
+        None => {
+            for e in &r.events {
+                let _ = writeln!(out, "  {:<8} {:<22} {}", e.r#type, e.reason, e.message);
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nMore: docs/isolation.md (container states, runbooks) of kai-resource-isolator."
+    );
+    out
+}
