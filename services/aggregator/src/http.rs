@@ -154,7 +154,9 @@ impl MetricsPage {
             let pool = self.pool.clone();
             return Some(Bytes::from_owner(Chunk { text, pool }));
         }
-        let health = self.handle.take()?.render();
+        let mut health = String::new();
+        metrics::render_nodes(&self.nodes, &mut health);
+        health.push_str(&self.handle.take()?.render());
         tracing::debug!(
             nodes = self.nodes.len(),
             bytes = self.sent + health.len(),

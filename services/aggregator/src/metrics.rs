@@ -36,6 +36,30 @@ pub fn record_update(lag_ms: u64) {
     metrics::histogram!(UPDATE_LAG).record(lag_ms as f64 / 1000.0);
 }
 
+/// One series per node agent, rendered from the view at each scrape (so a
+/// node that leaves the view leaves the page): whether its stream is up,
+/// and when its last update arrived. They let an alert name the node whose
+/// agent is down or whose stream went quiet.
+pub fn render_nodes(nodes: &[crate::cluster::NodeEntry], out: &mut String) {
+    let mut up = kai_exposition::Family::gauge(
+        "kai_aggregator_node_stream_up",
+        "1 while the aggregator follows the node agent's stream, 0 while connecting or down.",
+    );
+    let mut last = kai_exposition::Family::gauge(
+        "kai_aggregator_node_last_update_timestamp_seconds",
+        "Unix time of the node agent's last update (agents re-send at least every interval); 0 before the first.",
+    );
+    for n in nodes {
+        let labels = [("node", n.node.as_str()), ("endpoint", n.endpoint.as_str())];
+        let connected = matches!(n.link, crate::cluster::Link::Connected);
+        up.sample(&labels, if connected { 1.0 } else { 0.0 });
+        // Whole seconds: far below 2^53, exact as f64.
+        last.sample(&labels, (n.last_update_ms / 1000) as f64);
+    }
+    up.render(out);
+    last.render(out);
+}
+
 /// Sets the state gauges from the view (all three states, so none goes stale).
 pub fn record_view(nodes: &[crate::cluster::NodeEntry]) {
     for state in ["connecting", "connected", "down"] {

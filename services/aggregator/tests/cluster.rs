@@ -281,6 +281,24 @@ async fn aggregates_follows_changes_and_drops_dead_nodes() {
         Some(&3.0)
     );
     assert_eq!(metrics.get("kai_aggregator_containers"), Some(&4.0));
+    for node in ["node-a", "node-b", "node-c"] {
+        let per_node = |name: &str| {
+            let prefix = format!("{name}{{node=\"{node}\",endpoint=\"");
+            metrics
+                .iter()
+                .find(|(k, _)| k.starts_with(&prefix))
+                .map(|(_, v)| *v)
+        };
+        assert_eq!(
+            per_node("kai_aggregator_node_stream_up"),
+            Some(1.0),
+            "{node}'s stream is followed"
+        );
+        assert!(
+            per_node("kai_aggregator_node_last_update_timestamp_seconds").is_some_and(|t| t > 0.0),
+            "{node} has sent an update"
+        );
+    }
     assert_eq!(
         metrics.get("kai_isolator_container_isolation_state{namespace=\"team-a\",pod=\"pod-b2\",container=\"main\",node=\"node-b\",state=\"uncapped_no_limit\"}"),
         Some(&1.0),
@@ -409,9 +427,21 @@ async fn aggregates_follows_changes_and_drops_dead_nodes() {
     })
     .await;
     let metrics = http_get(agg.http_addr, "/metrics").await;
+    // The agent's own health series stay (an alert names the node from
+    // them); none of its containers' series do.
+    let (health, data): (Vec<&str>, Vec<&str>) = metrics
+        .lines()
+        .filter(|l| l.contains("node=\"node-b\""))
+        .partition(|l| l.starts_with("kai_aggregator_node_"));
     assert!(
-        !metrics.contains("node=\"node-b\""),
+        data.is_empty(),
         "no stale series after the window:\n{metrics}"
+    );
+    assert!(
+        health.iter().any(
+            |l| l.starts_with("kai_aggregator_node_stream_up{node=\"node-b\"") && l.ends_with(" 0")
+        ),
+        "node-b's stream is reported down:\n{metrics}"
     );
     assert!(metrics.contains("kai_aggregator_nodes{state=\"down\"} 1"));
     let nodes = grpc

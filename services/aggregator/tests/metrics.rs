@@ -54,6 +54,8 @@ fn old_render_metrics(
         }),
         opts,
     );
+    // Per-node health series: their content is asserted in tests/cluster.rs.
+    metrics::render_nodes(nodes, &mut out);
     out.push_str(&handle.render());
     out
 }
