@@ -143,6 +143,8 @@ mod tests {
             limit_bytes: limit,
             used_bytes: used,
             stale_bytes: stale,
+            // As the agent computes it.
+            headroom_bytes: limit.saturating_sub(used).saturating_sub(stale),
             sm_limit: 30,
             ..DeviceUsage::default()
         };

@@ -122,7 +122,11 @@ mod tests {
         let pods: Vec<&str> = rows.iter().map(|r| r.pod.as_str()).collect();
         assert_eq!(pods, ["big", "free", "small"]);
         assert_eq!(rows[0].percent, Some(90.0));
-        assert_eq!(rows[2].headroom_bytes, Some(850), "the agent's headroom, for capped devices only");
+        assert_eq!(
+            rows[2].headroom_bytes,
+            Some(850),
+            "the agent's headroom, for capped devices only"
+        );
         assert_eq!((rows[1].percent, rows[1].headroom_bytes), (None, None));
         assert_eq!(rows[1].state, "uncapped_no_limit");
     }

@@ -195,10 +195,8 @@ fn device(out: &mut String, spec: &Spec, c: &ContainerUsage, d: &DeviceUsage, ct
         Metric::Buffer => d.buffer_bytes,
         Metric::Util | Metric::LegacyUtil => u64::from(d.sm_util_percent),
         Metric::StaleBytes if d.stale_bytes > 0 => d.stale_bytes,
-        Metric::Headroom if d.limit_bytes > 0 => d
-            .limit_bytes
-            .saturating_sub(d.used_bytes)
-            .saturating_sub(d.stale_bytes),
+        // The agent's figure (kai_region::DeviceUsage::headroom).
+        Metric::Headroom if d.limit_bytes > 0 => d.headroom_bytes,
         Metric::SmLimit => d.sm_limit,
         // No series before the container's first kernel.
         Metric::Elapsed | Metric::LegacyKernel => match since_last_kernel(c, ctx.opts) {

@@ -313,11 +313,7 @@ pub fn render_isolation<'a>(
                 stale_bytes.sample_with(&device, d.stale_bytes as f64);
             }
             if d.limit_bytes > 0 {
-                let left = d
-                    .limit_bytes
-                    .saturating_sub(d.used_bytes)
-                    .saturating_sub(d.stale_bytes);
-                headroom.sample_with(&device, left as f64);
+                headroom.sample_with(&device, d.headroom_bytes as f64);
             }
             sm_limit.sample_with(&device, d.sm_limit as f64);
         }
