@@ -15,7 +15,7 @@ pub mod driver;
 pub mod evict;
 pub mod stale;
 
-use std::fmt::Write as _;
+use kai_exposition::Family;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kai_proto::v1::IsolationState;
@@ -182,26 +182,30 @@ pub fn render_metrics(out: &mut String) {
         ),
     ];
     for (name, help, counters) in families {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        let mut family = Family::counter(name, help);
         for reason in Reason::ALL {
-            let _ = writeln!(
-                out,
-                "{name}{{reason=\"{}\"}} {}",
-                reason.label(),
-                counters[reason.index()].load(Ordering::Relaxed)
-            );
+            // Counts stay far below 2^53: exact as f64.
+            let count = counters[reason.index()].load(Ordering::Relaxed);
+            family.sample(&[("reason", reason.label())], count as f64);
         }
+        family.render(out);
     }
-    let _ = writeln!(
-        out,
-        "# HELP kai_isolator_reclaimed_slots_total Region slots of dead processes cleared (--reclaim-stale-slots).\n# TYPE kai_isolator_reclaimed_slots_total counter\nkai_isolator_reclaimed_slots_total {}",
-        RECLAIMED_SLOTS.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "# HELP kai_isolator_reclaimed_bytes_total GPU memory charge released by clearing dead processes' slots.\n# TYPE kai_isolator_reclaimed_bytes_total counter\nkai_isolator_reclaimed_bytes_total {}",
-        RECLAIMED_BYTES.load(Ordering::Relaxed)
-    );
+    for (name, help, total) in [
+        (
+            "kai_isolator_reclaimed_slots_total",
+            "Region slots of dead processes cleared (--reclaim-stale-slots).",
+            &RECLAIMED_SLOTS,
+        ),
+        (
+            "kai_isolator_reclaimed_bytes_total",
+            "GPU memory charge released by clearing dead processes' slots.",
+            &RECLAIMED_BYTES,
+        ),
+    ] {
+        let mut family = Family::counter(name, help);
+        family.sample(&[], total.load(Ordering::Relaxed) as f64);
+        family.render(out);
+    }
 }
 
 #[cfg(test)]
