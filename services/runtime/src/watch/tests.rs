@@ -1,0 +1,94 @@
+use super::*;
+
+/// Resolves once `changed` fired, or reports that it did not within a
+/// bound used only to fail the test (never to synchronise it).
+async fn fired(watch: &mut DirWatch) -> bool {
+    tokio::time::timeout(Duration::from_secs(10), watch.changed())
+        .await
+        .is_ok()
+}
+
+#[tokio::test]
+async fn reads_do_not_wake_the_watch_but_a_new_entry_does() -> io::Result<()> {
+    let root = tempfile::tempdir()?;
+    let child = root.path().join("uid_ctr");
+    std::fs::create_dir(&child)?;
+    std::fs::write(child.join("usage.cache"), b"region")?;
+    let mut watch = DirWatch::new([root.path().to_owned()], Depth::RootAndChildren)?;
+    assert!(watch.fully_armed());
+
+    // Everything a scan does: list, stat, open and read.
+    for _ in 0..100 {
+        for entry in std::fs::read_dir(root.path())? {
+            let entry = entry?;
+            std::fs::read_dir(entry.path())?.count();
+            std::fs::read(entry.path().join("usage.cache"))?;
+        }
+    }
+    // A write in a child is the first event the watch may report.
+    std::fs::write(child.join("usage.cache"), b"rewritten")?;
+    let Some(stream) = watch.stream.as_mut() else {
+        panic!("stream set up");
+    };
+    let first = stream.next().await.transpose()?;
+    let mask = first.map(|e| e.mask).unwrap_or(EventMask::empty());
+    assert!(
+        !mask.intersects(EventMask::OPEN | EventMask::ACCESS | EventMask::CLOSE_NOWRITE),
+        "a read woke the watch: {mask:?}"
+    );
+    assert!(mask.intersects(EventMask::CREATE | EventMask::CLOSE_WRITE));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_burst_is_one_change_and_new_children_are_watched() -> io::Result<()> {
+    let root = tempfile::tempdir()?;
+    let mut watch = DirWatch::new([root.path().to_owned()], Depth::RootAndChildren)?;
+    assert!(
+        !watch.unchanged_since_last_asked(),
+        "nothing to compare with on the first ask"
+    );
+    assert!(watch.unchanged_since_last_asked(), "armed and quiet");
+    // A container directory and its region, as libvgpu creates them.
+    let child = root.path().join("uid_ctr");
+    std::fs::create_dir(&child)?;
+    std::fs::write(child.join("usage.cache"), b"region")?;
+    assert!(fired(&mut watch).await);
+    assert!(
+        !watch.unchanged_since_last_asked(),
+        "the burst is also reported to pollers"
+    );
+    assert!(watch.unchanged_since_last_asked(), "once");
+    assert!(
+        watch.by_wd.values().any(|w| matches!(w, Watched::Child)),
+        "the new directory got a watch of its own"
+    );
+    // The file inside the new directory is now seen on its own too.
+    std::fs::rename(child.join("usage.cache"), child.join("usage.cache.old"))?;
+    assert!(fired(&mut watch).await);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_root_that_appears_later_is_armed_by_rearm() -> io::Result<()> {
+    let parent = tempfile::tempdir()?;
+    let root = parent.path().join("containers");
+    let mut watch = DirWatch::new([root.clone()], Depth::Root)?;
+    assert!(!watch.fully_armed());
+    std::fs::create_dir(&root)?;
+    watch.rearm();
+    assert!(watch.fully_armed());
+    std::fs::write(root.join("a"), b"x")?;
+    assert!(fired(&mut watch).await);
+
+    // Removed: unarmed again (after the events that say so), then re-armed.
+    std::fs::remove_file(root.join("a"))?;
+    std::fs::remove_dir(&root)?;
+    while watch.fully_armed() {
+        assert!(fired(&mut watch).await);
+    }
+    std::fs::create_dir(&root)?;
+    watch.rearm();
+    assert!(watch.fully_armed());
+    Ok(())
+}
