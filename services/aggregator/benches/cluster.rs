@@ -27,10 +27,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use kai_aggregator::cluster::{Cluster, NodeEntry};
 use kai_aggregator::http::{self, MetricsPage};
+use kai_aggregator::metrics::Health;
 use kai_aggregator::subscriber;
 use kai_proto::v1 as pb;
 use kai_proto::v1::vgpu_node_client::VgpuNodeClient;
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use warp::hyper::body::Frame;
@@ -311,7 +311,7 @@ async fn drain(frames: &[Bytes], mut each: impl FnMut(usize, pb::ContainersUpdat
 /// The floor of a render: the page's lines with `itoa` into one buffer,
 /// nothing else (no escaping: the bench's values need none; no chunking).
 /// Families and label order as the page has them, so the text is the same.
-fn floor_page(nodes: &[NodeEntry], handle: &PrometheusHandle, now: u64, out: &mut String) {
+fn floor_page(nodes: &[NodeEntry], health: &Health, now: u64, out: &mut String) {
     fn header(out: &mut String, name: &str, help: &str) {
         out.push_str("# HELP ");
         out.push_str(name);
@@ -502,7 +502,8 @@ fn floor_page(nodes: &[NodeEntry], handle: &PrometheusHandle, now: u64, out: &mu
             }
         }
     }
-    out.push_str(&handle.render());
+    // The aggregator's own few series, as the page writes them.
+    kai_aggregator::metrics::render(nodes, health, out);
 }
 
 /// Renders the streamed page, dropping each chunk as hyper does once it is
@@ -618,8 +619,8 @@ fn main() {
     let nodes = env_or("NODES", 1000);
     let containers = env_or("CONTAINERS", 100);
     let rounds = env_or("ROUNDS", 7).max(1);
-    let handle = kai_aggregator::metrics::install();
     let cluster = Arc::new(Cluster::default());
+    let health = cluster.health().clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -672,7 +673,7 @@ fn main() {
 
     // Render: the same text from both, then interleaved timings.
     let now = kai_runtime::unix_ms() / 1000;
-    let text: Vec<u8> = MetricsPage::new(cluster.snapshot(), handle.clone(), false, now).fold(
+    let text: Vec<u8> = MetricsPage::new(cluster.snapshot(), health.clone(), false, now).fold(
         Vec::new(),
         |mut all, chunk| {
             all.extend_from_slice(&chunk);
@@ -681,11 +682,8 @@ fn main() {
     );
     let text = String::from_utf8(text).expect("UTF-8 page");
     let mut floor_text = String::new();
-    floor_page(&cluster.snapshot(), &handle, now, &mut floor_text);
-    // The health series come last, in the exporter's per-render hash order:
-    // the families before them must be identical, the rest as long.
-    let families_end = text.find("# HELP kai_aggregator_").expect("health series");
-    if let Some(at) = text[..families_end]
+    floor_page(&cluster.snapshot(), &health, now, &mut floor_text);
+    if let Some(at) = text
         .bytes()
         .zip(floor_text.bytes())
         .position(|(a, b)| a != b)
@@ -707,7 +705,7 @@ fn main() {
         let start = reset_peak();
         let started = Instant::now();
         let mut out = String::with_capacity(text_len);
-        floor_page(&cluster.snapshot(), &handle, now, &mut out);
+        floor_page(&cluster.snapshot(), &health, now, &mut out);
         std::hint::black_box(&out);
         drop(out);
         floor.push(started.elapsed());
@@ -717,7 +715,7 @@ fn main() {
         let started = Instant::now();
         let sent = stream_page(MetricsPage::new(
             cluster.snapshot(),
-            handle.clone(),
+            health.clone(),
             false,
             now,
         ));
@@ -727,7 +725,7 @@ fn main() {
 
         let started = Instant::now();
         warm.clear();
-        floor_page(&cluster.snapshot(), &handle, now, &mut warm);
+        floor_page(&cluster.snapshot(), &health, now, &mut warm);
         std::hint::black_box(&warm);
         floor_warm.push(started.elapsed());
     }
@@ -745,7 +743,6 @@ fn main() {
         let addr = listener.local_addr().expect("addr");
         let state = http::State {
             cluster: cluster.clone(),
-            handle: handle.clone(),
             legacy: false,
             synced: tokio::sync::watch::channel(true).1,
         };

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use kai_proto::v1 as pb;
 use tokio::sync::watch;
 
+use crate::metrics::Health;
+
 /// Connection state of one node agent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Link {
@@ -72,6 +74,8 @@ impl NodeEntry {
 pub struct Cluster {
     nodes: RwLock<BTreeMap<String, NodeEntry>>,
     changes: watch::Sender<u64>,
+    /// What following the streams counted (rendered on `/metrics`).
+    health: Arc<Health>,
 }
 
 impl Default for Cluster {
@@ -79,11 +83,16 @@ impl Default for Cluster {
         Self {
             nodes: RwLock::default(),
             changes: watch::channel(0).0,
+            health: Arc::default(),
         }
     }
 }
 
 impl Cluster {
+    pub fn health(&self) -> &Arc<Health> {
+        &self.health
+    }
+
     /// Follows every change (the value is a change counter).
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()

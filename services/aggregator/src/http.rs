@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 
 use kai_exposition::{NodeView, Options, Page, View};
 use kai_proto::v1 as pb;
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -16,12 +15,12 @@ use warp::hyper::body::Bytes;
 use warp::{Filter, Reply};
 
 use crate::cluster::{Cluster, NodeEntry};
-use crate::{metrics, query};
+use crate::metrics::{self, Health};
+use crate::query;
 
 #[derive(Clone)]
 pub struct State {
     pub cluster: Arc<Cluster>,
-    pub handle: PrometheusHandle,
     pub legacy: bool,
     pub synced: watch::Receiver<bool>,
 }
@@ -106,7 +105,7 @@ pub struct MetricsPage {
     page: Page,
     pool: Pool,
     /// Taken when the health series, the last chunk, are rendered.
-    handle: Option<PrometheusHandle>,
+    health: Option<Arc<Health>>,
     sent: usize,
     chunks: usize,
 }
@@ -114,14 +113,7 @@ pub struct MetricsPage {
 impl MetricsPage {
     /// Starts a page over `nodes` (a [`Cluster::snapshot`]); `now_secs` is
     /// the clock of `hami_container_last_kernel_elapsed_seconds`.
-    pub fn new(
-        nodes: Vec<NodeEntry>,
-        handle: PrometheusHandle,
-        legacy: bool,
-        now_secs: u64,
-    ) -> Self {
-        // The health gauges describe the view this page shows.
-        metrics::record_view(&nodes);
+    pub fn new(nodes: Vec<NodeEntry>, health: Arc<Health>, legacy: bool, now_secs: u64) -> Self {
         let page = Page::new(Options {
             node_label: true,
             legacy,
@@ -131,7 +123,7 @@ impl MetricsPage {
             nodes,
             page,
             pool: Pool::default(),
-            handle: Some(handle),
+            health: Some(health),
             sent: 0,
             chunks: 0,
         }
@@ -141,7 +133,7 @@ impl MetricsPage {
     pub fn current(state: &State) -> Self {
         Self::new(
             state.cluster.snapshot(),
-            state.handle.clone(),
+            state.cluster.health().clone(),
             state.legacy,
             kai_runtime::unix_ms() / 1000,
         )
@@ -154,9 +146,10 @@ impl MetricsPage {
             let pool = self.pool.clone();
             return Some(Bytes::from_owner(Chunk { text, pool }));
         }
+        let counted = self.health.take()?;
         let mut health = String::new();
-        metrics::render_nodes(&self.nodes, &mut health);
-        health.push_str(&self.handle.take()?.render());
+        // The health gauges describe the view this page shows.
+        metrics::render(&self.nodes, &counted, &mut health);
         tracing::debug!(
             nodes = self.nodes.len(),
             bytes = self.sent + health.len(),

@@ -247,8 +247,6 @@ pub async fn start(
     let (http_listener, http_addr) = kai_runtime::net::bind(config.listen).await?;
     let (grpc_listener, grpc_addr) = kai_runtime::net::bind(config.grpc_listen).await?;
     let cluster = Arc::new(Cluster::default());
-    let handle = metrics::install();
-    kai_runtime::prometheus::spawn_upkeep(handle.clone(), shutdown.clone());
 
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(supervise(
@@ -269,7 +267,6 @@ pub async fn start(
     )));
     let state = http::State {
         cluster: cluster.clone(),
-        handle,
         legacy: config.legacy_metrics,
         synced: targets.synced.clone(),
     };

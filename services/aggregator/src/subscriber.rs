@@ -11,7 +11,6 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::cluster::Cluster;
-use crate::metrics;
 
 /// TLS towards the agents: their CA, and our client certificate when they
 /// require one (mutual TLS).
@@ -101,7 +100,7 @@ pub async fn run(
             Err(error) => error.to_string(),
         };
         cluster.set_down(&endpoint, &error);
-        metrics::record_reconnect();
+        cluster.health().record_reconnect();
         let wait = backoff(&settings, attempt);
         tracing::warn!(%error, retry_in = ?wait, "node agent stream down");
         attempt = attempt.saturating_add(1);
@@ -116,7 +115,7 @@ pub async fn run(
 /// update path after decoding (the cluster bench drives it too).
 pub fn receive(cluster: &Cluster, endpoint: &str, update: pb::ContainersUpdate) {
     let lag_ms = kai_runtime::unix_ms().saturating_sub(update.sent_at_unix_ms);
-    metrics::record_update(lag_ms);
+    cluster.health().record_update(lag_ms);
     cluster.apply_update(endpoint, update);
 }
 

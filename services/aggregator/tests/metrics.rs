@@ -6,28 +6,21 @@
 mod reference;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 
 use http_body_util::BodyExt;
 use kai_aggregator::cluster::{Cluster, NodeEntry};
 use kai_aggregator::http::{self, CHUNK_BYTES, METRICS_CONTENT_TYPE, MetricsPage};
-use kai_aggregator::metrics;
+use kai_aggregator::metrics::{self, Health};
 use kai_exposition::Options;
 use kai_proto::v1 as pb;
 use kai_runtime::unix_ms;
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
 /// `render_metrics` of commit d0cac0a (the whole page at once), verbatim
 /// but for `now_secs`, which is a parameter here so the comparison does not
 /// depend on the clock.
-fn old_render_metrics(
-    nodes: &[NodeEntry],
-    handle: &PrometheusHandle,
-    legacy: bool,
-    now_secs: u64,
-) -> String {
-    metrics::record_view(nodes);
+fn old_render_metrics(nodes: &[NodeEntry], health: &Health, legacy: bool, now_secs: u64) -> String {
     let containers: usize = nodes.iter().map(|n| n.containers.len()).sum();
     let mut out = String::with_capacity(4096 + containers * 2400);
     let opts = Options {
@@ -54,36 +47,10 @@ fn old_render_metrics(
         }),
         opts,
     );
-    // Per-node health series: their content is asserted in tests/cluster.rs.
-    metrics::render_nodes(nodes, &mut out);
-    out.push_str(&handle.render());
+    // The aggregator's own series (their content is asserted in
+    // tests/cluster.rs); at the time, from the metrics exporter.
+    metrics::render(nodes, health, &mut out);
     out
-}
-
-/// The page with its health series in canonical order. The exporter
-/// renders them from hash maps seeded per render, so their families and
-/// samples come in a different order on each render, before streaming as
-/// after; the exposition families before them must match byte for byte.
-fn canonical(page: &str) -> (&str, Vec<Vec<&str>>) {
-    let last = page
-        .find("# HELP kai_isolator_check_available ")
-        .expect("the last exposition family");
-    let health = page[last..]
-        .find("\n# HELP ")
-        .map_or(page.len(), |at| last + at + 1);
-    let mut families: Vec<Vec<&str>> = Vec::new();
-    for line in page[health..].lines() {
-        match families.last_mut() {
-            Some(family) if !line.starts_with("# HELP ") => family.push(line),
-            _ => families.push(vec![line]),
-        }
-    }
-    for family in &mut families {
-        // HELP and TYPE stay first; the samples are sorted.
-        family[2..].sort_unstable();
-    }
-    families.sort_unstable();
-    (&page[..health], families)
 }
 
 const NODES: usize = 40;
@@ -184,29 +151,26 @@ fn cluster() -> Cluster {
     cluster
 }
 
-/// The health series include an update counter and lag histogram, recorded
-/// once per process so every page rendered here shows the same values.
-fn handle() -> PrometheusHandle {
-    static UPDATES: Once = Once::new();
-    let handle = metrics::install();
-    UPDATES.call_once(|| {
-        for lag_ms in [3, 40, 700] {
-            metrics::record_update(lag_ms);
-        }
-    });
-    handle
+/// The cluster with a few updates counted, so the lag histogram has
+/// samples in several buckets.
+fn counted() -> Cluster {
+    let cluster = cluster();
+    for lag_ms in [3, 40, 700] {
+        cluster.health().record_update(lag_ms);
+    }
+    cluster
 }
 
 #[test]
 fn streamed_page_is_the_old_page_byte_for_byte() {
-    let cluster = cluster();
-    let handle = handle();
+    let cluster = counted();
     let now = 5_000;
     for legacy in [false, true] {
-        let expected = old_render_metrics(&cluster.snapshot(), &handle, legacy, now);
-        let chunks: Vec<String> = MetricsPage::new(cluster.snapshot(), handle.clone(), legacy, now)
-            .map(|c| String::from_utf8(c.to_vec()).expect("UTF-8"))
-            .collect();
+        let expected = old_render_metrics(&cluster.snapshot(), cluster.health(), legacy, now);
+        let chunks: Vec<String> =
+            MetricsPage::new(cluster.snapshot(), cluster.health().clone(), legacy, now)
+                .map(|c| String::from_utf8(c.to_vec()).expect("UTF-8"))
+                .collect();
         assert!(chunks.len() > 10, "{} chunks", chunks.len());
         assert!(chunks.iter().all(|c| !c.is_empty() && c.ends_with('\n')));
         assert!(
@@ -214,15 +178,15 @@ fn streamed_page_is_the_old_page_byte_for_byte() {
             "chunks stay bounded"
         );
         let got = chunks.concat();
-        assert_eq!(canonical(&got), canonical(&expected), "legacy: {legacy}");
-        assert_eq!(got.len(), expected.len());
+        assert_eq!(got, expected, "legacy: {legacy}");
         for family in [
             "kai_isolator_container_stale_slots{",
             "kai_isolator_container_near_cap{",
             "kai_isolator_escaped_process_memory_bytes{",
             "kai_isolator_check_available{",
             "kai_aggregator_nodes{state=\"down\"} 1",
-            "kai_aggregator_updates_total",
+            "kai_aggregator_updates_total 3\n",
+            "kai_aggregator_update_lag_seconds_bucket{le=\"0.05\"} 2\n",
             "hami_host_gpu_utilization_ratio{",
         ] {
             assert!(expected.contains(family), "the fixture covers {family}");
@@ -242,7 +206,6 @@ async fn serve(cluster: Arc<Cluster>, legacy: bool, shutdown: CancellationToken)
     let addr = listener.local_addr().expect("addr");
     let state = http::State {
         cluster,
-        handle: handle(),
         legacy,
         synced: tokio::sync::watch::channel(true).1,
     };
@@ -253,7 +216,7 @@ async fn serve(cluster: Arc<Cluster>, legacy: bool, shutdown: CancellationToken)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_client_gets_the_whole_chunked_page_with_its_content_type() {
     kai_runtime::install_crypto_provider();
-    let cluster = Arc::new(cluster());
+    let cluster = Arc::new(counted());
     let shutdown = CancellationToken::new();
     let addr = serve(cluster.clone(), true, shutdown.clone()).await;
     // kube's client is the hyper-util HTTP client already in the graph.
@@ -291,15 +254,8 @@ async fn a_real_client_gets_the_whole_chunked_page_with_its_content_type() {
         .to_bytes();
     let body = std::str::from_utf8(&body).expect("UTF-8");
     // The server read the clock somewhere in [before, after].
-    let matches = (before..=after).any(|now| {
-        canonical(body)
-            == canonical(&old_render_metrics(
-                &cluster.snapshot(),
-                &handle(),
-                true,
-                now,
-            ))
-    });
+    let matches = (before..=after)
+        .any(|now| body == old_render_metrics(&cluster.snapshot(), cluster.health(), true, now));
     assert!(
         matches,
         "the body is the old page ({} bytes received)",

@@ -9,13 +9,29 @@
 //! [`render`] and [`render_isolation`] write a page whole; [`Page`] writes
 //! the same text in bounded pieces, so the aggregator can stream a page too
 //! large to hold (one family after another, each over every node).
+//! [`Counter`], [`Counters`] and [`Histogram`] are the services' own event
+//! series, rendered in the same text.
+//!
+//! The text format and the instruments need no vgpu types: the webhook
+//! takes them alone (`default-features = false`), without kai-proto.
 
+#[cfg(feature = "vgpu")]
 mod families;
+#[cfg(feature = "vgpu")]
+mod hami;
+mod instruments;
+#[cfg(feature = "vgpu")]
 mod isolation;
+#[cfg(feature = "vgpu")]
 mod page;
 mod text;
 
+#[cfg(feature = "vgpu")]
+pub use hami::{HostDevices, Options, render};
+pub use instruments::{Counter, Counters, Histogram};
+#[cfg(feature = "vgpu")]
 pub use isolation::{NodeIsolation, render_isolation};
+#[cfg(feature = "vgpu")]
 pub use page::{NodeView, Page, View, render_page};
 pub use text::{Family, Labels};
 
@@ -23,54 +39,3 @@ pub use text::{Family, Labels};
 /// the same way (the aggregator bench's floor renderer).
 #[doc(hidden)]
 pub use itoa;
-
-use kai_proto::v1::{ContainerUsage, HostDevice};
-
-use families::{Ctx, HAMI, Scope};
-
-/// What to render.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Options {
-    /// Add a `node` label (the aggregator's view).
-    pub node_label: bool,
-    /// Also render the legacy names (`vGPU_device_memory_usage_in_bytes`, …).
-    pub legacy: bool,
-    /// Now, in unix seconds, for `hami_container_last_kernel_elapsed_seconds`.
-    pub now_secs: u64,
-}
-
-/// A node's physical GPUs.
-pub struct HostDevices<'a> {
-    pub node: &'a str,
-    pub devices: &'a [HostDevice],
-}
-
-/// Renders host and container families into `out`.
-pub fn render<'a>(
-    out: &mut String,
-    hosts: impl IntoIterator<Item = HostDevices<'a>>,
-    containers: impl IntoIterator<Item = &'a ContainerUsage>,
-    opts: Options,
-) {
-    // Each family walks them again (samples stay contiguous per family).
-    let hosts: Vec<HostDevices<'a>> = hosts.into_iter().collect();
-    let containers: Vec<&ContainerUsage> = containers.into_iter().collect();
-    let ctx = Ctx {
-        opts: &opts,
-        clean: families::all_clean(containers.iter().copied()),
-    };
-    for spec in HAMI.iter().filter(|spec| opts.legacy || !spec.legacy) {
-        spec.header(out);
-        if spec.scope() == Scope::Host {
-            for host in &hosts {
-                for d in host.devices {
-                    families::host(out, spec, host.node, d, &opts);
-                }
-            }
-        } else {
-            for c in &containers {
-                families::container(out, spec, c, ctx);
-            }
-        }
-    }
-}

@@ -52,11 +52,7 @@ impl Family {
     pub fn sample_with(&mut self, labels: &Labels, value: f64) {
         let s = &mut self.samples;
         s.push_str(self.name);
-        if !labels.0.is_empty() {
-            s.push('{');
-            s.push_str(&labels.0);
-            s.push('}');
-        }
+        labels.push_braced(s);
         s.push(' ');
         push_value(s, value);
         s.push('\n');
@@ -97,6 +93,15 @@ impl Labels {
         self.push(key, itoa::Buffer::new().format(value));
     }
 
+    /// Writes `{k="v",…}`, or nothing for an empty set.
+    pub(crate) fn push_braced(&self, out: &mut String) {
+        if !self.0.is_empty() {
+            out.push('{');
+            out.push_str(&self.0);
+            out.push('}');
+        }
+    }
+
     /// Replaces this set with a copy of `other` (keeping the allocation).
     pub fn copy_from(&mut self, other: &Labels) {
         self.0.clear();
@@ -118,7 +123,7 @@ pub(crate) fn push_header(out: &mut String, name: &str, help: &str, kind: &str) 
 }
 
 /// Integers (every byte count) print exactly and fast; others as Rust does.
-fn push_value(s: &mut String, value: f64) {
+pub(crate) fn push_value(s: &mut String, value: f64) {
     if value.fract() == 0.0 && value.abs() < 9.0e15 {
         s.push_str(itoa::Buffer::new().format(value as i64));
     } else {

@@ -11,7 +11,6 @@ pub mod https;
 pub mod net;
 #[cfg(feature = "test-support")]
 pub mod procstat;
-pub mod prometheus;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tls;

@@ -43,6 +43,17 @@ pub enum BadRequest {
 }
 
 impl BadRequest {
+    /// Every [`label`](Self::label), the `reason` values the metrics list.
+    pub const LABELS: [&'static str; 7] = [
+        "too_large",
+        "not_json",
+        "wrong_kind",
+        "no_request",
+        "not_a_pod",
+        "no_object",
+        "invalid_pod",
+    ];
+
     /// Stable label for metrics.
     pub fn label(&self) -> &'static str {
         match self {
@@ -220,6 +231,23 @@ mod tests {
         review(body, &InjectConfig::default())
             .map(|r| r.decision.label())
             .map_err(|e| e.label())
+    }
+
+    #[test]
+    fn every_label_is_listed() {
+        let every = [
+            BadRequest::TooLarge,
+            BadRequest::NotJson(String::new()),
+            BadRequest::WrongKind {
+                kind: String::new(),
+                api_version: String::new(),
+            },
+            BadRequest::NoRequest,
+            BadRequest::NotAPod(String::new()),
+            BadRequest::NoObject,
+            BadRequest::InvalidPod(String::new()),
+        ];
+        assert_eq!(every.map(|e| e.label()), BadRequest::LABELS);
     }
 
     #[test]

@@ -15,7 +15,6 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use kai_runtime::tls::{ReloadingCert, TlsError};
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -63,8 +62,7 @@ pub struct Running {
 
 struct State {
     inject: InjectConfig,
-    metrics: PrometheusHandle,
-    reviews: metrics::Reviews,
+    metrics: Arc<metrics::Metrics>,
     shutdown: CancellationToken,
 }
 
@@ -73,7 +71,8 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> Result<Ru
     let cert = ReloadingCert::load(&settings.tls_cert_file, &settings.tls_private_key_file)?;
     let tls = Arc::new(kai_runtime::tls::server_config(cert.clone())?);
     cert.watch(shutdown.clone(), settings.tls_reload_fallback)?;
-    count_reloads(&cert, shutdown.clone());
+    let metrics = Arc::new(metrics::Metrics::default());
+    count_reloads(&cert, metrics.clone(), shutdown.clone());
 
     let listener = TcpListener::bind(settings.listen)
         .await
@@ -85,12 +84,9 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> Result<Ru
         addr: settings.listen,
         source,
     })?;
-    let handle = metrics::install();
-    kai_runtime::prometheus::spawn_upkeep(handle.clone(), shutdown.clone());
     let state = Arc::new(State {
         inject: settings.inject,
-        metrics: handle,
-        reviews: metrics::Reviews::register(),
+        metrics,
         shutdown: shutdown.clone(),
     });
     let service = Webhook {
@@ -102,14 +98,18 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> Result<Ru
     Ok(Running { addr, cert, task })
 }
 
-fn count_reloads(cert: &ReloadingCert, shutdown: CancellationToken) {
+fn count_reloads(
+    cert: &ReloadingCert,
+    metrics: Arc<metrics::Metrics>,
+    shutdown: CancellationToken,
+) {
     let mut generation = cert.subscribe();
     tokio::spawn(async move {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 changed = generation.changed() => match changed {
-                    Ok(()) => metrics::record_cert_reload(),
+                    Ok(()) => metrics.record_cert_reload(),
                     Err(_) => break,
                 },
             }
@@ -203,12 +203,12 @@ async fn mutate(request: Request<Incoming>, state: &State) -> Response<Full<Byte
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let body = match read_limited(content_length, request.into_body()).await {
         Ok(body) => body,
-        Err(error) => return bad_request(&error),
+        Err(error) => return bad_request(&error, &state.metrics),
     };
     let started = Instant::now();
     match review::review(&body, &state.inject) {
         Ok(reviewed) => {
-            state.reviews.record(reviewed.decision, started.elapsed());
+            state.metrics.record(reviewed.decision, started.elapsed());
             log_review(&reviewed);
             let mut response = Response::new(Full::new(Bytes::from(reviewed.body)));
             response
@@ -216,7 +216,7 @@ async fn mutate(request: Request<Incoming>, state: &State) -> Response<Full<Byte
                 .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             response
         }
-        Err(error) => bad_request(&error),
+        Err(error) => bad_request(&error, &state.metrics),
     }
 }
 
@@ -277,8 +277,8 @@ fn text(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
     response
 }
 
-fn bad_request(error: &BadRequest) -> Response<Full<Bytes>> {
-    metrics::record_bad_request(error.label());
+fn bad_request(error: &BadRequest, metrics: &metrics::Metrics) -> Response<Full<Bytes>> {
+    metrics.record_bad_request(error);
     tracing::warn!(reason = error.label(), %error, "rejected a malformed admission request");
     text(StatusCode::BAD_REQUEST, Bytes::from(format!("{error}\n")))
 }
