@@ -127,14 +127,14 @@ pub async fn watch(containers_dir: PathBuf, shutdown: CancellationToken) -> Resu
 
 /// Appends `kai_node_agent_preload_path` (1 for the current state).
 pub fn render(out: &mut String) {
-    out.push_str(
-        "# HELP kai_node_agent_preload_path What is at <mount>/ld.so.preload on the host: file, missing, directory (pods mounting it run uncapped), unreadable or unchecked.\n# TYPE kai_node_agent_preload_path gauge\n",
+    let mut family = kai_exposition::Family::gauge(
+        "kai_node_agent_preload_path",
+        "What is at <mount>/ld.so.preload on the host: file, missing, directory (pods mounting it run uncapped), unreadable or unchecked.",
     );
     let now = current();
     for state in PreloadPath::ALL {
-        out.push_str("kai_node_agent_preload_path{state=\"");
-        out.push_str(state.label());
-        out.push_str("\"} ");
-        out.push_str(if state == now { "1\n" } else { "0\n" });
+        let value = if state == now { 1.0 } else { 0.0 };
+        family.sample(&[("state", state.label())], value);
     }
+    family.render(out);
 }
