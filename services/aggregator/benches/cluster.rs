@@ -171,96 +171,14 @@ fn update(node: usize, containers: usize, revision: u64) -> pb::ContainersUpdate
     }
 }
 
-/// Protobuf wire encoding of the fields `update` sets. Written out here
-/// because the crate does not depend on prost; checked against the decoder
-/// at start-up.
-mod wire {
-    use kai_proto::v1 as pb;
-
-    fn varint(out: &mut Vec<u8>, mut v: u64) {
-        while v >= 0x80 {
-            out.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        out.push(v as u8);
-    }
-
-    fn uint(out: &mut Vec<u8>, field: u32, v: u64) {
-        if v != 0 {
-            varint(out, u64::from(field << 3));
-            varint(out, v);
-        }
-    }
-
-    fn bytes(out: &mut Vec<u8>, field: u32, v: &[u8]) {
-        varint(out, u64::from(field << 3 | 2));
-        varint(out, v.len() as u64);
-        out.extend_from_slice(v);
-    }
-
-    fn string(out: &mut Vec<u8>, field: u32, v: &str) {
-        if !v.is_empty() {
-            bytes(out, field, v.as_bytes());
-        }
-    }
-
-    fn message(out: &mut Vec<u8>, field: u32, write: impl FnOnce(&mut Vec<u8>)) {
-        let mut inner = Vec::new();
-        write(&mut inner);
-        bytes(out, field, &inner);
-    }
-
-    fn device(out: &mut Vec<u8>, d: &pb::DeviceUsage) {
-        uint(out, 1, u64::from(d.index));
-        string(out, 2, &d.uuid);
-        uint(out, 3, d.limit_bytes);
-        uint(out, 4, d.used_bytes);
-        uint(out, 5, d.context_bytes);
-        uint(out, 6, d.module_bytes);
-        uint(out, 7, d.buffer_bytes);
-        uint(out, 8, d.monitor_used_bytes);
-        uint(out, 9, u64::from(d.sm_util_percent));
-        uint(out, 10, d.sm_limit);
-        uint(out, 11, d.stale_bytes);
-    }
-
-    fn container(out: &mut Vec<u8>, c: &pb::ContainerUsage) {
-        string(out, 1, &c.namespace);
-        string(out, 2, &c.pod);
-        string(out, 3, &c.pod_uid);
-        string(out, 4, &c.container);
-        string(out, 5, &c.node);
-        string(out, 6, &c.layout);
-        for d in &c.devices {
-            message(out, 7, |out| device(out, d));
-        }
-        uint(out, 8, u64::from(c.processes));
-        uint(out, 9, c.last_kernel_time);
-        uint(out, 10, u64::from(c.pod_known));
-        uint(out, 12, c.observed_at_unix_ms);
-        uint(out, 13, c.isolation_state as u64);
-    }
-
-    /// One gRPC frame (uncompressed flag, length, message) of `u`.
-    pub fn frame(u: &pb::ContainersUpdate) -> Vec<u8> {
-        let mut msg = Vec::new();
-        string(&mut msg, 1, &u.node);
-        uint(&mut msg, 2, u.revision);
-        for c in &u.containers {
-            message(&mut msg, 3, |out| container(out, c));
-        }
-        uint(&mut msg, 4, u.sent_at_unix_ms);
-        if let Some(checks) = &u.checks {
-            message(&mut msg, 6, |out| {
-                string(out, 1, &checks.escaped_processes);
-                string(out, 2, &checks.host_pids);
-            });
-        }
-        let mut framed = vec![0];
-        framed.extend_from_slice(&(msg.len() as u32).to_be_bytes());
-        framed.extend_from_slice(&msg);
-        framed
-    }
+/// One gRPC frame (uncompressed flag, length, message) of `u`, as an
+/// agent sends it.
+fn frame(u: &pb::ContainersUpdate) -> Vec<u8> {
+    let msg = prost::Message::encode_to_vec(u);
+    let mut framed = vec![0];
+    framed.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&msg);
+    framed
 }
 
 type WireBody = http_body_util::StreamBody<
@@ -476,6 +394,42 @@ fn floor_page(nodes: &[NodeEntry], health: &Health, now: u64, out: &mut String) 
         "kai_isolator_container_near_cap",
         "1 while the container's usage of a device is at or above the near-cap threshold.",
     );
+    // Our per-device families: HAMi's labels without `zone`; stale bytes
+    // only while non-zero (none here), headroom only for capped devices.
+    header(
+        out,
+        "kai_isolator_container_stale_bytes",
+        "GPU memory libvgpu still charges against the cap for processes that are gone (only while non-zero).",
+    );
+    /// A per-device family's name, help and value (`None`: no line).
+    type Own = (
+        &'static str,
+        &'static str,
+        fn(&pb::DeviceUsage) -> Option<u64>,
+    );
+    let own: [Own; 2] = [
+        (
+            "kai_isolator_container_headroom_bytes",
+            "What the next allocation can get: limit - used - stale (capped devices only).",
+            |d| (d.limit_bytes > 0).then_some(d.headroom_bytes),
+        ),
+        (
+            "kai_isolator_container_sm_limit_percent",
+            "The region's SM limit for the device (CUDA_DEVICE_SM_LIMIT; 0 or 100 = no limit).",
+            |d| Some(d.sm_limit),
+        ),
+    ];
+    for (name, help, value) in own {
+        header(out, name, help);
+        for (c, d) in devices() {
+            if let Some(v) = value(d) {
+                hami(out, name, c, d);
+                out.push_str("} ");
+                int(out, v);
+                out.push('\n');
+            }
+        }
+    }
     header(
         out,
         "kai_isolator_escaped_process_memory_bytes",
@@ -635,7 +589,7 @@ fn main() {
     let revisions: Vec<Vec<Bytes>> = (1..=2)
         .map(|rev| {
             (0..nodes)
-                .map(|n| Bytes::from(wire::frame(&update(n, containers, rev))))
+                .map(|n| Bytes::from(frame(&update(n, containers, rev))))
                 .collect()
         })
         .collect();
@@ -646,7 +600,7 @@ fn main() {
             assert_eq!(
                 decoded,
                 update(0, containers, 2),
-                "hand encoding decodes to the message"
+                "the frame decodes to the message"
             );
         });
     }

@@ -311,6 +311,31 @@ async fn main() -> anyhow::Result<()> {
         errors += ours.errors + bare.errors;
     }
 
+    // What the reviews themselves cost inside the server, from its own
+    // histogram: at one connection the ratio follows this time closely
+    // (docs/benchmarks.md).
+    let mut client = Client::connect(running.addr, "localhost", config.clone()).await?;
+    let (_, page) = client.send(Method::GET, "/metrics", Bytes::new()).await?;
+    let page = String::from_utf8_lossy(&page);
+    let series = |name: &str| {
+        page.lines().find_map(|line| {
+            line.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .parse::<f64>()
+                .ok()
+        })
+    };
+    let duration = "kai_webhook_admission_review_duration_seconds";
+    if let (Some(sum), Some(count)) = (
+        series(&format!("{duration}_sum")),
+        series(&format!("{duration}_count")),
+    ) {
+        println!(
+            "review inside the server (its own histogram): {count:.0} reviews, mean {:.2} µs",
+            sum / count.max(1.0) * 1e6
+        );
+    }
+    drop(client);
     stop_sampling.cancel();
     let samples = sampler.await?;
     shutdown.cancel();
