@@ -201,20 +201,27 @@ impl Encode for Container<'_> {
     }
 }
 
-/// `LayoutVersion::name` without allocating (it runs once per container
-/// per revision).
+/// `LayoutVersion::name` without allocating or `fmt` (it runs once per
+/// container per revision, twice with the length pass; through `write!`
+/// it was a tenth of encoding a revision).
 fn layout_name(layout: LayoutVersion, buf: &mut [u8; 24]) -> &[u8] {
-    use std::io::Write as _;
-    let mut cursor = std::io::Cursor::new(&mut buf[..]);
-    let written = match layout {
-        LayoutVersion::V0 => cursor.write_all(b"v0"),
-        LayoutVersion::V1 { major, minor } => write!(cursor, "v{major}.{minor}"),
+    let (major, minor) = match layout {
+        LayoutVersion::V0 => return b"v0",
+        LayoutVersion::V1 { major, minor } => (major, minor),
     };
-    let len = if written.is_ok() {
-        cursor.position() as usize
-    } else {
-        0
-    };
+    let (mut a, mut b) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let parts: [&[u8]; 4] = [
+        b"v",
+        a.format(major).as_bytes(),
+        b".",
+        b.format(minor).as_bytes(),
+    ];
+    // At most 1 + 10 + 1 + 10 bytes: two u32s always fit.
+    let mut len = 0;
+    for part in parts {
+        buf[len..len + part.len()].copy_from_slice(part);
+        len += part.len();
+    }
     &buf[..len]
 }
 
