@@ -5,7 +5,10 @@
 //! - ours: `RegionStore::scan`, exactly what the scan loop calls: on the
 //!   periodic tick (directory unchanged, as the inotify watch vouches) a
 //!   `stat` per region to check it is still the mapped file, and a decode;
-//!   after a directory change also the listing.
+//!   after a directory change also an `lstat` of the entry the watch named
+//!   and a path `stat` of its region (no listing); with nothing vouched for
+//!   (first scan, lost events), the listing and a path `stat` of every
+//!   region.
 //! - floor: the cheapest way to get the same numbers, a `pread` of the bytes
 //!   that matter (header and live slots) from files kept open, no listing,
 //!   no decode.
@@ -79,15 +82,31 @@ fn main() {
     };
     // Warm-up: maps every region once (the agent's steady state).
     for _ in 0..3 {
-        store.scan(Listing::Refresh);
+        store.scan(&Listing::Refresh);
         floor();
     }
+    // What the watch reports when one pod's directory appeared or its
+    // region was replaced: that directory, and that the listing changed.
+    let one = Listing::Changed {
+        relist: true,
+        dirs: [dir
+            .path()
+            .join(format!("{:08x}-0000-4000-8000-000000000000_c0", 0))]
+        .into(),
+    };
     for (listing, what) in [
         (Listing::Unchanged, "periodic re-read, directory unchanged"),
-        (Listing::Refresh, "after a directory change: list + re-read"),
+        (
+            one,
+            "after a directory change: lstat the named entry + stat its region + re-read all",
+        ),
+        (
+            Listing::Refresh,
+            "nothing vouched for (first scan, lost events): list + stat every region",
+        ),
     ] {
         let mut ours = || {
-            let scan = store.scan(listing);
+            let scan = store.scan(&listing);
             assert_eq!(scan.regions.len(), containers);
             std::hint::black_box(scan);
         };

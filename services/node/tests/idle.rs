@@ -161,6 +161,25 @@ async fn a_new_region_causes_one_prompt_scan() {
         .await
         .expect("the removal is seen without waiting for the interval")
         .expect("agent alive");
+
+    // A region recreated in a directory that stays (a new file renamed over
+    // it): the watch names that directory, and its new values are read at
+    // once, not from the old mapping.
+    let kept = containers.join(format!("6f1c2d3e-0000-4000-8000-{:012}_main", 0));
+    RegionBuilder::v1()
+        .device("GPU-11111111-0000-4000-8000-000000000001", GIB)
+        .process(4343, vec![UsageSpec::data(64 * MIB, 70 * MIB)])
+        .replace(&kept.join("usage.cache"))
+        .expect("replace");
+    let recreated = state.wait_for(|s| {
+        s.containers
+            .iter()
+            .any(|c| c.snapshot.devices.first().is_some_and(|d| d.limit == GIB))
+    });
+    tokio::time::timeout(WITHIN, recreated)
+        .await
+        .expect("the recreated region is read without waiting for the interval")
+        .expect("agent alive");
     shutdown.cancel();
     running.wait().await.expect("clean stop");
 }

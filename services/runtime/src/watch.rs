@@ -20,7 +20,7 @@
 //! [`DirWatch::rearm`] on each tick, which adds the watch once the directory
 //! appears.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsStr;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -64,7 +64,34 @@ fn root_mask() -> WatchMask {
 #[derive(Clone, Debug)]
 enum Watched {
     Root(usize),
-    Child,
+    /// A directory inside a root, by its path.
+    Child(PathBuf),
+}
+
+/// What may have changed under the roots since the owner last asked
+/// ([`DirWatch::changes_since_last_asked`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Changes {
+    /// Not known: the first ask, the watch not fully armed then or now, a
+    /// root (re-)armed in between, or events lost. Re-read everything.
+    Unknown,
+    /// Nothing else can have changed.
+    Known {
+        /// Entries of a root appeared, vanished or were renamed: its
+        /// listing changed.
+        listing: bool,
+        /// The root entries concerned, as `root.join(name)`: the entry
+        /// itself, or (with [`Depth::RootAndChildren`]) the directory
+        /// whose own entries changed. Empty when nothing changed.
+        entries: BTreeSet<PathBuf>,
+    },
+}
+
+impl Changes {
+    /// Known, and nothing changed.
+    pub fn is_none(&self) -> bool {
+        matches!(self, Self::Known { listing: false, entries } if entries.is_empty())
+    }
 }
 
 /// inotify watches on a set of directories; see the module docs.
@@ -86,14 +113,20 @@ pub struct DirWatch {
     ///
     /// [`unchanged_since_last_asked`]: Self::unchanged_since_last_asked
     asked_at: Option<u64>,
-    /// A change was seen since the last [`unchanged_since_last_asked`].
-    ///
-    /// [`unchanged_since_last_asked`]: Self::unchanged_since_last_asked
-    dirty: bool,
+    /// Changes seen since the owner last asked; `None` when some could not
+    /// be told (events lost).
+    seen: Option<Seen>,
     /// Subdirectories that exist but could not be watched (out of
     /// `fs.inotify.max_user_watches`, no permission): changes in them may
     /// go unseen.
     child_failures: usize,
+}
+
+/// The changes gathered between two asks.
+#[derive(Debug, Default)]
+struct Seen {
+    listing: bool,
+    entries: BTreeSet<PathBuf>,
 }
 
 impl std::fmt::Debug for DirWatch {
@@ -147,7 +180,7 @@ impl DirWatch {
             unarmed_reason: vec![None; n],
             generation: 0,
             asked_at: None,
-            dirty: false,
+            seen: Some(Seen::default()),
             child_failures: 0,
         }
     }
@@ -161,19 +194,31 @@ impl DirWatch {
             && self.child_failures == 0
     }
 
-    /// Whether nothing under the roots can have changed since the last
-    /// call: the watch was fully armed then and is now, no root was
-    /// re-armed in between (changes before a re-arm go unseen), and no
-    /// change was seen, including one whose burst a timer cut short in
-    /// [`changed`](Self::changed). `false` on the first call. An owner asks
-    /// this right before each re-read and may skip what only a change
-    /// could make stale.
-    pub fn unchanged_since_last_asked(&mut self) -> bool {
-        let changed = std::mem::take(&mut self.dirty);
+    /// What may have changed under the roots since the last call: known
+    /// only when the watch was fully armed then and is now, no root was
+    /// re-armed in between (changes before a re-arm go unseen) and no event
+    /// was lost. Includes changes whose burst a timer cut short in
+    /// [`changed`](Self::changed). [`Changes::Unknown`] on the first call.
+    /// An owner asks this right before each re-read and may skip what only
+    /// a change could make stale.
+    pub fn changes_since_last_asked(&mut self) -> Changes {
+        let seen = self.seen.replace(Seen::default());
         let armed_at = self.fully_armed().then_some(self.generation);
-        let unchanged = !changed && armed_at.is_some() && armed_at == self.asked_at;
+        let continuous = armed_at.is_some() && armed_at == self.asked_at;
         self.asked_at = armed_at;
-        unchanged
+        match seen {
+            Some(seen) if continuous => Changes::Known {
+                listing: seen.listing,
+                entries: seen.entries,
+            },
+            _ => Changes::Unknown,
+        }
+    }
+
+    /// Whether nothing under the roots can have changed since the last call
+    /// (see [`changes_since_last_asked`](Self::changes_since_last_asked)).
+    pub fn unchanged_since_last_asked(&mut self) -> bool {
+        self.changes_since_last_asked().is_none()
     }
 
     /// Adds the watch of every root that has none yet (it may have appeared
@@ -248,16 +293,17 @@ impl DirWatch {
                 }
             };
             if self.apply(event.wd, event.mask, event.name.as_deref()) {
-                self.dirty = true;
                 return true;
             }
         }
     }
 
-    /// Keeps the watch set in step with one event; `true` when it is a change.
+    /// Keeps the watch set in step with one event and records what it
+    /// changed; `true` when it is a change.
     fn apply(&mut self, wd: WatchDescriptor, mask: EventMask, name: Option<&OsStr>) -> bool {
         if mask.contains(EventMask::Q_OVERFLOW) {
             // Events were lost: whatever they were, re-read.
+            self.seen = None;
             return true;
         }
         let watched = self.by_wd.get(&wd).cloned();
@@ -278,22 +324,36 @@ impl DirWatch {
                         let _ = watches.remove(wd.clone());
                     }
                     self.by_wd.remove(&wd);
+                    self.seen = None;
                     return true;
+                }
+                let entry = name.map(|name| self.roots[i].join(name));
+                match (&mut self.seen, &entry) {
+                    (Some(seen), Some(entry)) => {
+                        seen.listing = true;
+                        seen.entries.insert(entry.clone());
+                    }
+                    // An event on a root without a name: not attributable.
+                    (seen, None) => *seen = None,
+                    (None, Some(_)) => {}
                 }
                 let new_dir = mask.contains(EventMask::ISDIR)
                     && mask.intersects(EventMask::CREATE | EventMask::MOVED_TO);
                 if new_dir
                     && self.depth == Depth::RootAndChildren
-                    && let (Some(name), Some(watches)) = (name, self.watches.as_mut())
+                    && let (Some(child), Some(watches)) = (entry, self.watches.as_mut())
+                    && !add_child(watches, &mut self.by_wd, child)
                 {
-                    let child = self.roots[i].join(name);
-                    if !add_child(watches, &mut self.by_wd, &child) {
-                        self.child_failures += 1;
-                    }
+                    self.child_failures += 1;
                 }
                 true
             }
-            Some(Watched::Child) => true,
+            Some(Watched::Child(dir)) => {
+                if let Some(seen) = &mut self.seen {
+                    seen.entries.insert(dir);
+                }
+                true
+            }
             // An event queued before its watch was removed.
             None => false,
         }
@@ -312,7 +372,7 @@ fn watch_children(
     entries
         .flatten()
         .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
-        .filter(|entry| !add_child(watches, by_wd, &entry.path()))
+        .filter(|entry| !add_child(watches, by_wd, entry.path()))
         .count()
 }
 
@@ -322,11 +382,11 @@ fn watch_children(
 fn add_child(
     watches: &mut Watches,
     by_wd: &mut HashMap<WatchDescriptor, Watched>,
-    dir: &Path,
+    dir: PathBuf,
 ) -> bool {
-    match watches.add(dir, entry_mask()) {
+    match watches.add(&dir, entry_mask()) {
         Ok(wd) => {
-            by_wd.insert(wd, Watched::Child);
+            by_wd.insert(wd, Watched::Child(dir));
             true
         }
         // Removed before we got to it: nothing left to watch.

@@ -66,18 +66,15 @@ pub(super) async fn poll(
             _ = tick.tick() => dir_watch.rearm(),
             () = dir_watch.changed() => {}
         }
-        // Listing 1024 directories costs as much as reading their regions;
-        // skip it when the watch vouches that no directory came or went.
-        let listing = if dir_watch.unchanged_since_last_asked() {
-            store::Listing::Unchanged
-        } else {
-            store::Listing::Refresh
-        };
+        // Listing 1024 directories and a path lookup per region cost as
+        // much as reading the regions: do them only for what the watch
+        // cannot vouch for.
+        let listing = store::Listing::from(dir_watch.changes_since_last_asked());
         let scan_store = store.clone();
         let scan_devices = devices.clone();
         let (scan, corrupt, gpu_processes) = tokio::task::spawn_blocking(move || {
             let mut store = scan_store.lock().unwrap_or_else(|p| p.into_inner());
-            let scan = store.scan(listing);
+            let scan = store.scan(&listing);
             // NVML blocks too; read the processes right after the regions so
             // both describe the same moment.
             (scan, store.corrupt_total(), scan_devices.processes())

@@ -4,15 +4,27 @@
 //! reason (not one per scan), and never reported with a stale or partial
 //! number. Mappings of directories that disappeared are dropped.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kai_region::discovery::{self, ContainerKey};
 use kai_region::{Region, RegionError, RegionSnapshot};
+use kai_runtime::watch::Changes;
 
 struct Tracked {
     region: Region,
     last_error: Option<RegionError>,
+}
+
+impl Tracked {
+    /// Unmapped: a directory whose file is not there yet reads as not ready.
+    fn new(found: &discovery::Found) -> Self {
+        Self {
+            region: Region::new(&found.cache()),
+            last_error: None,
+        }
+    }
 }
 
 /// A readable region found by a scan.
@@ -29,7 +41,7 @@ pub struct Scan {
     pub regions: Vec<Read>,
     /// Every container directory listed (readable or not), for orphan
     /// cleanup; shared with the store, not copied per scan.
-    pub dirs: Arc<[discovery::Found]>,
+    pub dirs: Arc<Vec<discovery::Found>>,
 }
 
 pub struct RegionStore {
@@ -37,17 +49,21 @@ pub struct RegionStore {
     /// One entry per directory of `listing`, same order: a scan walks both
     /// together instead of looking each region up.
     tracked: Vec<Tracked>,
-    /// The last listing of the directory, sorted by key.
-    listing: Arc<[discovery::Found]>,
+    /// The directory's entries, sorted by key: listed, then kept up to
+    /// date from the watch's changes. Shared with the last [`Scan`] (which
+    /// is dropped before the next one, so updating it copies nothing).
+    listing: Arc<Vec<discovery::Found>>,
     corrupt_total: u64,
     dir_error: Option<String>,
 }
 
-/// Whether a scan lists the directory again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What a scan must look at again besides every region's values, from
+/// what the directory watch can vouch for.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Listing {
-    /// List it: something may have appeared or vanished (a directory event,
-    /// the first scan, or no watch to tell).
+    /// Anything may have changed (the first scan, no watch, a watch not
+    /// armed throughout, lost events): list the directory and `stat` every
+    /// region's path.
     Refresh,
     /// Reuse the last listing: the directory watch is armed on the
     /// directory and every container directory in it and reported nothing,
@@ -55,6 +71,39 @@ pub enum Listing {
     /// replaced or removed. Every region is still re-read (its values change
     /// in place), checking only that its mapped file kept its size.
     Unchanged,
+    /// The watch saw changes at these container directories only: list
+    /// again when directories came or went (`relist`), `stat` the paths of
+    /// the regions in `dirs`, and read the others as under `Unchanged`.
+    Changed {
+        relist: bool,
+        dirs: BTreeSet<PathBuf>,
+    },
+}
+
+impl From<Changes> for Listing {
+    fn from(changes: Changes) -> Self {
+        match changes {
+            Changes::Unknown => Self::Refresh,
+            Changes::Known { listing, entries } if !listing && entries.is_empty() => {
+                Self::Unchanged
+            }
+            Changes::Known { listing, entries } => Self::Changed {
+                relist: listing,
+                dirs: entries,
+            },
+        }
+    }
+}
+
+impl Listing {
+    /// Whether the region in `dir` may have been replaced.
+    fn may_replace(&self, dir: &Path) -> bool {
+        match self {
+            Self::Refresh => true,
+            Self::Unchanged => false,
+            Self::Changed { dirs, .. } => dirs.contains(dir),
+        }
+    }
 }
 
 impl RegionStore {
@@ -62,7 +111,7 @@ impl RegionStore {
         Self {
             dir: containers_dir.to_owned(),
             tracked: Vec::new(),
-            listing: Arc::new([]),
+            listing: Arc::default(),
             corrupt_total: 0,
             dir_error: None,
         }
@@ -77,11 +126,17 @@ impl RegionStore {
         self.corrupt_total
     }
 
-    /// Reads every region; lists the directory first unless told it is
-    /// unchanged since the last listing.
-    pub fn scan(&mut self, listing: Listing) -> Scan {
-        if listing == Listing::Refresh {
-            self.relist();
+    /// Reads every region; lists the directory first unless told no
+    /// directory came or went since the last listing.
+    pub fn scan(&mut self, listing: &Listing) -> Scan {
+        match listing {
+            Listing::Refresh => self.relist(),
+            Listing::Unchanged => {}
+            Listing::Changed { dirs, .. } => {
+                if !self.apply_changes(dirs) {
+                    self.relist();
+                }
+            }
         }
         let now = kai_runtime::unix_ms();
         let mut scan = Scan {
@@ -89,9 +144,11 @@ impl RegionStore {
             dirs: self.listing.clone(),
         };
         for (f, tracked) in self.listing.iter().zip(&mut self.tracked) {
-            let read = match listing {
-                Listing::Refresh => tracked.region.snapshot(),
-                Listing::Unchanged => tracked.region.snapshot_unreplaced(),
+            // A region not mapped yet takes the full path either way.
+            let read = if listing.may_replace(&f.dir) {
+                tracked.region.snapshot()
+            } else {
+                tracked.region.snapshot_unreplaced()
             };
             match read {
                 Ok(snapshot) => {
@@ -122,10 +179,56 @@ impl RegionStore {
         scan
     }
 
+    /// Brings the listing up to date from the entries the watch named,
+    /// without listing the directory (1024 entries cost as much to list as
+    /// to read): each is added when it is a container directory now, and
+    /// dropped with its mapping when it is not. `false` when an entry cannot
+    /// be told; the caller then lists.
+    fn apply_changes(&mut self, entries: &BTreeSet<PathBuf>) -> bool {
+        for entry in entries {
+            if entry.parent() != Some(self.dir.as_path()) {
+                return false;
+            }
+            // What `discovery::scan` would skip is never in the listing.
+            let Some(key) = entry
+                .file_name()
+                .and_then(|name| name.to_str())
+                .and_then(ContainerKey::from_dir_name)
+            else {
+                continue;
+            };
+            // As the listing tells it: the entry itself, links not followed.
+            let is_dir = match std::fs::symlink_metadata(entry) {
+                Ok(meta) => meta.is_dir(),
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => false,
+                Err(_) => return false,
+            };
+            let listing = Arc::make_mut(&mut self.listing);
+            match listing.binary_search_by(|f| f.key.cmp(&key)) {
+                Ok(at) if !is_dir => {
+                    listing.remove(at);
+                    self.tracked.remove(at);
+                }
+                Err(at) if is_dir => {
+                    let found = discovery::Found {
+                        key,
+                        dir: entry.clone(),
+                    };
+                    self.tracked.insert(at, Tracked::new(&found));
+                    listing.insert(at, found);
+                }
+                // Still there (maybe replaced: its region is read through
+                // its path), or still absent.
+                _ => {}
+            }
+        }
+        true
+    }
+
     /// Lists the directory and drops the mappings of directories that went
     /// away.
     fn relist(&mut self) {
-        let listing: Arc<[discovery::Found]> = match discovery::scan(&self.dir) {
+        let listing: Arc<Vec<discovery::Found>> = match discovery::scan(&self.dir) {
             Ok(found) => {
                 if self.dir_error.take().is_some() {
                     tracing::info!(dir = %self.dir.display(), "containers directory readable again");
@@ -138,7 +241,7 @@ impl RegionStore {
                     tracing::warn!(dir = %self.dir.display(), %error, "cannot read the containers directory; no regions this scan");
                     self.dir_error = Some(error);
                 }
-                Arc::new([])
+                Arc::default()
             }
         };
         // Keep the mappings of directories still listed (both listings are
@@ -156,13 +259,12 @@ impl RegionStore {
                 while old.next_if(|(key, _)| *key < &f.key).is_some() {}
                 match old.next_if(|(key, _)| *key == &f.key) {
                     Some((_, kept)) => kept,
-                    // A directory whose file is not there yet reads as not ready.
-                    None => Tracked {
-                        region: Region::new(&f.cache()),
-                        last_error: None,
-                    },
+                    None => Tracked::new(f),
                 }
             })
             .collect();
     }
 }
+
+#[cfg(test)]
+mod tests;

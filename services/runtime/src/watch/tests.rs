@@ -60,7 +60,10 @@ async fn a_burst_is_one_change_and_new_children_are_watched() -> io::Result<()> 
     );
     assert!(watch.unchanged_since_last_asked(), "once");
     assert!(
-        watch.by_wd.values().any(|w| matches!(w, Watched::Child)),
+        watch
+            .by_wd
+            .values()
+            .any(|w| matches!(w, Watched::Child(dir) if *dir == child)),
         "the new directory got a watch of its own"
     );
     // The file inside the new directory is now seen on its own too.
@@ -90,5 +93,60 @@ async fn a_root_that_appears_later_is_armed_by_rearm() -> io::Result<()> {
     std::fs::create_dir(&root)?;
     watch.rearm();
     assert!(watch.fully_armed());
+    Ok(())
+}
+
+#[tokio::test]
+async fn changes_name_exactly_the_entries_concerned() -> io::Result<()> {
+    let root = tempfile::tempdir()?;
+    let kept = root.path().join("uid-1_main");
+    std::fs::create_dir(&kept)?;
+    std::fs::write(kept.join("usage.cache"), b"region")?;
+    let mut watch = DirWatch::new([root.path().to_owned()], Depth::RootAndChildren)?;
+    assert_eq!(
+        watch.changes_since_last_asked(),
+        Changes::Unknown,
+        "first ask"
+    );
+    assert!(
+        watch.changes_since_last_asked().is_none(),
+        "armed and quiet"
+    );
+
+    // A new container directory with its region: the listing changed, and
+    // only that entry.
+    let new = root.path().join("uid-2_main");
+    std::fs::create_dir(&new)?;
+    std::fs::write(new.join("usage.cache"), b"region")?;
+    assert!(fired(&mut watch).await);
+    let changes = watch.changes_since_last_asked();
+    assert_eq!(
+        changes,
+        Changes::Known {
+            listing: true,
+            entries: BTreeSet::from([new.clone()]),
+        }
+    );
+
+    // A region replaced inside a directory that stays: no listing change,
+    // only that directory.
+    std::fs::write(kept.join("usage.cache.tmp"), b"new region")?;
+    std::fs::rename(kept.join("usage.cache.tmp"), kept.join("usage.cache"))?;
+    assert!(fired(&mut watch).await);
+    assert_eq!(
+        watch.changes_since_last_asked(),
+        Changes::Known {
+            listing: false,
+            entries: BTreeSet::from([kept.clone()]),
+        }
+    );
+    assert!(watch.changes_since_last_asked().is_none(), "reported once");
+
+    // The root itself removed: nothing can be vouched for.
+    std::fs::remove_dir_all(root.path())?;
+    while watch.fully_armed() {
+        assert!(fired(&mut watch).await);
+    }
+    assert_eq!(watch.changes_since_last_asked(), Changes::Unknown);
     Ok(())
 }

@@ -1,0 +1,120 @@
+//! The store kept up to date from the watch's changes must read exactly
+//! what a full listing reads, and the changes must matter: without them a
+//! replaced region would still be read from its old mapping.
+
+use std::path::{Path, PathBuf};
+
+use kai_region::writer::{RegionBuilder, UsageSpec};
+
+use super::*;
+
+fn dir_of(root: &Path, i: u32) -> PathBuf {
+    root.join(format!("{i:08x}-0000-4000-8000-000000000000_main"))
+}
+
+fn region(limit_mib: u64) -> RegionBuilder {
+    RegionBuilder::v1()
+        .device("GPU-0", limit_mib << 20)
+        .process(100, vec![UsageSpec::data(1 << 20, 2 << 20)])
+}
+
+fn add(root: &Path, i: u32, limit_mib: u64) -> std::io::Result<PathBuf> {
+    let dir = dir_of(root, i);
+    std::fs::create_dir(&dir)?;
+    region(limit_mib).write(&dir.join(discovery::CACHE_FILE))?;
+    Ok(dir)
+}
+
+/// (key, limit of device 0) of every readable region.
+fn limits(scan: &Scan) -> Vec<(String, u64)> {
+    scan.regions
+        .iter()
+        .map(|r| {
+            let limit = r.snapshot.devices.first().map_or(0, |d| d.limit);
+            (r.key.dir_name(), limit)
+        })
+        .collect()
+}
+
+/// What a store that lists everything afresh reads now.
+fn fresh(root: &Path) -> Vec<(String, u64)> {
+    limits(&RegionStore::new(root).scan(&Listing::Refresh))
+}
+
+fn changed(dirs: impl IntoIterator<Item = PathBuf>) -> Listing {
+    Listing::Changed {
+        relist: true,
+        dirs: dirs.into_iter().collect(),
+    }
+}
+
+#[test]
+fn named_changes_keep_the_listing_exact_without_listing() -> std::io::Result<()> {
+    let root = tempfile::tempdir()?;
+    for i in 0..4 {
+        add(root.path(), i, 100 + u64::from(i))?;
+    }
+    let mut store = RegionStore::new(root.path());
+    assert_eq!(limits(&store.scan(&Listing::Refresh)), fresh(root.path()));
+
+    // A directory appeared, one went away.
+    let new = add(root.path(), 9, 900)?;
+    let gone = dir_of(root.path(), 1);
+    std::fs::remove_dir_all(&gone)?;
+    let scan = store.scan(&changed([new, gone]));
+    assert_eq!(limits(&scan), fresh(root.path()));
+    assert_eq!(scan.dirs.len(), 4);
+    assert!(limits(&scan).iter().any(|(_, limit)| *limit == 900 << 20));
+
+    // A region replaced by a new file (libvgpu recreating it): only its
+    // directory is named, and the new values are read.
+    let replaced = dir_of(root.path(), 2);
+    region(222).replace(&replaced.join(discovery::CACHE_FILE))?;
+    assert!(
+        !limits(&store.scan(&Listing::Unchanged)).contains(&(
+            replaced
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("")
+                .to_owned(),
+            222 << 20
+        )),
+        "unnamed, the old mapping is still read: the change is what matters"
+    );
+    assert_eq!(
+        limits(&store.scan(&changed([replaced]))),
+        fresh(root.path())
+    );
+    Ok(())
+}
+
+#[test]
+fn entries_that_are_not_container_directories_are_ignored() -> std::io::Result<()> {
+    let root = tempfile::tempdir()?;
+    add(root.path(), 0, 100)?;
+    let mut store = RegionStore::new(root.path());
+    store.scan(&Listing::Refresh);
+    let file = root.path().join("uid_file");
+    std::fs::write(&file, b"not a directory")?;
+    let odd = root.path().join("nounderscore");
+    std::fs::create_dir(&odd)?;
+    let scan = store.scan(&changed([file, odd]));
+    assert_eq!(limits(&scan), fresh(root.path()));
+    assert_eq!(scan.dirs.len(), 1);
+    Ok(())
+}
+
+#[test]
+fn an_entry_outside_the_directory_falls_back_to_a_listing() -> std::io::Result<()> {
+    let root = tempfile::tempdir()?;
+    add(root.path(), 0, 100)?;
+    let mut store = RegionStore::new(root.path());
+    store.scan(&Listing::Refresh);
+    // Not named, but a listing finds it.
+    add(root.path(), 1, 101)?;
+    let elsewhere = tempfile::tempdir()?;
+    let scan = store.scan(&changed([elsewhere.path().join("x_y")]));
+    assert_eq!(limits(&scan), fresh(root.path()));
+    assert_eq!(scan.dirs.len(), 2);
+    Ok(())
+}
