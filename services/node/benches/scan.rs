@@ -86,14 +86,12 @@ fn main() {
         floor();
     }
     // What the watch reports when one pod's directory appeared or its
-    // region was replaced: that directory, and that the listing changed.
-    let one = Listing::Changed {
-        relist: true,
-        dirs: [dir
-            .path()
+    // region was replaced: that directory.
+    let one = Listing::Changed(
+        [dir.path()
             .join(format!("{:08x}-0000-4000-8000-000000000000_c0", 0))]
         .into(),
-    };
+    );
     for (listing, what) in [
         (Listing::Unchanged, "periodic re-read, directory unchanged"),
         (

@@ -75,22 +75,17 @@ pub enum Changes {
     /// Not known: the first ask, the watch not fully armed then or now, a
     /// root (re-)armed in between, or events lost. Re-read everything.
     Unknown,
-    /// Nothing else can have changed.
-    Known {
-        /// Entries of a root appeared, vanished or were renamed: its
-        /// listing changed.
-        listing: bool,
-        /// The root entries concerned, as `root.join(name)`: the entry
-        /// itself, or (with [`Depth::RootAndChildren`]) the directory
-        /// whose own entries changed. Empty when nothing changed.
-        entries: BTreeSet<PathBuf>,
-    },
+    /// Only the root entries named here can have changed, as
+    /// `root.join(name)`: an entry that appeared, vanished or was renamed,
+    /// or (with [`Depth::RootAndChildren`]) a directory whose own entries
+    /// changed. Empty when nothing changed.
+    Known(BTreeSet<PathBuf>),
 }
 
 impl Changes {
     /// Known, and nothing changed.
     pub fn is_none(&self) -> bool {
-        matches!(self, Self::Known { listing: false, entries } if entries.is_empty())
+        matches!(self, Self::Known(entries) if entries.is_empty())
     }
 }
 
@@ -125,7 +120,6 @@ pub struct DirWatch {
 /// The changes gathered between two asks.
 #[derive(Debug, Default)]
 struct Seen {
-    listing: bool,
     entries: BTreeSet<PathBuf>,
 }
 
@@ -207,10 +201,7 @@ impl DirWatch {
         let continuous = armed_at.is_some() && armed_at == self.asked_at;
         self.asked_at = armed_at;
         match seen {
-            Some(seen) if continuous => Changes::Known {
-                listing: seen.listing,
-                entries: seen.entries,
-            },
+            Some(seen) if continuous => Changes::Known(seen.entries),
             _ => Changes::Unknown,
         }
     }
@@ -330,7 +321,6 @@ impl DirWatch {
                 let entry = name.map(|name| self.roots[i].join(name));
                 match (&mut self.seen, &entry) {
                     (Some(seen), Some(entry)) => {
-                        seen.listing = true;
                         seen.entries.insert(entry.clone());
                     }
                     // An event on a root without a name: not attributable.

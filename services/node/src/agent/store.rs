@@ -71,26 +71,20 @@ pub enum Listing {
     /// replaced or removed. Every region is still re-read (its values change
     /// in place), checking only that its mapped file kept its size.
     Unchanged,
-    /// The watch saw changes at these container directories only: list
-    /// again when directories came or went (`relist`), `stat` the paths of
-    /// the regions in `dirs`, and read the others as under `Unchanged`.
-    Changed {
-        relist: bool,
-        dirs: BTreeSet<PathBuf>,
-    },
+    /// The watch saw changes at these entries of the directory only: each
+    /// is looked at (one `lstat`: a container directory that appeared, was
+    /// replaced, or went) instead of listing the directory, the regions in
+    /// them are read through their paths, and the others as under
+    /// `Unchanged`.
+    Changed(BTreeSet<PathBuf>),
 }
 
 impl From<Changes> for Listing {
     fn from(changes: Changes) -> Self {
         match changes {
             Changes::Unknown => Self::Refresh,
-            Changes::Known { listing, entries } if !listing && entries.is_empty() => {
-                Self::Unchanged
-            }
-            Changes::Known { listing, entries } => Self::Changed {
-                relist: listing,
-                dirs: entries,
-            },
+            Changes::Known(entries) if entries.is_empty() => Self::Unchanged,
+            Changes::Known(entries) => Self::Changed(entries),
         }
     }
 }
@@ -101,7 +95,7 @@ impl Listing {
         match self {
             Self::Refresh => true,
             Self::Unchanged => false,
-            Self::Changed { dirs, .. } => dirs.contains(dir),
+            Self::Changed(dirs) => dirs.contains(dir),
         }
     }
 }
@@ -132,7 +126,7 @@ impl RegionStore {
         match listing {
             Listing::Refresh => self.relist(),
             Listing::Unchanged => {}
-            Listing::Changed { dirs, .. } => {
+            Listing::Changed(dirs) => {
                 if !self.apply_changes(dirs) {
                     self.relist();
                 }

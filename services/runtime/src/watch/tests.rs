@@ -113,32 +113,21 @@ async fn changes_name_exactly_the_entries_concerned() -> io::Result<()> {
         "armed and quiet"
     );
 
-    // A new container directory with its region: the listing changed, and
-    // only that entry.
+    // A new container directory with its region: only that entry.
     let new = root.path().join("uid-2_main");
     std::fs::create_dir(&new)?;
     std::fs::write(new.join("usage.cache"), b"region")?;
     assert!(fired(&mut watch).await);
     let changes = watch.changes_since_last_asked();
-    assert_eq!(
-        changes,
-        Changes::Known {
-            listing: true,
-            entries: BTreeSet::from([new.clone()]),
-        }
-    );
+    assert_eq!(changes, Changes::Known(BTreeSet::from([new.clone()])));
 
-    // A region replaced inside a directory that stays: no listing change,
-    // only that directory.
+    // A region replaced inside a directory that stays: that directory.
     std::fs::write(kept.join("usage.cache.tmp"), b"new region")?;
     std::fs::rename(kept.join("usage.cache.tmp"), kept.join("usage.cache"))?;
     assert!(fired(&mut watch).await);
     assert_eq!(
         watch.changes_since_last_asked(),
-        Changes::Known {
-            listing: false,
-            entries: BTreeSet::from([kept.clone()]),
-        }
+        Changes::Known(BTreeSet::from([kept.clone()]))
     );
     assert!(watch.changes_since_last_asked().is_none(), "reported once");
 

@@ -42,10 +42,7 @@ fn fresh(root: &Path) -> Vec<(String, u64)> {
 }
 
 fn changed(dirs: impl IntoIterator<Item = PathBuf>) -> Listing {
-    Listing::Changed {
-        relist: true,
-        dirs: dirs.into_iter().collect(),
-    }
+    Listing::Changed(dirs.into_iter().collect())
 }
 
 #[test]
