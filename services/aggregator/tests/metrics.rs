@@ -19,7 +19,11 @@ use tokio_util::sync::CancellationToken;
 
 /// `render_metrics` of commit d0cac0a (the whole page at once), verbatim
 /// but for `now_secs`, which is a parameter here so the comparison does not
-/// depend on the clock.
+/// depend on the clock, and for the aggregator's own series at the end,
+/// which come from today's `metrics::render` (they were the metrics
+/// exporter's then): this test holds the streamed exposition families to
+/// the old renderer; the health lines' content is asserted below and in
+/// tests/cluster.rs.
 fn old_render_metrics(nodes: &[NodeEntry], health: &Health, legacy: bool, now_secs: u64) -> String {
     let containers: usize = nodes.iter().map(|n| n.containers.len()).sum();
     let mut out = String::with_capacity(4096 + containers * 2400);

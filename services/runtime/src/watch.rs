@@ -84,7 +84,7 @@ pub enum Changes {
 
 impl Changes {
     /// Known, and nothing changed.
-    pub fn is_none(&self) -> bool {
+    pub fn nothing_changed(&self) -> bool {
         matches!(self, Self::Known(entries) if entries.is_empty())
     }
 }
@@ -103,25 +103,24 @@ pub struct DirWatch {
     /// Increases whenever a root gets a (new) watch: changes made before
     /// that were not seen.
     generation: u64,
-    /// The generation of the last [`unchanged_since_last_asked`] that found
+    /// The generation of the last [`changes_since_last_asked`] that found
     /// the watch fully armed.
     ///
-    /// [`unchanged_since_last_asked`]: Self::unchanged_since_last_asked
+    /// [`changes_since_last_asked`]: Self::changes_since_last_asked
     asked_at: Option<u64>,
-    /// Changes seen since the owner last asked; `None` when some could not
-    /// be told (events lost).
-    seen: Option<Seen>,
+    /// The root entries changed since the owner last asked; `None` when
+    /// some could not be told (events lost, too many to keep).
+    seen: Option<BTreeSet<PathBuf>>,
     /// Subdirectories that exist but could not be watched (out of
     /// `fs.inotify.max_user_watches`, no permission): changes in them may
     /// go unseen.
     child_failures: usize,
 }
 
-/// The changes gathered between two asks.
-#[derive(Debug, Default)]
-struct Seen {
-    entries: BTreeSet<PathBuf>,
-}
+/// Entries kept between two asks; past this many (an owner that never
+/// asks, like libsync and the certificate reload, or a storm) they are
+/// dropped and the next ask answers [`Changes::Unknown`].
+const MAX_SEEN: usize = 4096;
 
 impl std::fmt::Debug for DirWatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -174,7 +173,7 @@ impl DirWatch {
             unarmed_reason: vec![None; n],
             generation: 0,
             asked_at: None,
-            seen: Some(Seen::default()),
+            seen: Some(BTreeSet::new()),
             child_failures: 0,
         }
     }
@@ -196,20 +195,14 @@ impl DirWatch {
     /// An owner asks this right before each re-read and may skip what only
     /// a change could make stale.
     pub fn changes_since_last_asked(&mut self) -> Changes {
-        let seen = self.seen.replace(Seen::default());
+        let seen = self.seen.replace(BTreeSet::new());
         let armed_at = self.fully_armed().then_some(self.generation);
         let continuous = armed_at.is_some() && armed_at == self.asked_at;
         self.asked_at = armed_at;
         match seen {
-            Some(seen) if continuous => Changes::Known(seen.entries),
+            Some(seen) if continuous => Changes::Known(seen),
             _ => Changes::Unknown,
         }
-    }
-
-    /// Whether nothing under the roots can have changed since the last call
-    /// (see [`changes_since_last_asked`](Self::changes_since_last_asked)).
-    pub fn unchanged_since_last_asked(&mut self) -> bool {
-        self.changes_since_last_asked().is_none()
     }
 
     /// Adds the watch of every root that has none yet (it may have appeared
@@ -248,7 +241,7 @@ impl DirWatch {
     /// Waits for the next change under the roots, then for the burst it
     /// belongs to to end. Pending forever when nothing can be watched.
     /// Cancel-safe: a change consumed before the future is dropped is kept
-    /// for [`unchanged_since_last_asked`](Self::unchanged_since_last_asked).
+    /// for [`changes_since_last_asked`](Self::changes_since_last_asked).
     pub async fn changed(&mut self) {
         if !self.next_relevant().await {
             return std::future::pending().await;
@@ -293,8 +286,17 @@ impl DirWatch {
     /// changed; `true` when it is a change.
     fn apply(&mut self, wd: WatchDescriptor, mask: EventMask, name: Option<&OsStr>) -> bool {
         if mask.contains(EventMask::Q_OVERFLOW) {
-            // Events were lost: whatever they were, re-read.
+            // Events were lost: whatever they were, re-read, and watch the
+            // directories whose creation was among them (adding a watch
+            // that exists is harmless).
             self.seen = None;
+            if self.depth == Depth::RootAndChildren
+                && let Some(watches) = self.watches.as_mut()
+            {
+                for (root, _) in self.roots.iter().zip(&self.armed).filter(|(_, a)| **a) {
+                    self.child_failures += watch_children(watches, &mut self.by_wd, root);
+                }
+            }
             return true;
         }
         let watched = self.by_wd.get(&wd).cloned();
@@ -319,13 +321,10 @@ impl DirWatch {
                     return true;
                 }
                 let entry = name.map(|name| self.roots[i].join(name));
-                match (&mut self.seen, &entry) {
-                    (Some(seen), Some(entry)) => {
-                        seen.entries.insert(entry.clone());
-                    }
+                match &entry {
+                    Some(entry) => self.record(entry.clone()),
                     // An event on a root without a name: not attributable.
-                    (seen, None) => *seen = None,
-                    (None, Some(_)) => {}
+                    None => self.seen = None,
                 }
                 let new_dir = mask.contains(EventMask::ISDIR)
                     && mask.intersects(EventMask::CREATE | EventMask::MOVED_TO);
@@ -339,25 +338,38 @@ impl DirWatch {
                 true
             }
             Some(Watched::Child(dir)) => {
-                if let Some(seen) = &mut self.seen {
-                    seen.entries.insert(dir);
-                }
+                self.record(dir);
                 true
             }
             // An event queued before its watch was removed.
             None => false,
         }
     }
+
+    /// Remembers a changed root entry for the next ask, within bounds.
+    fn record(&mut self, entry: PathBuf) {
+        if let Some(seen) = &mut self.seen {
+            seen.insert(entry);
+            if seen.len() > MAX_SEEN {
+                self.seen = None;
+            }
+        }
+    }
 }
 
-/// Watches every subdirectory of `root`; returns how many could not be.
+/// Watches every subdirectory of `root`; returns how many could not be
+/// (1 when `root` cannot be listed: its subdirectories are unknown).
 fn watch_children(
     watches: &mut Watches,
     by_wd: &mut HashMap<WatchDescriptor, Watched>,
     root: &Path,
 ) -> usize {
-    let Ok(entries) = std::fs::read_dir(root) else {
-        return 0;
+    let entries = match std::fs::read_dir(root) {
+        Ok(entries) => entries,
+        Err(error) => {
+            tracing::warn!(dir = %root.display(), %error, "cannot list directory to watch its subdirectories; relying on full re-reads");
+            return 1;
+        }
     };
     entries
         .flatten()

@@ -120,10 +120,13 @@ impl RegionStore {
         self.corrupt_total
     }
 
-    /// Reads every region; lists the directory first unless told no
-    /// directory came or went since the last listing.
+    /// Reads every region, after bringing the directory's entries up to
+    /// date as `listing` allows: listing it, looking at the entries the
+    /// watch named, or neither.
     pub fn scan(&mut self, listing: &Listing) -> Scan {
         match listing {
+            // A listing that failed is no base to keep up to date.
+            _ if self.dir_error.is_some() => self.relist(),
             Listing::Refresh => self.relist(),
             Listing::Unchanged => {}
             Listing::Changed(dirs) => {

@@ -45,20 +45,23 @@ async fn a_burst_is_one_change_and_new_children_are_watched() -> io::Result<()> 
     let root = tempfile::tempdir()?;
     let mut watch = DirWatch::new([root.path().to_owned()], Depth::RootAndChildren)?;
     assert!(
-        !watch.unchanged_since_last_asked(),
+        !watch.changes_since_last_asked().nothing_changed(),
         "nothing to compare with on the first ask"
     );
-    assert!(watch.unchanged_since_last_asked(), "armed and quiet");
+    assert!(
+        watch.changes_since_last_asked().nothing_changed(),
+        "armed and quiet"
+    );
     // A container directory and its region, as libvgpu creates them.
     let child = root.path().join("uid_ctr");
     std::fs::create_dir(&child)?;
     std::fs::write(child.join("usage.cache"), b"region")?;
     assert!(fired(&mut watch).await);
     assert!(
-        !watch.unchanged_since_last_asked(),
+        !watch.changes_since_last_asked().nothing_changed(),
         "the burst is also reported to pollers"
     );
-    assert!(watch.unchanged_since_last_asked(), "once");
+    assert!(watch.changes_since_last_asked().nothing_changed(), "once");
     assert!(
         watch
             .by_wd
@@ -109,7 +112,7 @@ async fn changes_name_exactly_the_entries_concerned() -> io::Result<()> {
         "first ask"
     );
     assert!(
-        watch.changes_since_last_asked().is_none(),
+        watch.changes_since_last_asked().nothing_changed(),
         "armed and quiet"
     );
 
@@ -129,12 +132,59 @@ async fn changes_name_exactly_the_entries_concerned() -> io::Result<()> {
         watch.changes_since_last_asked(),
         Changes::Known(BTreeSet::from([kept.clone()]))
     );
-    assert!(watch.changes_since_last_asked().is_none(), "reported once");
+    assert!(
+        watch.changes_since_last_asked().nothing_changed(),
+        "reported once"
+    );
 
     // The root itself removed: nothing can be vouched for.
     std::fs::remove_dir_all(root.path())?;
     while watch.fully_armed() {
         assert!(fired(&mut watch).await);
+    }
+    assert_eq!(watch.changes_since_last_asked(), Changes::Unknown);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_renamed_directory_is_named_by_its_new_path() -> io::Result<()> {
+    let root = tempfile::tempdir()?;
+    let old = root.path().join("uid-1_main");
+    std::fs::create_dir(&old)?;
+    std::fs::write(old.join("usage.cache"), b"region")?;
+    let mut watch = DirWatch::new([root.path().to_owned()], Depth::RootAndChildren)?;
+    watch.changes_since_last_asked();
+
+    let new = root.path().join("uid-2_main");
+    std::fs::rename(&old, &new)?;
+    assert!(fired(&mut watch).await);
+    assert_eq!(
+        watch.changes_since_last_asked(),
+        Changes::Known(BTreeSet::from([old.clone(), new.clone()]))
+    );
+    // Its own watch moved with it: a change inside names the new path.
+    std::fs::write(new.join("usage.cache"), b"rewritten")?;
+    assert!(fired(&mut watch).await);
+    assert_eq!(
+        watch.changes_since_last_asked(),
+        Changes::Known(BTreeSet::from([new]))
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_owner_that_never_asks_keeps_a_bounded_record() -> io::Result<()> {
+    let root = tempfile::tempdir()?;
+    let mut watch = DirWatch::new([root.path().to_owned()], Depth::Root)?;
+    watch.changes_since_last_asked();
+    assert!(watch.changes_since_last_asked().nothing_changed());
+    for i in 0..=MAX_SEEN {
+        std::fs::write(root.path().join(format!("f{i}")), b"x")?;
+    }
+    // Follow the bursts until the record gives up (a record without a
+    // bound never does, and the last `fired` then fails).
+    while watch.seen.is_some() {
+        assert!(fired(&mut watch).await, "events pending while recorded");
     }
     assert_eq!(watch.changes_since_last_asked(), Changes::Unknown);
     Ok(())

@@ -82,6 +82,34 @@ fn named_changes_keep_the_listing_exact_without_listing() -> std::io::Result<()>
         limits(&store.scan(&changed([replaced]))),
         fresh(root.path())
     );
+
+    // Deleted and recreated under the same name within one burst.
+    let again = dir_of(root.path(), 3);
+    std::fs::remove_dir_all(&again)?;
+    add(root.path(), 3, 333)?;
+    assert_eq!(limits(&store.scan(&changed([again]))), fresh(root.path()));
+
+    // Nothing but the named entries is looked at: a directory the watch
+    // did not name stays unseen (a listing would find it).
+    let unnamed = add(root.path(), 7, 700)?;
+    let scan = store.scan(&changed([dir_of(root.path(), 0)]));
+    assert!(!scan.dirs.iter().any(|f| f.dir == unnamed), "not listed");
+    assert_ne!(limits(&scan), fresh(root.path()));
+    Ok(())
+}
+
+#[test]
+fn a_failed_listing_is_listed_again_whatever_the_watch_says() -> std::io::Result<()> {
+    let parent = tempfile::tempdir()?;
+    let root = parent.path().join("containers");
+    let mut store = RegionStore::new(&root);
+    // Not there yet: the listing fails (and is empty).
+    assert!(store.scan(&Listing::Refresh).regions.is_empty());
+    std::fs::create_dir(&root)?;
+    add(&root, 0, 100)?;
+    // The watch (armed only now) names nothing; the failed listing is not
+    // trusted.
+    assert_eq!(limits(&store.scan(&Listing::Unchanged)), fresh(&root));
     Ok(())
 }
 
