@@ -287,21 +287,30 @@ fn concurrent_rewrites_never_tear_a_value() {
     a.write(&path).expect("write");
     let allowed_used = [100 * MIB, 3 * GIB, 3 * GIB + 5 * MIB, 100 * MIB + 5 * MIB];
 
+    // The reader keeps reading until the writer has rewritten the region a
+    // number of times (counted, not timed: on a loaded machine the writer
+    // may not even start before a fixed number of reads is over).
+    const REWRITES: u32 = 20;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let writer = {
-        let (path, stop) = (path.clone(), stop.clone());
+        let (path, stop, written) = (path.clone(), stop.clone(), written.clone());
         std::thread::spawn(move || {
             let mut n = 0u32;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) && n < 2000 {
                 let r = if n.is_multiple_of(2) { &b } else { &a };
                 r.write(&path).expect("rewrite");
                 n += 1;
+                written.store(n, std::sync::atomic::Ordering::Relaxed);
             }
             n
         })
     };
     let mut region = Region::new(&path);
-    for _ in 0..500 {
+    let mut reads = 0;
+    while reads < 500
+        || (written.load(std::sync::atomic::Ordering::Relaxed) < REWRITES && !writer.is_finished())
+    {
         let snap = region.snapshot().expect("never corrupt");
         assert_eq!(snap.devices[0].limit, 4 * GIB);
         assert!(
@@ -309,9 +318,13 @@ fn concurrent_rewrites_never_tear_a_value() {
             "used {}",
             snap.devices[0].used
         );
+        reads += 1;
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    assert!(writer.join().expect("writer") > 0);
+    assert!(
+        writer.join().expect("writer") >= REWRITES,
+        "reads raced rewrites"
+    );
 }
 
 #[test]
