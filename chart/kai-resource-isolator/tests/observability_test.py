@@ -93,6 +93,27 @@ def alerts_documented():
     assert want <= set(names), want - set(names)
 
 
+def units_match_the_series():
+    # HAMi's utilization series are percent 0-100 (not a 0-1 fraction):
+    # Grafana's `percentunit` would show them 100 times too large.
+    with open(os.path.join(CHART, "files", "dashboard.json")) as f:
+        dashboard = json.load(f)
+
+    def panels(ps):
+        for p in ps:
+            yield p
+            yield from panels(p.get("panels", []))
+
+    seen = 0
+    for p in panels(dashboard["panels"]):
+        exprs = [t.get("expr", "") for t in p.get("targets", [])]
+        unit = p.get("fieldConfig", {}).get("defaults", {}).get("unit")
+        if any("_utilization_ratio" in e for e in exprs):
+            seen += 1
+            assert unit == "percent", f"panel {p.get('title')!r}: unit {unit!r} for a 0-100 series"
+    assert seen, "the dashboard shows a utilization series"
+
+
 def schema_rejects_unknown():
     r = subprocess.run([HELM, "template", "kai", CHART, "--set", "observability.grafanaDashbord.enabled=true"],
                        capture_output=True, text=True)
@@ -103,6 +124,7 @@ check("observability: nothing rendered by default", off_by_default)
 check("observability: dashboard ConfigMap for the Grafana sidecar, files/dashboard.json verbatim", dashboard_configmap)
 check("observability: PrometheusRule only with the CRD, files/alerts.yaml verbatim", rule_with_crd)
 check("observability: every alert has a summary, description and runbook anchor in docs/isolation.md", alerts_documented)
+check("observability: dashboard units match the series (utilization in percent 0-100)", units_match_the_series)
 check("observability: schema rejects a misspelt key", schema_rejects_unknown)
 print(f"\n{passed} passed, {len(failed)} failed")
 sys.exit(1 if failed else 0)
