@@ -15,6 +15,12 @@ pkgs.dockerTools.buildLayeredImage {
   name = "kai-resource-isolator";
   tag = "0.1.0";
   contents = [ artifacts pkgs.cacert ];
+  # A writable /tmp: `kai-node selftest` (run from this image as 65532)
+  # makes its scratch directory there.
+  extraCommands = ''
+    mkdir -p tmp
+    chmod 1777 tmp
+  '';
   config = {
     User = "65532:65532";
     Entrypoint = [ "/bin/kai-webhook" ];
