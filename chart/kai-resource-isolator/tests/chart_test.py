@@ -467,6 +467,22 @@ def go_chart_values_mean_what_they_meant():
     assert agent["resources"]["limits"]["memory"], "monitor.resources {} keeps the agent's defaults"
 
 
+def go_gke_paths_warn():
+    # A Go values file moved containerVgpuMount for GKE and kept Go's
+    # hostInstallBase default, which Go never read: ours would install into
+    # the read-only /usr/local, so the NOTES say so (and only then).
+    moved = sets("paths.hostInstallBase=/usr/local", "paths.containerVgpuMount=/home/kubernetes/bin/nvidia/vgpu")
+    r = helm("install", RELEASE, CHART, "-n", NS, "--dry-run=client", *moved)
+    assert r.returncode == 0, r.stderr
+    assert "libsync installs into\n/usr/local/vgpu" in r.stdout.replace("\r", ""), r.stdout[-1500:]
+    for quiet in (sets("paths.hostInstallBase=/usr/local"),
+                  sets("paths.hostInstallBase=/home/kubernetes/bin/nvidia",
+                       "paths.containerVgpuMount=/home/kubernetes/bin/nvidia/vgpu"), ()):
+        r = helm("install", RELEASE, CHART, "-n", NS, "--dry-run=client", *quiet)
+        assert r.returncode == 0, r.stderr
+        assert "Warning: paths.containerVgpuMount" not in r.stdout, quiet
+
+
 def seed_install_commands():
     seed = sets("monitor.enabled=true", "monitor.serviceMonitor.enabled=true")
     # No Prometheus Operator: the install must not fail on a missing CRD.
@@ -652,6 +668,7 @@ check("schema rejects a relative containerVgpuMount", rejects("paths.containerVg
 check("schema rejects an unknown key under monitor", rejects("monitor.enable=true"))
 check("schema rejects an unknown monitor.isolation.enforce mode", rejects("monitor.isolation.enforce=kill"))
 check("schema rejects a near-cap percent over 100", rejects("monitor.isolation.nearCapPercent=150"))
+check("NOTES warn when Go's unread hostInstallBase default would put libsync on /usr/local", go_gke_paths_warn)
 check("schema rejects an unknown key under librarySync", rejects("librarySync.nodeSelectr.a=b"))
 check("schema rejects an unknown key under monitor.service", rejects("monitor.service.prt=1"))
 check("schema rejects an unknown key under tls.patch", rejects("tls.patch.enable=true"))
