@@ -1,4 +1,7 @@
-//! Writing JSON text directly, for output whose shape is fixed.
+//! Writing JSON text directly, for output whose shape is fixed; [`read`]
+//! is the fast path of reading it.
+
+pub(crate) mod read;
 
 /// Writes the concatenation of `parts` as one JSON string.
 pub fn string(out: &mut String, parts: &[&str]) {

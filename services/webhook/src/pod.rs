@@ -5,8 +5,12 @@
 //! only what [`crate::inject::plan`] reads is decoded: annotations, names,
 //! and the names/paths of env vars, mounts and volumes. Strings are
 //! borrowed from the request body whenever they carry no escapes, and every
-//! other field is skipped with [`IgnoredAny`], which checks the JSON syntax
-//! without building anything.
+//! other field is skipped, its JSON syntax checked without building
+//! anything. Two decoders do this by the same rules: a single walk over the
+//! text (`fast`, on the crate's strict JSON reader) for the common shape,
+//! and serde_json (`decode`, skipping with [`IgnoredAny`]) for everything the
+//! walk leaves, errors included; tests, property tests and the fuzz target
+//! hold the walk to serde_json's results.
 //!
 //! A container's `env`, `volumeMounts` and `resources` and the pod's
 //! `volumes` are kept as raw JSON text (skipped at the same speed) and
@@ -24,11 +28,11 @@ use std::marker::PhantomData;
 use std::ops::Deref;
 
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde_json::value::RawValue;
 
 use crate::inject::{ENV_MEMORY_LIMIT, ENV_NAMES, ENV_SM_LIMIT, VOLUME_NAMES};
 
 mod decode;
+mod fast;
 mod scan;
 
 /// A JSON string, borrowed from the input unless it had to be unescaped.
@@ -78,10 +82,22 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
 }
 
 /// A Pod, as far as the webhook reads it.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Pod<'a> {
     pub metadata: Meta<'a>,
     pub spec: Option<Spec<'a>>,
+}
+
+impl<'a> Pod<'a> {
+    /// Decodes a Pod from its JSON text: in one walk over the text when it
+    /// has the common shape, else (and for every error) with serde_json.
+    pub fn parse(text: &'a str) -> Result<Self, serde_json::Error> {
+        let mut reader = crate::json::read::Reader::new(text);
+        match Self::read(&mut reader).and_then(|pod| reader.end().map(|()| pod)) {
+            Some(pod) => Ok(pod),
+            None => serde_json::from_str(text),
+        }
+    }
 }
 
 /// `metadata`.
@@ -110,11 +126,12 @@ impl Annotations<'_> {
 }
 
 /// `spec`.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Spec<'a> {
     pub containers: Vec<Container<'a>>,
     pub init_containers: Option<Vec<Container<'a>>>,
-    volumes: Option<&'a RawValue>,
+    /// Kept as JSON text, read on demand (so are a container's lists).
+    volumes: Option<&'a str>,
 }
 
 impl Spec<'_> {
@@ -126,12 +143,12 @@ impl Spec<'_> {
 }
 
 /// A container or init container.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Container<'a> {
     pub name: Str<'a>,
-    env: Option<&'a RawValue>,
-    volume_mounts: Option<&'a RawValue>,
-    resources: Option<&'a RawValue>,
+    env: Option<&'a str>,
+    volume_mounts: Option<&'a str>,
+    resources: Option<&'a str>,
 }
 
 impl<'a> Container<'a> {
@@ -151,17 +168,17 @@ impl<'a> Container<'a> {
 }
 
 /// Decodes a field kept raw (`null` was already turned into `None`).
-fn lazy<'a, T: Deserialize<'a>>(raw: Option<&'a RawValue>) -> Result<Option<T>, serde_json::Error> {
-    raw.map(|raw| serde_json::from_str(raw.get())).transpose()
+fn lazy<'a, T: Deserialize<'a>>(raw: Option<&'a str>) -> Result<Option<T>, serde_json::Error> {
+    raw.map(serde_json::from_str).transpose()
 }
 
 /// [`lazy`], trying `fast` first: a reader of the common shape only, which
 /// gives `None` for anything it does not handle (see [`scan`]).
 fn lazy_with<'a, T: Deserialize<'a>>(
-    raw: Option<&'a RawValue>,
+    raw: Option<&'a str>,
     fast: impl FnOnce(&'a str) -> Option<T>,
 ) -> Result<Option<T>, serde_json::Error> {
-    raw.map(|raw| fast(raw.get()).map_or_else(|| serde_json::from_str(raw.get()), Ok))
+    raw.map(|raw| fast(raw).map_or_else(|| serde_json::from_str(raw), Ok))
         .transpose()
 }
 

@@ -12,7 +12,7 @@ use crate::pod::Pod;
 
 mod decode;
 
-use self::decode::{GroupVersionKind, Object, decode, is_main_resource};
+use self::decode::{GroupVersionKind, Object, ReviewIn, is_main_resource};
 
 /// Largest body accepted; a Pod is far smaller, and the API server itself
 /// caps objects at ~1.5 MiB.
@@ -69,7 +69,7 @@ impl BadRequest {
 }
 
 /// A reviewed request: the response body plus what to log and count.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct Reviewed {
     /// Serialised AdmissionReview response.
     pub body: Vec<u8>,
@@ -128,12 +128,36 @@ fn response_json(uid: &str, answer: &Answer<'_>) -> Vec<u8> {
     out.into_bytes()
 }
 
+/// Which decoder reads the review.
+#[derive(Clone, Copy)]
+enum Decoder {
+    /// The single walk of [`crate::json::read`] where it can, serde_json
+    /// otherwise.
+    Fast,
+    /// serde_json alone.
+    SerdeJson,
+}
+
 /// Reviews one AdmissionReview body.
 pub fn review(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, BadRequest> {
+    review_with(Decoder::Fast, body, cfg)
+}
+
+/// [`review`] with serde_json decoding everything: the reference the fast
+/// path is held to (the fuzz target and the property tests compare them).
+#[doc(hidden)]
+pub fn review_by_serde_json(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, BadRequest> {
+    review_with(Decoder::SerdeJson, body, cfg)
+}
+
+fn review_with(decoder: Decoder, body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, BadRequest> {
     if body.len() > MAX_BODY_BYTES {
         return Err(BadRequest::TooLarge);
     }
-    let review = decode(body)?;
+    let review: ReviewIn<'_> = match decoder {
+        Decoder::Fast => decode::decode(body)?,
+        Decoder::SerdeJson => decode::decode_with_serde(body)?,
+    };
     if &*review.kind != ADMISSION_KIND || &*review.api_version != ADMISSION_API_VERSION {
         return Err(BadRequest::WrongKind {
             kind: review.kind.to_string(),
@@ -155,7 +179,7 @@ pub fn review(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, BadRequest> {
     // Only a Pod CREATE is ours; UPDATE/DELETE/CONNECT and subresources
     // (binding, ephemeralcontainers, …) pass through untouched.
     if &*request.operation == "CREATE" && is_main_resource(request.sub_resource.as_deref()) {
-        let pod = pod_of(&request.kind, request.object)?;
+        let pod = pod_of(decoder, &request.kind, request.object)?;
         if reviewed.pod.is_empty() {
             reviewed.pod = pod_display_name(&pod);
         }
@@ -188,7 +212,11 @@ pub fn review(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, BadRequest> {
     Ok(reviewed)
 }
 
-fn pod_of<'a>(gvk: &GroupVersionKind<'_>, object: Object<'a>) -> Result<Pod<'a>, BadRequest> {
+fn pod_of<'a>(
+    decoder: Decoder,
+    gvk: &GroupVersionKind<'_>,
+    object: Object<'a>,
+) -> Result<Pod<'a>, BadRequest> {
     if !gvk.is_pod() {
         let name = if gvk.group.is_empty() {
             format!("{}/{}", &*gvk.version, &*gvk.kind)
@@ -199,9 +227,11 @@ fn pod_of<'a>(gvk: &GroupVersionKind<'_>, object: Object<'a>) -> Result<Pod<'a>,
     }
     match object {
         Object::Pod(pod) => Ok(pod),
-        Object::Raw(raw) => {
-            serde_json::from_str(raw.get()).map_err(|e| BadRequest::InvalidPod(e.to_string()))
+        Object::Raw(raw) => match decoder {
+            Decoder::Fast => Pod::parse(raw),
+            Decoder::SerdeJson => serde_json::from_str(raw),
         }
+        .map_err(|e| BadRequest::InvalidPod(e.to_string())),
         Object::Absent => Err(BadRequest::NoObject),
     }
 }

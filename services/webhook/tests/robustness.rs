@@ -1,5 +1,6 @@
-//! Random corruptions of real AdmissionReviews never panic the reviewer and
-//! always yield either a well-formed response or a clear 400 reason.
+//! Random corruptions of real AdmissionReviews never panic the reviewer,
+//! are reviewed exactly as serde_json alone reviews them, and always yield
+//! either a well-formed response or a clear 400 reason.
 
 mod support;
 
@@ -7,7 +8,7 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use kai_runtime::tls::generate;
 use kai_webhook::InjectConfig;
-use kai_webhook::review::review;
+use kai_webhook::review::{review, review_by_serde_json};
 use proptest::prelude::*;
 use serde_json::Value;
 use support::live::{SecretDir, client, gpu_review, names, start};
@@ -32,7 +33,10 @@ proptest! {
         let sorted = support::mutate(base, seed);
         let ordered = support::mutate_with(base, seed, support::api_server_order);
         for body in [sorted, ordered] {
-        match review(&body, &InjectConfig::default()) {
+        let reviewed = review(&body, &InjectConfig::default());
+        // The fast decoder reads what serde_json alone reads, or leaves it.
+        prop_assert_eq!(&reviewed, &review_by_serde_json(&body, &InjectConfig::default()));
+        match reviewed {
             Ok(out) => {
                 let response: Value = serde_json::from_slice(&out.body).expect("response is JSON");
                 prop_assert_eq!(&response["kind"], "AdmissionReview");

@@ -16,7 +16,6 @@
 //! [`Patch::write_json`] stays the plain rendering; the tests check that
 //! both give the same JSON.
 
-use std::fmt::Write as _;
 use std::ops::Range;
 
 use super::{ENV_NAMES, MOUNTS, Missing, Patch, Target, VOLUME_NAMES};
@@ -58,20 +57,14 @@ impl Vars {
             vars.env_path = vars.add(&mut scratch, |s| path(s, target, "/env", patch.env));
             vars.name = vars.add(&mut scratch, |s| json::string(s, &[&target.name]));
         }
-        for (field, item) in patch.limits.ops() {
+        for limit in patch.limits.ops() {
             let op = vars.add(&mut scratch, |s| {
-                // `field` is the whole pointer tail (`/env/-`, `/env/3`).
-                path(
-                    s,
-                    target,
-                    &field,
-                    Missing {
-                        whole_list: true,
-                        items: 0,
-                    },
-                );
+                // The whole pointer tail (`/env/-`, `/env/3`).
+                path_head(s, target);
+                limit.write_field(s);
+                s.push('"');
                 s.push_str(r#","value":"#);
-                s.push_str(&item);
+                limit.write_item(s);
                 s.push('}');
             });
             vars.limits.push(op);
@@ -92,15 +85,21 @@ impl Vars {
 /// The JSON string of the pointer to `field` of the target (its end, `/-`,
 /// when items are appended one by one).
 fn path(out: &mut String, target: &Target, field: &str, missing: Missing) {
-    // Field names and an index: nothing to escape.
-    out.push_str("\"/spec/");
-    out.push_str(target.list.field());
-    let _ = write!(out, "/{}", target.index);
+    path_head(out, target);
     out.push_str(field);
     if !missing.whole_list {
         out.push_str("/-");
     }
     out.push('"');
+}
+
+/// The opening quote and the target container's pointer (`"/spec/containers/1`).
+fn path_head(out: &mut String, target: &Target) {
+    // Field names and an index: nothing to escape.
+    out.push_str("\"/spec/");
+    out.push_str(target.list.field());
+    out.push('/');
+    out.push_str(itoa::Buffer::new().format(target.index));
 }
 
 /// Appends the base64 of the patch.

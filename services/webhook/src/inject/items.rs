@@ -8,7 +8,7 @@ use super::{
 use crate::config::InjectConfig;
 use crate::json;
 
-/// Our volumes, in the order of [`VOLUME_DIRS`].
+/// Our volumes, in the order of `VOLUME_DIRS`.
 pub const VOLUME_NAMES: [&str; 3] = [VOLUME_VGPU, VOLUME_CONTAINERS, VOLUME_VGPULOCK];
 /// The host directory of each of [`VOLUME_NAMES`].
 pub(super) const VOLUME_DIRS: [Dir; 3] = [
@@ -16,7 +16,7 @@ pub(super) const VOLUME_DIRS: [Dir; 3] = [
     Dir::HostContainers,
     Dir::Fixed(VGPULOCK_PATH),
 ];
-/// Our env vars; see [`env_value`].
+/// Our env vars (their values: `env_json` in the patch writer).
 pub const ENV_NAMES: [&str; 3] = [ENV_POD_UID, ENV_CONTAINER_NAME, ENV_VGPU_MOUNT];
 
 /// A mount we add.

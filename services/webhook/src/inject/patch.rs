@@ -30,7 +30,7 @@ pub struct Patch {
 pub struct Limits {
     /// A literal `CUDA_DEVICE_MEMORY_LIMIT`, from `gpu-memory`.
     pub memory: Option<MemoryLimit>,
-    /// `CUDA_DEVICE_SM_LIMIT`, from [`ANNOTATION_GPU_CORES`].
+    /// `CUDA_DEVICE_SM_LIMIT`, from [`super::ANNOTATION_GPU_CORES`].
     pub sm_percent: Option<u8>,
 }
 
@@ -53,39 +53,55 @@ impl Limits {
         self.memory.is_none() && self.sm_percent.is_none()
     }
 
-    /// Each limit's `add`: its JSON pointer relative to the target
-    /// container, and its env item. Rendered the same way by both writers.
-    pub(super) fn ops(&self) -> impl Iterator<Item = (String, String)> {
-        let memory = self.memory.map(|limit| {
-            let field = match limit.before {
-                Some(index) => format!("/env/{index}"),
-                None => "/env/-".to_owned(),
-            };
-            (
-                field,
-                literal_env(ENV_MEMORY_LIMIT, &format!("{}m", limit.mib)),
-            )
+    /// Each limit's `add`. Rendered the same way by both writers.
+    pub(super) fn ops(&self) -> impl Iterator<Item = LimitOp> {
+        let memory = self.memory.map(|limit| LimitOp {
+            before: limit.before,
+            name: ENV_MEMORY_LIMIT,
+            value: limit.mib,
+            unit: "m",
         });
-        let sm = self.sm_percent.map(|percent| {
-            (
-                "/env/-".to_owned(),
-                literal_env(ENV_SM_LIMIT, &percent.to_string()),
-            )
+        let sm = self.sm_percent.map(|percent| LimitOp {
+            before: None,
+            name: ENV_SM_LIMIT,
+            value: u64::from(percent),
+            unit: "",
         });
         memory.into_iter().chain(sm)
     }
 }
 
-/// `{"name":…,"value":…}`; names and values here need no escaping beyond
-/// what [`json::string`] does.
-pub(super) fn literal_env(name: &str, value: &str) -> String {
-    let mut out = String::with_capacity(64);
-    out.push_str(r#"{"name":"#);
-    json::string(&mut out, &[name]);
-    out.push_str(r#","value":"#);
-    json::string(&mut out, &[value]);
-    out.push('}');
-    out
+/// One limit's `add`: a literal env item `{"name":…,"value":"<value><unit>"}`,
+/// inserted before index `before` of the env list or appended. Written
+/// straight into the patch text (no string of its own: formatting and
+/// allocating them was a tenth of a one-container review).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct LimitOp {
+    before: Option<usize>,
+    name: &'static str,
+    value: u64,
+    unit: &'static str,
+}
+
+impl LimitOp {
+    /// Its JSON pointer relative to the target container: `/env/3`, `/env/-`.
+    pub(super) fn write_field(&self, out: &mut String) {
+        out.push_str("/env/");
+        match self.before {
+            Some(index) => out.push_str(itoa::Buffer::new().format(index)),
+            None => out.push('-'),
+        }
+    }
+
+    /// Its env item.
+    pub(super) fn write_item(&self, out: &mut String) {
+        out.push_str(r#"{"name":"#);
+        json::string(out, &[self.name]);
+        out.push_str(r#","value":""#);
+        out.push_str(itoa::Buffer::new().format(self.value));
+        out.push_str(self.unit);
+        out.push_str(r#""}"#);
+    }
 }
 
 /// Which items of one of our lists are missing, and how they are added.
@@ -158,9 +174,11 @@ impl Patch {
         ops.list(&container, "/env", self.env, ENV_NAMES.len(), |out, i| {
             env_json(i, &target.name, cfg, out);
         });
-        for (field, item) in self.limits.ops() {
+        for limit in self.limits.ops() {
+            let mut field = String::new();
+            limit.write_field(&mut field);
             ops.op(&container, &field, false);
-            ops.out.push_str(&item);
+            limit.write_item(ops.out);
             ops.out.push('}');
         }
         ops.out.push(']');

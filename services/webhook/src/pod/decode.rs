@@ -1,6 +1,8 @@
 //! The serde side of [`super`]: keys read as bytes, one visitor for every
 //! object we decode field by field, and the skipped quantities.
 
+use serde_json::value::RawValue;
+
 use super::*;
 
 /// An object key. Read as bytes: only compared with our field names, so
@@ -82,6 +84,13 @@ deserialize_by_fields!(
     Pod, Meta, Spec, Container, Named, EnvEntry, Mount, Resources
 );
 
+/// A value kept as its JSON text (`null` is absent).
+fn raw<'de, A: MapAccess<'de>>(map: &mut A) -> Result<Option<&'de str>, A::Error> {
+    Ok(map
+        .next_value::<Option<&'de RawValue>>()?
+        .map(RawValue::get))
+}
+
 fn skip<'de, A: MapAccess<'de>>(map: &mut A) -> Result<(), A::Error> {
     map.next_value::<IgnoredAny>().map(|_| ())
 }
@@ -137,7 +146,7 @@ impl<'de> Fields<'de> for Spec<'de> {
                 self.containers = map.next_value::<Option<Vec<_>>>()?.unwrap_or_default();
             }
             b"initContainers" => self.init_containers = map.next_value()?,
-            b"volumes" => self.volumes = map.next_value()?,
+            b"volumes" => self.volumes = raw(map)?,
             _ => skip(map)?,
         }
         Ok(())
@@ -150,9 +159,9 @@ impl<'de> Fields<'de> for Container<'de> {
     fn field<A: MapAccess<'de>>(&mut self, key: &[u8], map: &mut A) -> Result<(), A::Error> {
         match key {
             b"name" => self.name = map.next_value::<Option<Str<'de>>>()?.unwrap_or_default(),
-            b"env" => self.env = map.next_value()?,
-            b"volumeMounts" => self.volume_mounts = map.next_value()?,
-            b"resources" => self.resources = map.next_value()?,
+            b"env" => self.env = raw(map)?,
+            b"volumeMounts" => self.volume_mounts = raw(map)?,
+            b"resources" => self.resources = raw(map)?,
             _ => skip(map)?,
         }
         Ok(())

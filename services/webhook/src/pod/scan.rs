@@ -10,10 +10,11 @@
 //! only and gives `None` for anything else; the caller then decodes with
 //! serde_json as before, so neither results nor errors change.
 //!
-//! The text is a raw value the first pass checked, so it is well-formed
-//! JSON (also within serde_json's nesting limit, which the first pass
-//! counted from further out): values that are not read are skipped by
-//! matching brackets and strings only.
+//! The text is a raw value the first pass checked; it is read with the
+//! strict [`Reader`] all the same (a list kept by serde_json's first pass
+//! was checked less strictly, and strictness costs little here).
+
+use crate::json::read::Reader;
 
 /// A member's value as read: `None` when absent, `Some(None)` for `null`.
 pub type Member<'a> = Option<Option<&'a str>>;
@@ -37,184 +38,27 @@ pub fn objects_and_presence<'a, const K: usize, const P: usize>(
     present: [&str; P],
     mut each: impl FnMut([Member<'a>; K], [bool; P]),
 ) -> Option<()> {
-    let mut at = Cursor { text, pos: 0 };
-    at.eat(b'[')?;
-    if !at.eat_if(b']') {
-        loop {
-            at.eat(b'{')?;
-            let mut members = [None; K];
-            let mut found = [false; P];
-            if !at.eat_if(b'}') {
-                loop {
-                    let key = at.plain_string()?;
-                    at.eat(b':')?;
-                    if let Some(k) = keys.iter().position(|k| *k == key) {
-                        members[k] = Some(at.string_or_null()?);
-                    } else if let Some(p) = present.iter().position(|p| *p == key) {
-                        found[p] = !at.null_next();
-                        at.skip_value()?;
-                    } else {
-                        at.skip_value()?;
-                    }
-                    if !at.eat_if(b',') {
-                        at.eat(b'}')?;
-                        break;
-                    }
+    let mut r = Reader::new(text);
+    r.array(|r| {
+        let mut members = [None; K];
+        let mut found = [false; P];
+        r.object(|r, key| {
+            if let Some(k) = keys.iter().position(|k| *k == key) {
+                members[k] = Some(if r.null() { None } else { Some(r.plain_str()?) });
+            } else if let Some(p) = present.iter().position(|p| *p == key) {
+                found[p] = !r.null();
+                if found[p] {
+                    r.skip()?;
                 }
+            } else {
+                r.skip()?;
             }
-            each(members, found);
-            if !at.eat_if(b',') {
-                at.eat(b']')?;
-                break;
-            }
-        }
-    }
-    at.skip_whitespace();
-    (at.pos == text.len()).then_some(())
-}
-
-struct Cursor<'a> {
-    text: &'a str,
-    pos: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn peek(&self) -> Option<u8> {
-        self.text.as_bytes().get(self.pos).copied()
-    }
-
-    fn skip_whitespace(&mut self) {
-        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-            self.pos += 1;
-        }
-    }
-
-    /// Whether the next token is `byte`, which is then consumed.
-    fn eat_if(&mut self, byte: u8) -> bool {
-        self.skip_whitespace();
-        let found = self.peek() == Some(byte);
-        if found {
-            self.pos += 1;
-        }
-        found
-    }
-
-    fn eat(&mut self, byte: u8) -> Option<()> {
-        self.eat_if(byte).then_some(())
-    }
-
-    /// Moves past the end of the string whose opening quote was consumed;
-    /// returns the position of its closing quote and whether it holds
-    /// escapes.
-    fn string_end(&mut self) -> Option<(usize, bool)> {
-        let bytes = self.text.as_bytes();
-        let mut escaped = false;
-        loop {
-            let at = self.pos + quote_or_backslash(bytes.get(self.pos..)?)?;
-            if bytes[at] == b'"' {
-                self.pos = at + 1;
-                return Some((at, escaped));
-            }
-            // A backslash and the character it escapes (`\uXXXX` goes on
-            // with plain characters).
-            escaped = true;
-            self.pos = at + 2;
-        }
-    }
-
-    /// A string without escapes.
-    fn plain_string(&mut self) -> Option<&'a str> {
-        self.eat(b'"')?;
-        let start = self.pos;
-        match self.string_end()? {
-            // Both ends are ASCII quotes, so on char boundaries.
-            (end, false) => self.text.get(start..end),
-            (_, true) => None,
-        }
-    }
-
-    /// Whether the next value is `null` (nothing is consumed).
-    fn null_next(&mut self) -> bool {
-        self.skip_whitespace();
-        self.text
-            .as_bytes()
-            .get(self.pos..)
-            .is_some_and(|rest| rest.starts_with(b"null"))
-    }
-
-    fn string_or_null(&mut self) -> Option<Option<&'a str>> {
-        self.skip_whitespace();
-        if self.text.as_bytes().get(self.pos..)?.starts_with(b"null") {
-            self.pos += 4;
-            return Some(None);
-        }
-        self.plain_string().map(Some)
-    }
-
-    /// Skips a well-formed value.
-    fn skip_value(&mut self) -> Option<()> {
-        self.skip_whitespace();
-        match self.peek()? {
-            b'"' => {
-                self.pos += 1;
-                self.string_end()?;
-            }
-            b'{' | b'[' => {
-                let mut depth = 0usize;
-                loop {
-                    let byte = self.peek()?;
-                    self.pos += 1;
-                    match byte {
-                        b'"' => {
-                            self.string_end()?;
-                        }
-                        b'{' | b'[' => depth += 1,
-                        b'}' | b']' => {
-                            depth = depth.checked_sub(1)?;
-                            if depth == 0 {
-                                break;
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            // A number, `true`, `false` or `null`.
-            _ => {
-                while !matches!(
-                    self.peek(),
-                    None | Some(b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')
-                ) {
-                    self.pos += 1;
-                }
-            }
-        }
+            Some(())
+        })?;
+        each(members, found);
         Some(())
-    }
-}
-
-/// Where the first `"` or `\\` of `bytes` is, eight bytes at a time (as
-/// serde_json skips strings): a byte loop was most of the scan.
-fn quote_or_backslash(bytes: &[u8]) -> Option<usize> {
-    const ONES: u64 = u64::from_ne_bytes([1; 8]);
-    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    let (words, rest) = bytes.as_chunks::<8>();
-    for (n, word) in words.iter().enumerate() {
-        let word = u64::from_le_bytes(*word);
-        // The high bit of each byte that equals `b`, and perhaps of bytes
-        // after it (borrows): the lowest one is exact.
-        let equal = |b: u8| {
-            let x = word ^ (ONES * u64::from(b));
-            x.wrapping_sub(ONES) & !x & HIGHS
-        };
-        let hits = equal(b'"') | equal(b'\\');
-        if hits != 0 {
-            return Some(n * 8 + (hits.trailing_zeros() / 8) as usize);
-        }
-    }
-    rest.iter()
-        .position(|&b| b == b'"' || b == b'\\')
-        .map(|i| words.len() * 8 + i)
+    })?;
+    r.end()
 }
 
 #[cfg(test)]
@@ -272,25 +116,6 @@ mod tests {
                 (Some("D"), true)
             ]
         );
-    }
-
-    #[test]
-    fn finds_quotes_and_backslashes_anywhere() {
-        for len in 0..20 {
-            for at in 0..len {
-                for special in [b'"', b'\\'] {
-                    let mut bytes = vec![b'a'; len];
-                    bytes[at] = special;
-                    if at + 1 < len {
-                        bytes[at + 1] = b'"';
-                    }
-                    assert_eq!(quote_or_backslash(&bytes), Some(at), "{len} {at}");
-                }
-            }
-            // Bytes next to ours in value (`!`, `#`, `[`, `]`) and high bytes.
-            let others: Vec<u8> = b"!#[]\xff\x80a".iter().copied().cycle().take(len).collect();
-            assert_eq!(quote_or_backslash(&others), None, "{len}");
-        }
     }
 
     #[test]

@@ -6,7 +6,14 @@ use serde_json::{Value, json};
 use super::*;
 
 fn lean(text: &str) -> Result<Pod<'_>, serde_json::Error> {
-    serde_json::from_str(text)
+    Pod::parse(text)
+}
+
+/// The fast path alone.
+fn fast(text: &str) -> Option<Pod<'_>> {
+    let mut reader = crate::json::read::Reader::new(text);
+    let pod = Pod::read(&mut reader)?;
+    reader.end().map(|()| pod)
 }
 
 /// Decodes and reads every field the plan may read.
@@ -31,10 +38,8 @@ fn typed(text: &str) -> Result<k8s::Pod, serde_json::Error> {
     serde_json::from_str(text)
 }
 
-/// Accepts exactly the documents k8s-openapi accepts, for every shape
-/// of the fields we read, once they are read.
-#[test]
-fn accepts_what_k8s_openapi_accepts() {
+/// Every shape of the fields we read, well-formed or not.
+fn shapes() -> Vec<String> {
     let cases: Vec<Value> = vec![
         json!({}),
         json!({"apiVersion": "v1", "kind": "Pod"}),
@@ -85,11 +90,18 @@ fn accepts_what_k8s_openapi_accepts() {
         r#"{"sp\u0065c": {"containers": [{"n\u0061me": 1}]}}"#,
         r#"{"spe\u0063": {"containers": [{"name": "a"}]}}"#,
     ];
-    let texts = cases
+    cases
         .iter()
         .map(Value::to_string)
-        .chain(escaped.iter().map(|s| (*s).to_owned()));
-    for text in texts {
+        .chain(escaped.iter().map(|s| (*s).to_owned()))
+        .collect()
+}
+
+/// Accepts exactly the documents k8s-openapi accepts, for every shape
+/// of the fields we read, once they are read.
+#[test]
+fn accepts_what_k8s_openapi_accepts() {
+    for text in shapes() {
         assert_eq!(
             lean_read_all(&text).is_ok(),
             typed(&text).is_ok(),
@@ -100,9 +112,38 @@ fn accepts_what_k8s_openapi_accepts() {
     }
 }
 
+/// Whatever the fast path reads, it reads as serde_json does; what it
+/// leaves (escaped keys, type errors, …) serde_json decodes.
 #[test]
-fn reads_the_same_values_as_k8s_openapi() {
-    let text = json!({
+fn the_fast_path_reads_what_serde_json_reads() {
+    let mut read_fast = 0;
+    let texts = shapes().into_iter().chain([
+        full_pod(),
+        r#"{"metadata": {"name": "a\u0062\n\"", "annotations": {"k": "v\u00e9\ud83d\ude00", "k2": "é"}}}"#.to_owned(),
+        r#"{"metadata": {"name": "\ud83d"}}"#.to_owned(),
+        r#"{"apiVersion": "v\u0031", "kind": "Pod"}"#.to_owned(),
+        r#"{"spec": {"containers": [{"name": "a", "env": [1, 2.5e-3, {"x": [true, false, null]}]}]}}"#.to_owned(),
+        " { \"spec\" : { \"containers\" : [ ] } } ".to_owned(),
+        r#"{"spec": {"containers": []}} x"#.to_owned(),
+        r#"{"spec": {"containers": [01]}}"#.to_owned(),
+    ]);
+    for text in texts {
+        let serde = serde_json::from_str::<Pod<'_>>(&text).map_err(|_| ());
+        if let Some(pod) = fast(&text) {
+            read_fast += 1;
+            assert_eq!(Ok(pod), serde, "{text}");
+        }
+        assert_eq!(lean(&text).map_err(|_| ()), serde, "{text}");
+    }
+    // The common shapes, the full pod and escaped values included.
+    assert!(read_fast >= 25, "{read_fast}");
+    // (Its escaped annotation key is serde_json's to read.)
+    assert!(fast(&full_pod()).is_none());
+    assert!(fast(&full_pod().replace(r#"b\"q"#, "bq")).is_some());
+}
+
+fn full_pod() -> String {
+    json!({
         "metadata": {"name": "p", "generateName": "p-", "namespace": "ns",
                      "annotations": {"a": "1", "b\"q": "esc\\aped\n"}},
         "spec": {
@@ -113,7 +154,12 @@ fn reads_the_same_values_as_k8s_openapi() {
             "volumes": [{"name": "v", "emptyDir": {}}, {"name": "kai-resource-isolator-vgpulock"}]
         }
     })
-    .to_string();
+    .to_string()
+}
+
+#[test]
+fn reads_the_same_values_as_k8s_openapi() {
+    let text = full_pod();
     let lean = lean(&text).expect("lean");
     let typed = typed(&text).expect("typed");
     let annotations = typed.metadata.annotations.unwrap_or_default();

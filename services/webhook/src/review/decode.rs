@@ -10,6 +10,8 @@ use serde_json::error::Category;
 use serde_json::value::RawValue;
 
 use super::BadRequest;
+
+mod fast;
 use crate::pod::{Pod, Str};
 
 // Only the fields we read are decoded, and the Pod itself only in part (see
@@ -19,12 +21,14 @@ use crate::pod::{Pod, Str};
 // decode it in the same pass. Otherwise it is kept as raw text and decoded
 // afterwards, only if it turns out to be ours; the outcome is the same
 // either way, the second pass only costs time.
+#[derive(Debug, PartialEq, Eq)]
 pub(super) struct ReviewIn<'a> {
     pub(super) api_version: Str<'a>,
     pub(super) kind: Str<'a>,
     pub(super) request: Option<RequestIn<'a>>,
 }
 
+#[derive(Debug, PartialEq, Eq)]
 pub(super) struct RequestIn<'a> {
     pub(super) uid: String,
     pub(super) kind: GroupVersionKind<'a>,
@@ -36,16 +40,17 @@ pub(super) struct RequestIn<'a> {
 }
 
 /// `request.object`.
+#[derive(Debug, PartialEq, Eq)]
 pub(super) enum Object<'a> {
     /// Missing or `null`.
     Absent,
     /// Not decoded yet: the request was not known to be a Pod CREATE when
     /// the object was read.
-    Raw(&'a RawValue),
+    Raw(&'a str),
     Pod(Pod<'a>),
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Default, Deserialize, PartialEq, Eq)]
 pub(super) struct GroupVersionKind<'a> {
     #[serde(borrow, default)]
     pub(super) group: Str<'a>,
@@ -172,7 +177,7 @@ impl<'de> Visitor<'de> for RequestSeed<'_> {
                         }
                     } else {
                         map.next_value::<Option<&'de RawValue>>()?
-                            .map_or(Object::Absent, Object::Raw)
+                            .map_or(Object::Absent, |raw| Object::Raw(raw.get()))
                     };
                     once(&mut object, "object", value)?;
                 }
@@ -208,7 +213,16 @@ pub(super) fn is_main_resource(sub_resource: Option<&str>) -> bool {
     sub_resource.is_none_or(str::is_empty)
 }
 
+/// Decodes a review: in one walk over the body when it has the common
+/// shape ([`fast`]), else (and for every error) with serde_json.
 pub(super) fn decode(body: &[u8]) -> Result<ReviewIn<'_>, BadRequest> {
+    match fast::review(body) {
+        Some(review) => Ok(review),
+        None => decode_with_serde(body),
+    }
+}
+
+pub(super) fn decode_with_serde(body: &[u8]) -> Result<ReviewIn<'_>, BadRequest> {
     let pod_failed = Cell::new(false);
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     let review = ReviewSeed {

@@ -93,12 +93,23 @@ pub(super) fn encode_padded(text: &[u8], out: &mut String) {
     last[..rest.len()].copy_from_slice(rest);
     let last = (!rest.is_empty()).then_some(&last);
     out.reserve((groups.len() + 1) * 4);
+    // Through a buffer of bytes, appended as text a batch at a time:
+    // pushing the characters one by one was most of the cost.
+    let mut buffer = [0u8; 256];
+    let mut filled = 0;
     for group in groups.iter().chain(last) {
         let bits = u32::from(group[0]) << 16 | u32::from(group[1]) << 8 | u32::from(group[2]);
-        for shift in [18, 12, 6, 0] {
-            out.push(char::from(ALPHABET[(bits >> shift & 63) as usize]));
+        for (slot, shift) in buffer[filled..filled + 4].iter_mut().zip([18, 12, 6, 0]) {
+            *slot = ALPHABET[(bits >> shift & 63) as usize];
+        }
+        filled += 4;
+        if filled == buffer.len() {
+            out.push_str(std::str::from_utf8(&buffer).unwrap_or_default());
+            filled = 0;
         }
     }
+    // Only ALPHABET's ASCII bytes were written.
+    out.push_str(std::str::from_utf8(&buffer[..filled]).unwrap_or_default());
 }
 
 /// One of our list items at one place in a patch: fixed text, or fixed
