@@ -41,13 +41,16 @@ struct Vars {
 impl Vars {
     fn new(patch: &Patch, target: &Target) -> Self {
         let mut vars = Self {
-            text: String::with_capacity(192),
+            // Room for every part of a typical request (two paths, a
+            // name, two limit items): growing it was a twentieth of a
+            // small review.
+            text: String::with_capacity(512),
             mounts_path: 0..0,
             env_path: 0..0,
             name: 0..0,
             limits: Vec::new(),
         };
-        let mut scratch = String::with_capacity(64);
+        let mut scratch = String::with_capacity(160);
         if patch.mounts.items != 0 {
             vars.mounts_path = vars.add(&mut scratch, |s| {
                 path(s, target, "/volumeMounts", patch.mounts)

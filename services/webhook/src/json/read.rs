@@ -132,18 +132,26 @@ impl<'a> Reader<'a> {
     fn string(&mut self) -> Option<(&'a str, bool)> {
         self.eat(b'"')?;
         let start = self.pos;
+        let escaped = self.string_rest()?;
+        // Both ends are ASCII quotes, so on char boundaries.
+        Some((self.text.get(start..self.pos - 1)?, escaped))
+    }
+
+    /// Moves past the closing quote of a string whose opening quote was
+    /// consumed; whether it has escapes.
+    fn string_rest(&mut self) -> Option<bool> {
+        let bytes = self.bytes();
         let mut escaped = false;
         loop {
-            let at = self.pos + special(self.bytes().get(self.pos..)?)?;
-            match self.bytes()[at] {
+            let at = self.pos + special(bytes.get(self.pos..)?)?;
+            match bytes[at] {
                 b'"' => {
                     self.pos = at + 1;
-                    // Both ends are ASCII quotes, so on char boundaries.
-                    return Some((self.text.get(start..at)?, escaped));
+                    return Some(escaped);
                 }
                 b'\\' => {
                     escaped = true;
-                    self.pos = at + 1 + escape_len(self.bytes().get(at + 1..)?)?;
+                    self.pos = at + 1 + escape_len(bytes.get(at + 1..)?)?;
                 }
                 // A control character, which JSON does not allow raw.
                 _ => return None,
@@ -170,7 +178,10 @@ impl<'a> Reader<'a> {
     /// Skips a value of any type.
     pub(crate) fn skip(&mut self) -> Option<()> {
         match self.peek()? {
-            b'"' => self.string().map(drop),
+            b'"' => {
+                self.pos += 1;
+                self.string_rest().map(drop)
+            }
             b'{' => self.object(|r, _| r.skip()),
             b'[' => self.array(Self::skip),
             b't' => self.literal(b"true"),
