@@ -162,11 +162,7 @@ impl<'de> Visitor<'de> for RequestSeed<'_> {
                 "namespace" => once(&mut namespace, "namespace", map.next_value()?)?,
                 "operation" => once(&mut operation, "operation", map.next_value()?)?,
                 "object" => {
-                    let ours = kind.as_ref().is_some_and(GroupVersionKind::is_pod)
-                        && operation.as_deref() == Some("CREATE")
-                        && sub_resource
-                            .as_ref()
-                            .is_none_or(|s| is_main_resource(s.as_deref()));
+                    let ours = known_pod_create(kind.as_ref(), operation.as_deref(), &sub_resource);
                     let value = if ours {
                         match map.next_value::<Option<Pod<'de>>>() {
                             Ok(pod) => pod.map_or(Object::Absent, Object::Pod),
@@ -205,6 +201,21 @@ fn once<T, E: de::Error>(slot: &mut Option<T>, field: &'static str, value: T) ->
     }
     *slot = Some(value);
     Ok(())
+}
+
+/// Whether what has been read of the request (the object comes after
+/// these fields in the API server's order) makes it a Pod CREATE of the Pod
+/// itself, whose object is then decoded as a Pod in the first pass.
+fn known_pod_create(
+    kind: Option<&GroupVersionKind<'_>>,
+    operation: Option<&str>,
+    sub_resource: &Option<Option<String>>,
+) -> bool {
+    kind.is_some_and(GroupVersionKind::is_pod)
+        && operation == Some("CREATE")
+        && sub_resource
+            .as_ref()
+            .is_none_or(|s| is_main_resource(s.as_deref()))
 }
 
 /// No subresource: the request is about the Pod itself (not its binding,

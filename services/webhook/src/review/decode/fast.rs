@@ -7,7 +7,7 @@
 
 use std::borrow::Cow;
 
-use super::{GroupVersionKind, Object, RequestIn, ReviewIn, is_main_resource};
+use super::{GroupVersionKind, Object, RequestIn, ReviewIn, known_pod_create};
 use crate::json::read::Reader;
 use crate::pod::{Pod, Str};
 
@@ -50,11 +50,7 @@ fn request<'a>(r: &mut Reader<'a>) -> Option<RequestIn<'a>> {
         "namespace" => once(&mut namespace, string_or_null(r)?),
         "operation" => once(&mut operation, Str(r.str()?)),
         "object" => {
-            let ours = kind.as_ref().is_some_and(GroupVersionKind::is_pod)
-                && operation.as_deref() == Some("CREATE")
-                && sub_resource
-                    .as_ref()
-                    .is_none_or(|s| is_main_resource(s.as_deref()));
+            let ours = known_pod_create(kind.as_ref(), operation.as_deref(), &sub_resource);
             let value = if r.null() {
                 Object::Absent
             } else if ours {
