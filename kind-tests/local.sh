@@ -157,7 +157,14 @@ uid=6f1c2d3e-0000-4000-8000-0000000000e2
 "$bin/kai-node" write-region --containers-dir "$work/host/usr/local/vgpu/containers" \
   --pod-uid "$uid" --container main --gpu-uuid GPU-e2e00000-0000-4000-8000-000000000000 \
   --limit-mib 1024 --used-mib 512 >/dev/null
-printf '[{"uid":"%s","namespace":"e2e","name":"e2e-gpu"}]' "$uid" > "$work/pods.json"
+# A second container on the same GPU, preloaded but without a limit (what
+# KAI issue #2156 looks like): libvgpu records 0 and enforces nothing.
+uncapped=6f1c2d3e-0000-4000-8000-0000000000f3
+"$bin/kai-node" write-region --containers-dir "$work/host/usr/local/vgpu/containers" \
+  --pod-uid "$uncapped" --container main --gpu-uuid GPU-e2e00000-0000-4000-8000-000000000000 \
+  --limit-mib 0 --used-mib 256 >/dev/null
+printf '[{"uid":"%s","namespace":"e2e","name":"e2e-gpu"},{"uid":"%s","namespace":"e2e-uncapped","name":"e2e-nolimit"}]' \
+  "$uid" "$uncapped" > "$work/pods.json"
 ag_grpc=$(free_port); ag_metrics=$(free_port)
 "$bin/kai-node" --log-level warn agent --no-kube --no-nvml --static-pods "$work/pods.json" \
   --containers-dir "$work/host/usr/local/vgpu/containers" \
@@ -177,6 +184,13 @@ c = json.load(sys.stdin)["containers"]
 assert [x["pod"] for x in c] == ["e2e-gpu"] and c[0]["devices"][0]["usedBytes"] == str(512 << 20), c
 assert c[0]["isolationState"] == "ISOLATION_STATE_CAPPED", c
 ' && ok "grpcurl VgpuNode/ListContainers shows the container, capped" || bad "agent ListContainers: $listed"
+listed=$("$grpcurl" -plaintext -d '{"namespace":"e2e-uncapped"}' "127.0.0.1:$ag_grpc" vgpu.v1.VgpuNode/ListContainers)
+echo "$listed" | python3 -c '
+import json, sys
+c = json.load(sys.stdin)["containers"]
+assert [x["pod"] for x in c] == ["e2e-nolimit"], c
+assert c[0]["isolationState"] == "ISOLATION_STATE_UNCAPPED_NO_LIMIT", c
+' && ok "the container without a limit is flagged uncapped_no_limit" || bad "agent ListContainers (uncapped): $listed"
 
 agg_http=$(free_port); agg_grpc=$(free_port)
 "$bin/kai-aggregator" --node-agent "127.0.0.1:$ag_grpc" --listen "127.0.0.1:$agg_http" \
@@ -192,8 +206,11 @@ done
 curl -fsS "http://127.0.0.1:$agg_http/metrics" \
   | grep -F 'kai_isolator_container_isolation_state{namespace="e2e",pod="e2e-gpu",container="main",node="e2e-node",state="capped"} 1' >/dev/null \
   && ok "aggregator :9394 says the container's cap holds" || bad "isolation state series missing"
-limit=$(curl -fsS "http://127.0.0.1:$agg_http/api/v1/devices" | python3 -c 'import json,sys; print(json.load(sys.stdin)["devices"][0]["allocatedBytes"])')
-[ "$limit" = $((1024 << 20)) ] && ok "aggregator /api/v1/devices: 1 GiB allocated" || bad "devices: $limit"
+curl -fsS "http://127.0.0.1:$agg_http/metrics" \
+  | grep -F 'kai_isolator_container_isolation_state{namespace="e2e-uncapped",pod="e2e-nolimit",container="main",node="e2e-node",state="uncapped_no_limit"} 1' >/dev/null \
+  && ok "aggregator :9394 says the other container runs uncapped" || bad "uncapped state series missing"
+devices=$(curl -fsS "http://127.0.0.1:$agg_http/api/v1/devices" | python3 -c 'import json,sys; d = json.load(sys.stdin)["devices"][0]; print(d["allocatedBytes"], d["uncappedContainers"])')
+[ "$devices" = "$((1024 << 20)) 1" ] && ok "aggregator /api/v1/devices: 1 GiB allocated, one container uncapped" || bad "devices: $devices"
 
 echo; echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
