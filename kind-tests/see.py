@@ -614,7 +614,7 @@ try:
         import yaml  # PyYAML: the chart tests use it too
         alerts = {r["alert"]: r["expr"] for g in yaml.safe_load(f)["groups"] for r in g["rules"]}
     firing = {"KaiGpuContainerUncapped", "KaiGpuProcessEscaped", "KaiGpuContainerOverCap", "KaiGpuContainerNearCap"}
-    liveness = {"KaiNodeAgentDown", "KaiNodeAgentStreamStale", "KaiAggregatorDown"}
+    liveness = {"KaiNodeAgentDown", "KaiNodeAgentStreamStale", "KaiNodePreloadPathBroken", "KaiAggregatorDown"}
 
     def selectors(expr):
         """The vector selectors of an expression (metric name and matchers)."""
