@@ -9,8 +9,10 @@ Usage: observability_test.py HELM_BINARY
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import yaml
 
@@ -18,6 +20,7 @@ CHART = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(CHART, "..", "..", "docs", "isolation.md")
 HELM = sys.argv[1] if len(sys.argv) > 1 else "helm"
 RULE_API = "monitoring.coreos.com/v1/PrometheusRule"
+MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
 passed, failed = 0, []
 
 
@@ -89,8 +92,64 @@ def alerts_documented():
             anchor = a["runbook_url"].split("#", 1)[1]
             assert anchor in anchors, f"{r['alert']}: docs/isolation.md has no #{anchor}"
     want = {"KaiGpuContainerUncapped", "KaiGpuProcessEscaped", "KaiGpuContainerOverCap", "KaiGpuContainerNearCap",
-            "KaiNodeAgentDown", "KaiNodeAgentStreamStale", "KaiAggregatorDown"}
+            "KaiNodeAgentDown", "KaiNodeAgentStreamStale", "KaiNodePreloadPathBroken", "KaiAggregatorDown"}
     assert want <= set(names), want - set(names)
+
+
+def doc_anchors():
+    with open(DOCS) as f:
+        return {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
+                for h in re.findall(r"^#+ (.+)$", f.read(), re.M)}
+
+
+def target_missing_rule():
+    """With the aggregator's ServiceMonitor the rule gains
+    KaiAggregatorTargetMissing on that very target; without it, not."""
+    docs = render("--api-versions", RULE_API, "--api-versions", MONITOR_API,
+                  "--set", "monitor.serviceMonitor.enabled=true")
+    with open(os.path.join(CHART, "files", "alerts.yaml")) as f:
+        static = yaml.safe_load(f)["groups"]
+    groups = named(docs, "PrometheusRule")[0]["spec"]["groups"]
+    assert groups[:-1] == static, "files/alerts.yaml first, unchanged"
+    assert groups[-1]["name"] == "kai-resource-isolator.scrape", groups[-1]
+    [rule] = groups[-1]["rules"]
+    assert rule["alert"] == "KaiAggregatorTargetMissing"
+    [svc] = [d for d in named(docs, "Service") if d["metadata"]["name"].endswith("-aggregator")]
+    [sm] = [d for d in named(docs, "ServiceMonitor") if d["metadata"]["name"].endswith("-aggregator")]
+    ns, name = svc["metadata"]["namespace"], svc["metadata"]["name"]
+    assert rule["expr"] == f'absent(up{{namespace="{ns}",service="{name}"}})', rule["expr"]
+    selector = sm["spec"]["selector"]["matchLabels"]
+    assert all(svc["metadata"]["labels"].get(k) == v for k, v in selector.items()), "the ServiceMonitor selects that Service"
+    assert rule["annotations"]["runbook_url"].split("#", 1)[1] in doc_anchors()
+    for off in (("--set", "monitor.serviceMonitor.enabled=false"),
+                ("--set", "monitor.serviceMonitor.enabled=true", "--set", "monitor.serviceMonitor.targets.aggregator=false",
+                 "--set", "monitor.serviceMonitor.targets.nodeAgents=true")):
+        spec = named(render("--api-versions", RULE_API, "--api-versions", MONITOR_API, *off), "PrometheusRule")[0]["spec"]
+        assert spec["groups"] == static, off
+
+    # It fires once the target has been gone for 10 minutes, not while it is
+    # there, down or not (KaiAggregatorDown's case). promtool comes with
+    # Debian's prometheus (kind-tests/see.sh installs it).
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found (Debian package prometheus)"
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "rules.yaml"), "w") as f:
+            yaml.safe_dump({"groups": [groups[-1]]}, f)
+        up = f'up{{job="{name}",namespace="{ns}",service="{name}",instance="10.0.0.9:9394"}}'
+        labels = {"severity": "warning", "namespace": ns, "service": name}
+        test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [
+            {"interval": "1m", "input_series": [{"series": up, "values": "1x5 0x20"}],
+             "alert_rule_test": [{"eval_time": "20m", "alertname": rule["alert"], "exp_alerts": []}]},
+            {"interval": "1m", "input_series": [{"series": up, "values": "1x2"}],
+             "alert_rule_test": [
+                 {"eval_time": "9m", "alertname": rule["alert"], "exp_alerts": []},
+                 {"eval_time": "20m", "alertname": rule["alert"],
+                  "exp_alerts": [{"exp_labels": labels, "exp_annotations": rule["annotations"]}]}]},
+        ]}
+        with open(os.path.join(tmp, "test.yaml"), "w") as f:
+            yaml.safe_dump(test, f)
+        r = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp, capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
 
 
 def units_match_the_series():
@@ -123,6 +182,8 @@ def schema_rejects_unknown():
 check("observability: nothing rendered by default", off_by_default)
 check("observability: dashboard ConfigMap for the Grafana sidecar, files/dashboard.json verbatim", dashboard_configmap)
 check("observability: PrometheusRule only with the CRD, files/alerts.yaml verbatim", rule_with_crd)
+check("observability: with the aggregator's ServiceMonitor, KaiAggregatorTargetMissing on its target (promtool)",
+      target_missing_rule)
 check("observability: every alert has a summary, description and runbook anchor in docs/isolation.md", alerts_documented)
 check("observability: dashboard units match the series (utilization in percent 0-100)", units_match_the_series)
 check("observability: schema rejects a misspelt key", schema_rejects_unknown)
