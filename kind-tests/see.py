@@ -538,6 +538,33 @@ try:
 
     check("kubectl vgpu nodes: capacity, allocated, used, stale, headroom per GPU", nodes)
 
+    def wide_and_node_filter():
+        node = json.loads(vgpu("nodes", "-o", "json").stdout)[0]["node"]
+        r = vgpu("top", "-A", "-o", "wide")
+        assert r.returncode == 0, r.stderr
+        lines_ = r.stdout.splitlines()
+        assert lines_[0].split()[-4:] == ["NODE", "STALE", "HEADROOM", "REASON"], lines_[0]
+        assert GPU0 in r.stdout, "wide shows whole GPU UUIDs"
+        # NAMESPACE POD CONTAINER GPU USED LIMIT % STATE NODE STALE HEADROOM REASON (words)
+        unc = next(l for l in lines_ if "uncapped-job-0" in l).split()
+        assert unc[8] == node and unc[10] == "-" and "CUDA_DEVICE_MEMORY_LIMIT" in " ".join(unc[11:]), unc
+        r = vgpu("nodes", "-o", "wide")
+        assert r.returncode == 0, r.stderr
+        lines_ = r.stdout.splitlines()
+        assert lines_[0].split()[-4:] == ["NAME", "CONTAINERS", "UNCAPPED", "AGENT"], lines_[0]
+        gpu1 = next(l for l in lines_ if GPU1 in l).split()
+        assert gpu1[-3:-1] == ["2", "1"], gpu1
+        # --node keeps that node's rows, another node has none.
+        pods = lambda out: sorted(l.split()[1] for l in out.splitlines()[1:])
+        assert pods(vgpu("top", "-A", "--node", node).stdout) == pods(vgpu("top", "-A").stdout)
+        r = vgpu("top", "-A", "--node", "no-such-node")
+        assert r.returncode == 0 and r.stdout == "No GPU-sharing containers found.\n", (r.returncode, r.stdout)
+        assert len(vgpu("nodes", "--node", node).stdout.splitlines()) == 3
+        r = vgpu("nodes", "--node", "no-such-node")
+        assert r.returncode == 0 and r.stdout == "No GPUs reported.\n", (r.returncode, r.stdout)
+
+    check("kubectl vgpu -o wide (node, stale, headroom, reason; name, containers, uncapped, agent) and --node", wide_and_node_filter)
+
     def why():
         r = vgpu("why", "uncapped-job-0", "-n", "team-c")
         assert r.returncode == 4, (r.returncode, r.stdout, r.stderr)
