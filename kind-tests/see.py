@@ -310,7 +310,20 @@ try:
                    " i.dispatchEvent(new Event('input')); })()")
         assert len(rows()) == 4
 
-    check("web view: filter by namespace, sort by headroom", filters)
+        def by_node(value):
+            browser.js("(() => { const i = document.getElementById('f-node'); i.value = %s;"
+                       " i.dispatchEvent(new Event('input')); })()" % json.dumps(value))
+            gpu_keys = browser.js("[...document.querySelectorAll('#gpus .row[data-key]')].map(r => r.dataset.key)")
+            return [r["key"] for r in rows()], gpu_keys
+
+        node = containers()["containers"][0]["node"]
+        keys, gpu_keys = by_node(node)
+        assert len(keys) == 4 and len(gpu_keys) == 2 and all(k.startswith(node + "/") for k in gpu_keys), (keys, gpu_keys)
+        assert by_node("no-such-node") == ([], []), "another node shows neither containers nor GPUs"
+        keys, gpu_keys = by_node("")
+        assert len(keys) == 4 and len(gpu_keys) == 2
+
+    check("web view: filter by namespace and by node, sort by headroom", filters)
     shot = os.path.join(OUT, "web-view.png")
     browser.screenshot(shot)
     check("web view: screenshot saved", lambda: None if os.path.getsize(shot) > 10_000 else (_ for _ in ()).throw(
