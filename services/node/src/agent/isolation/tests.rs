@@ -225,6 +225,43 @@ fn near_cap_crossings_emit_one_notice_each_way() {
 }
 
 #[test]
+fn stale_charge_counts_toward_near_cap() {
+    // Live use 80 % of 4 GiB: not near on its own. A dead process's slot
+    // (pid 0, usage never released) still charges 16 % against the cap.
+    let with_stale = |stale: u64| {
+        let mut region = using(4 * GIB, percent_of_4gib(80));
+        region.procs.push(ProcSpec {
+            slot: 1,
+            pid: 0,
+            hostpid: 5001,
+            status: 1,
+            seqlock: 0,
+            usage: vec![UsageSpec::data(stale, 0)],
+        });
+        region
+    };
+    let mut assessor = Assessor::default();
+    let mut views = vec![view_of(UID, &with_stale(percent_of_4gib(16)))];
+    let out = assessor.assess(&mut views, &input(NOW_MS));
+    let device = &views[0].snapshot.devices[0];
+    assert_eq!(device.used, percent_of_4gib(80), "stale is not live usage");
+    assert_eq!(device.stale_used, percent_of_4gib(16));
+    assert_eq!(views[0].isolation.near_cap, [GPU], "80 % live + 16 % stale");
+    assert_eq!(reasons(&out.notices), ["GpuMemoryNearCap"]);
+    assert!(
+        out.notices[0].message.contains("at 96%"),
+        "{}",
+        out.notices[0].message
+    );
+
+    // Reclaimed (the slot cleared): back below the cap's threshold.
+    let mut views = vec![view_of(UID, &using(4 * GIB, percent_of_4gib(80)))];
+    let out = assessor.assess(&mut views, &input(NOW_MS + 1));
+    assert!(views[0].isolation.near_cap.is_empty());
+    assert_eq!(reasons(&out.notices), ["GpuMemoryBelowCap"]);
+}
+
+#[test]
 fn a_sharing_container_without_a_region_after_the_grace_is_no_region() {
     let mut assessor = Assessor::default();
     let now_secs = (NOW_MS / 1000) as i64;
