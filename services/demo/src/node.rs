@@ -24,6 +24,9 @@ struct Sim {
     gpu: &'static str,
     limit: u64,
     used: u64,
+    /// CUDA_DEVICE_SM_LIMIT (the webhook sets it from the gpu-cores
+    /// annotation); 100 = none.
+    sm_limit: u64,
 }
 
 const SIMS: [Sim; 4] = [
@@ -35,6 +38,7 @@ const SIMS: [Sim; 4] = [
         gpu: "GPU-f00dcafe-0000-4000-8000-000000000000",
         limit: 4 * GIB,
         used: 1536 * MIB,
+        sm_limit: 100,
     },
     Sim {
         uid: "9a1b7c1e-0000-4000-8000-0000000000b2",
@@ -44,6 +48,8 @@ const SIMS: [Sim; 4] = [
         gpu: "GPU-f00dcafe-0000-4000-8000-000000000000",
         limit: 8 * GIB,
         used: 6 * GIB,
+        // Annotated kai-resource-isolator.io/gpu-cores: "50".
+        sm_limit: 50,
     },
     Sim {
         uid: "9a1b7c1e-0000-4000-8000-0000000000c3",
@@ -53,6 +59,7 @@ const SIMS: [Sim; 4] = [
         gpu: "GPU-0ddba11-0000-4000-8000-000000000001",
         limit: 2 * GIB,
         used: 300 * MIB,
+        sm_limit: 100,
     },
     // What KAI issue #2156 looks like: preloaded, but no limit was set, so
     // libvgpu records 0 and enforces nothing. The agent flags it.
@@ -64,6 +71,7 @@ const SIMS: [Sim; 4] = [
         gpu: "GPU-0ddba11-0000-4000-8000-000000000001",
         limit: 0,
         used: GIB,
+        sm_limit: 100,
     },
 ];
 
@@ -81,6 +89,9 @@ fn region(sim: &Sim, used: u64) -> RegionBuilder {
             ..UsageSpec::default()
         }],
     );
+    if let Some(device) = b.devices.first_mut() {
+        device.sm_limit = sim.sm_limit;
+    }
     b.last_kernel_time = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
