@@ -50,6 +50,19 @@ fn using(limit: u64, used: u64) -> RegionBuilder {
         .process(4000, vec![UsageSpec::data(used, used + 300 * MIB)])
 }
 
+/// Slot `slot` of a process that exited (pid 0) without releasing `used`
+/// bytes of `GPU`: a stale slot.
+fn exited(slot: usize, hostpid: i32, used: u64) -> ProcSpec {
+    ProcSpec {
+        slot,
+        pid: 0,
+        hostpid,
+        status: 1,
+        seqlock: 0,
+        usage: vec![UsageSpec::data(used, 0)],
+    }
+}
+
 fn no_lookup(_: &str) -> Lookup {
     Lookup::Unknown
 }
@@ -230,14 +243,7 @@ fn stale_charge_counts_toward_near_cap() {
     // (pid 0, usage never released) still charges 16 % against the cap.
     let with_stale = |stale: u64| {
         let mut region = using(4 * GIB, percent_of_4gib(80));
-        region.procs.push(ProcSpec {
-            slot: 1,
-            pid: 0,
-            hostpid: 5001,
-            status: 1,
-            seqlock: 0,
-            usage: vec![UsageSpec::data(stale, 0)],
-        });
+        region.procs.push(exited(1, 5001, stale));
         region
     };
     let mut assessor = Assessor::default();
@@ -326,14 +332,7 @@ fn stale_slots_are_counted_and_not_summed_into_live_usage() {
         .device(GPU, 4 * GIB)
         .process(5000, vec![UsageSpec::data(GIB, GIB)]);
     // Exited (pid 0) but its usage was never released.
-    region.procs.push(ProcSpec {
-        slot: 1,
-        pid: 0,
-        hostpid: 5001,
-        status: 1,
-        seqlock: 0,
-        usage: vec![UsageSpec::data(512 * MIB, 0)],
-    });
+    region.procs.push(exited(1, 5001, 512 * MIB));
     // Killed: the slot still says pid 42, but host PID 5002 is gone.
     region.procs.push(ProcSpec {
         slot: 2,
