@@ -83,6 +83,19 @@ impl<'a> Reader<'a> {
         found
     }
 
+    /// `Some(None)` for `null` (consumed), else what `read` reads: the
+    /// JSON side of serde's `Option<T>`.
+    pub(crate) fn nullable<T>(
+        &mut self,
+        read: impl FnOnce(&mut Self) -> Option<T>,
+    ) -> Option<Option<T>> {
+        if self.null() {
+            Some(None)
+        } else {
+            read(self).map(Some)
+        }
+    }
+
     fn enter(&mut self) -> Option<()> {
         self.depth += 1;
         (self.depth <= MAX_DEPTH).then_some(())

@@ -6,7 +6,7 @@
 
 use std::borrow::Cow;
 
-use super::{Container, Meta, Pod, Spec, Str};
+use super::{Annotations, Container, Meta, Pod, Spec, Str};
 use crate::json::read::Reader;
 
 impl<'a> Pod<'a> {
@@ -17,8 +17,8 @@ impl<'a> Pod<'a> {
             match key {
                 "apiVersion" => (r.str()? == "v1").then_some(())?,
                 "kind" => (r.str()? == "Pod").then_some(())?,
-                "metadata" => pod.metadata = if r.null() { Meta::default() } else { meta(r)? },
-                "spec" => pod.spec = if r.null() { None } else { Some(spec(r)?) },
+                "metadata" => pod.metadata = r.nullable(meta)?.unwrap_or_default(),
+                "spec" => pod.spec = r.nullable(spec)?,
                 _ => r.skip()?,
             }
             Some(())
@@ -31,21 +31,10 @@ fn meta<'a>(r: &mut Reader<'a>) -> Option<Meta<'a>> {
     let mut meta = Meta::default();
     r.object(|r, key| {
         match key {
-            "name" => meta.name = str_or_null(r)?,
-            "generateName" => meta.generate_name = str_or_null(r)?,
-            "namespace" => meta.namespace = str_or_null(r)?,
-            "annotations" => {
-                meta.annotations = if r.null() {
-                    None
-                } else {
-                    let mut pairs = Vec::new();
-                    r.object(|r, key| {
-                        pairs.push((Str(Cow::Borrowed(key)), Str(r.str()?)));
-                        Some(())
-                    })?;
-                    Some(super::Annotations(pairs))
-                }
-            }
+            "name" => meta.name = r.nullable(text)?,
+            "generateName" => meta.generate_name = r.nullable(text)?,
+            "namespace" => meta.namespace = r.nullable(text)?,
+            "annotations" => meta.annotations = r.nullable(annotations)?,
             _ => r.skip()?,
         }
         Some(())
@@ -53,13 +42,22 @@ fn meta<'a>(r: &mut Reader<'a>) -> Option<Meta<'a>> {
     Some(meta)
 }
 
+fn annotations<'a>(r: &mut Reader<'a>) -> Option<Annotations<'a>> {
+    let mut pairs = Vec::new();
+    r.object(|r, key| {
+        pairs.push((Str(Cow::Borrowed(key)), text(r)?));
+        Some(())
+    })?;
+    Some(Annotations(pairs))
+}
+
 fn spec<'a>(r: &mut Reader<'a>) -> Option<Spec<'a>> {
     let mut spec = Spec::default();
     r.object(|r, key| {
         match key {
-            "containers" => spec.containers = containers(r)?.unwrap_or_default(),
-            "initContainers" => spec.init_containers = containers(r)?,
-            "volumes" => spec.volumes = raw_or_null(r)?,
+            "containers" => spec.containers = r.nullable(containers)?.unwrap_or_default(),
+            "initContainers" => spec.init_containers = r.nullable(containers)?,
+            "volumes" => spec.volumes = r.nullable(Reader::raw)?,
             _ => r.skip()?,
         }
         Some(())
@@ -67,20 +65,17 @@ fn spec<'a>(r: &mut Reader<'a>) -> Option<Spec<'a>> {
     Some(spec)
 }
 
-/// A list of containers; `Some(None)` for `null`.
-fn containers<'a>(r: &mut Reader<'a>) -> Option<Option<Vec<Container<'a>>>> {
-    if r.null() {
-        return Some(None);
-    }
+fn containers<'a>(r: &mut Reader<'a>) -> Option<Vec<Container<'a>>> {
     let mut list = Vec::new();
     r.array(|r| {
         let mut c = Container::default();
         r.object(|r, key| {
             match key {
-                "name" => c.name = str_or_null(r)?.unwrap_or_default(),
-                "env" => c.env = raw_or_null(r)?,
-                "volumeMounts" => c.volume_mounts = raw_or_null(r)?,
-                "resources" => c.resources = raw_or_null(r)?,
+                "name" => c.name = r.nullable(text)?.unwrap_or_default(),
+                // Kept as text, read on demand.
+                "env" => c.env = r.nullable(Reader::raw)?,
+                "volumeMounts" => c.volume_mounts = r.nullable(Reader::raw)?,
+                "resources" => c.resources = r.nullable(Reader::raw)?,
                 _ => r.skip()?,
             }
             Some(())
@@ -88,21 +83,10 @@ fn containers<'a>(r: &mut Reader<'a>) -> Option<Option<Vec<Container<'a>>>> {
         list.push(c);
         Some(())
     })?;
-    Some(Some(list))
+    Some(list)
 }
 
-/// A string; `Some(None)` for `null`.
-fn str_or_null<'a>(r: &mut Reader<'a>) -> Option<Option<Str<'a>>> {
-    if r.null() {
-        return Some(None);
-    }
-    r.str().map(|s| Some(Str(s)))
-}
-
-/// A value's text, kept to be read on demand; `Some(None)` for `null`.
-fn raw_or_null<'a>(r: &mut Reader<'a>) -> Option<Option<&'a str>> {
-    if r.null() {
-        return Some(None);
-    }
-    r.raw().map(Some)
+/// A string, unescaped.
+fn text<'a>(r: &mut Reader<'a>) -> Option<Str<'a>> {
+    r.str().map(Str)
 }

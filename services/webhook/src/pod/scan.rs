@@ -44,7 +44,7 @@ pub fn objects_and_presence<'a, const K: usize, const P: usize>(
         let mut found = [false; P];
         r.object(|r, key| {
             if let Some(k) = keys.iter().position(|k| *k == key) {
-                members[k] = Some(if r.null() { None } else { Some(r.plain_str()?) });
+                members[k] = Some(r.nullable(Reader::plain_str)?);
             } else if let Some(p) = present.iter().position(|p| *p == key) {
                 found[p] = !r.null();
                 if found[p] {

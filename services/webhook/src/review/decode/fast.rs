@@ -17,14 +17,7 @@ pub(super) fn review(body: &[u8]) -> Option<ReviewIn<'_>> {
     r.object(|r, key| match key {
         "apiVersion" => once(&mut api_version, Str(r.str()?)),
         "kind" => once(&mut kind, Str(r.str()?)),
-        "request" => {
-            let value = if r.null() {
-                None
-            } else {
-                Some(self::request(r)?)
-            };
-            once(&mut request, value)
-        }
+        "request" => once(&mut request, r.nullable(self::request)?),
         _ => r.skip(),
     })?;
     r.end()?;
@@ -45,20 +38,20 @@ fn request<'a>(r: &mut Reader<'a>) -> Option<RequestIn<'a>> {
     r.object(|r, key| match key {
         "uid" => once(&mut uid, r.str()?.into_owned()),
         "kind" => once(&mut kind, gvk(r)?),
-        "subResource" => once(&mut sub_resource, string_or_null(r)?),
-        "name" => once(&mut name, string_or_null(r)?),
-        "namespace" => once(&mut namespace, string_or_null(r)?),
+        "subResource" => once(&mut sub_resource, r.nullable(string)?),
+        "name" => once(&mut name, r.nullable(string)?),
+        "namespace" => once(&mut namespace, r.nullable(string)?),
         "operation" => once(&mut operation, Str(r.str()?)),
         "object" => {
             let ours = known_pod_create(kind.as_ref(), operation.as_deref(), &sub_resource);
-            let value = if r.null() {
-                Object::Absent
-            } else if ours {
-                Object::Pod(Pod::read(r)?)
-            } else {
-                Object::Raw(r.raw()?)
-            };
-            once(&mut object, value)
+            let value = r.nullable(|r| {
+                if ours {
+                    Pod::read(r).map(Object::Pod)
+                } else {
+                    r.raw().map(Object::Raw)
+                }
+            })?;
+            once(&mut object, value.unwrap_or(Object::Absent))
         }
         _ => r.skip(),
     })?;
@@ -88,12 +81,8 @@ fn gvk<'a>(r: &mut Reader<'a>) -> Option<GroupVersionKind<'a>> {
     })
 }
 
-/// An owned string; `Some(None)` for `null`.
-fn string_or_null(r: &mut Reader<'_>) -> Option<Option<String>> {
-    if r.null() {
-        return Some(None);
-    }
-    r.str().map(|s| Some(Cow::into_owned(s)))
+fn string(r: &mut Reader<'_>) -> Option<String> {
+    r.str().map(Cow::into_owned)
 }
 
 /// Stores a field's value; a repeated one is serde_json's to refuse.
