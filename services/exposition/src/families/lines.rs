@@ -103,25 +103,45 @@ pub(crate) fn host(out: &mut String, spec: &Spec, node: &str, d: &HostDevice, op
     close_zoned(out, value);
 }
 
-/// The HAMi label set of a container device (open: [`close`] ends it).
-fn hami_labels(out: &mut String, c: &ContainerUsage, d: &DeviceUsage, ctx: Ctx<'_>) {
-    text_if(out, "{namespace=\"", &c.namespace, ctx.clean);
-    text_if(out, "\",pod=\"", &c.pod, ctx.clean);
-    text_if(out, "\",container=\"", &c.container, ctx.clean);
-    int(out, "\",vdevice_index=\"", u64::from(d.index));
-    text_if(out, "\",device_uuid=\"", &d.uuid, ctx.clean);
-    if ctx.opts.node_label {
-        text_if(out, "\",node=\"", &c.node, ctx.clean);
-    }
+/// The names of a container device's label set, each with what precedes
+/// its value: HAMi's and the legacy one differ in names only.
+struct DeviceLabels {
+    namespace: &'static str,
+    pod: &'static str,
+    container: &'static str,
+    index: &'static str,
+    uuid: &'static str,
 }
 
-/// The legacy label set of a container device (open).
-fn legacy_labels(out: &mut String, c: &ContainerUsage, d: &DeviceUsage, ctx: Ctx<'_>) {
-    text_if(out, "{podnamespace=\"", &c.namespace, ctx.clean);
-    text_if(out, "\",podname=\"", &c.pod, ctx.clean);
-    text_if(out, "\",ctrname=\"", &c.container, ctx.clean);
-    int(out, "\",vdeviceid=\"", u64::from(d.index));
-    text_if(out, "\",deviceuuid=\"", &d.uuid, ctx.clean);
+const HAMI_LABELS: DeviceLabels = DeviceLabels {
+    namespace: "{namespace=\"",
+    pod: "\",pod=\"",
+    container: "\",container=\"",
+    index: "\",vdevice_index=\"",
+    uuid: "\",device_uuid=\"",
+};
+
+const LEGACY_LABELS: DeviceLabels = DeviceLabels {
+    namespace: "{podnamespace=\"",
+    pod: "\",podname=\"",
+    container: "\",ctrname=\"",
+    index: "\",vdeviceid=\"",
+    uuid: "\",deviceuuid=\"",
+};
+
+/// A container device's label set (open: [`close`] ends it).
+fn device_labels(
+    out: &mut String,
+    names: &DeviceLabels,
+    c: &ContainerUsage,
+    d: &DeviceUsage,
+    ctx: Ctx<'_>,
+) {
+    text_if(out, names.namespace, &c.namespace, ctx.clean);
+    text_if(out, names.pod, &c.pod, ctx.clean);
+    text_if(out, names.container, &c.container, ctx.clean);
+    int(out, names.index, u64::from(d.index));
+    text_if(out, names.uuid, &d.uuid, ctx.clean);
     if ctx.opts.node_label {
         text_if(out, "\",node=\"", &c.node, ctx.clean);
     }
@@ -209,23 +229,23 @@ fn device(out: &mut String, spec: &Spec, c: &ContainerUsage, d: &DeviceUsage, ct
     out.push_str(spec.name);
     match spec.metric {
         Metric::LegacyUsed | Metric::LegacyLimit | Metric::LegacyUtil | Metric::LegacyKernel => {
-            legacy_labels(out, c, d, ctx);
+            device_labels(out, &LEGACY_LABELS, c, d, ctx);
         }
         Metric::LegacyDesc => {
-            legacy_labels(out, c, d, ctx);
+            device_labels(out, &LEGACY_LABELS, c, d, ctx);
             int(out, "\",context=\"", d.context_bytes);
             int(out, "\",module=\"", d.module_bytes);
             int(out, "\",data=\"", d.buffer_bytes);
             int(out, "\",offset=\"", offset(d));
         }
         Metric::Breakdown => {
-            hami_labels(out, c, d, ctx);
+            device_labels(out, &HAMI_LABELS, c, d, ctx);
             int(out, "\",context_size=\"", d.context_bytes);
             int(out, "\",module_size=\"", d.module_bytes);
             int(out, "\",buffer_size=\"", d.buffer_bytes);
             int(out, "\",offset=\"", offset(d));
         }
-        _ => hami_labels(out, c, d, ctx),
+        _ => device_labels(out, &HAMI_LABELS, c, d, ctx),
     }
     match spec.metric {
         // Our own per-device families share HAMi's label set but are not
