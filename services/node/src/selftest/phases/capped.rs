@@ -14,34 +14,27 @@ impl Run<'_> {
     pub(super) async fn capped(&mut self, device: &DeviceInfo) -> Result<(), Abort> {
         let cap = self.args.cap;
         let mut probe = Probe::spawn(&self.spec("capped", true))?;
-        match probe.next().await {
+        let failed = match probe.next().await {
             Ok(Event::Ready { free, total, .. }) => {
                 self.report.figure("capped_meminfo_free_bytes", free);
                 self.report.figure("capped_meminfo_total_bytes", total);
                 let (s, d) = checks::meminfo_total(total, cap, device.total);
                 self.report.check("meminfo-shows-cap", s, d);
+                None
             }
-            Ok(Event::Failed { error, .. }) => {
-                self.report.check(
-                    "cuda-under-library",
-                    Status::Fail,
-                    format!("CUDA works without the library but not with it: {error}"),
-                );
-                let ended = probe.finish().await?;
-                self.ended("capped", ended);
-                return Ok(());
-            }
+            Ok(Event::Failed { error, .. }) => Some(format!(
+                "CUDA works without the library but not with it: {error}"
+            )),
             Ok(other) => return Err(Abort(format!("unexpected first event {other:?}"))),
-            Err(e) => {
-                self.report.check(
-                    "cuda-under-library",
-                    Status::Fail,
-                    format!("CUDA works without the library but the preloaded process failed: {e}"),
-                );
-                let ended = probe.finish().await?;
-                self.ended("capped", ended);
-                return Ok(());
-            }
+            Err(e) => Some(format!(
+                "CUDA works without the library but the preloaded process failed: {e}"
+            )),
+        };
+        if let Some(why) = failed {
+            self.report.check("cuda-under-library", Status::Fail, why);
+            let ended = probe.finish().await?;
+            self.ended("capped", ended);
+            return Ok(());
         }
         let outcome = held(probe.next().await?, Step::Hold)?;
         let (s, d) = checks::below_cap(&outcome, self.hold, cap);
