@@ -143,3 +143,34 @@ kai-resource-isolator.io/webhook: ignore
 {{- define "kai.serviceMonitorApi" -}}
 {{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor" -}}true{{- end -}}
 {{- end -}}
+
+{{- /* matchConditions: beta and on by default in 1.28, GA in 1.30. */ -}}
+{{- define "kai.matchConditionsSupported" -}}
+{{- if semverCompare ">=1.28.0-0" .Capabilities.KubeVersion.Version -}}true{{- end -}}
+{{- end -}}
+
+{{- /* The chart's condition plus the user's; empty without API support. */ -}}
+{{- define "kai.webhookMatchConditions" -}}
+{{- if include "kai.matchConditionsSupported" . -}}
+{{- $conditions := list -}}
+{{- if .Values.webhook.scopeToSharingPods -}}
+{{- $conditions = append $conditions (dict "name" "kai-gpu-sharing-pods" "expression" "has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations)") -}}
+{{- end -}}
+{{- $conditions = concat $conditions (.Values.webhook.matchConditions | default list) -}}
+{{- if $conditions -}}{{- toYaml $conditions -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- /*
+"" = fail closed only where the chart's condition keeps every other pod away
+from the webhook; otherwise fail open, the behaviour before matchConditions.
+*/ -}}
+{{- define "kai.webhookFailurePolicy" -}}
+{{- if .Values.webhook.failurePolicy -}}
+{{- .Values.webhook.failurePolicy -}}
+{{- else if and .Values.webhook.scopeToSharingPods (include "kai.matchConditionsSupported" .) -}}
+Fail
+{{- else -}}
+Ignore
+{{- end -}}
+{{- end -}}

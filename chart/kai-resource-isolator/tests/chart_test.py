@@ -106,6 +106,13 @@ for s in SCENARIOS:
 
 # --- the webhook selects what it should ----------------------------------
 
+SHARING_PODS = {
+    "name": "kai-gpu-sharing-pods",
+    "expression": "has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations"
+                  " || 'gpu-memory' in object.metadata.annotations)",
+}
+
+
 def webhook_selection():
     docs = render()
     mwc = one(docs, "MutatingWebhookConfiguration")
@@ -113,7 +120,10 @@ def webhook_selection():
     (w,) = mwc["webhooks"]
     assert w["name"] == "vgpu.lib.kai-resource-isolator.io"
     assert w["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}]
-    assert (w["failurePolicy"], w["sideEffects"], w["reinvocationPolicy"], w["timeoutSeconds"]) == ("Ignore", "None", "IfNeeded", 10)
+    # Fail closed by default, scoped by the chart's own CEL condition so only
+    # GPU-sharing pods are ever sent (and wait when the webhook is down).
+    assert (w["failurePolicy"], w["sideEffects"], w["reinvocationPolicy"], w["timeoutSeconds"]) == ("Fail", "None", "IfNeeded", 10)
+    assert w["matchConditions"] == [SHARING_PODS]
     assert w["admissionReviewVersions"] == ["v1"]
     assert {"key": "kai-resource-isolator.io/webhook", "operator": "NotIn", "values": ["ignore"]} in w["objectSelector"]["matchExpressions"]
     ns = w["namespaceSelector"]["matchExpressions"]
@@ -578,8 +588,25 @@ def webhook_scoping():
     obj = w["objectSelector"]["matchExpressions"]
     assert {"key": "kai-resource-isolator.io/webhook", "operator": "NotIn", "values": ["ignore"]} in obj, "ours stay"
     assert {"key": "team", "operator": "In", "values": ["ml"]} in obj
-    assert w["matchConditions"] == [{"name": "kai-only", "expression": "object.spec.schedulerName == 'kai-scheduler'"}]
-    assert "matchConditions" not in one(render(), "MutatingWebhookConfiguration")["webhooks"][0]
+    assert w["matchConditions"] == [SHARING_PODS, {"name": "kai-only", "expression": "object.spec.schedulerName == 'kai-scheduler'"}]
+
+
+
+def failure_policy():
+    def webhook(*extra):
+        (w,) = one(render(extra=extra), "MutatingWebhookConfiguration")["webhooks"]
+        return w["failurePolicy"], w.get("matchConditions")
+    # An API server without matchConditions (< 1.28) would send every pod the
+    # selectors match: the default falls back to fail-open there.
+    assert webhook("--kube-version", "1.27.3") == ("Ignore", None)
+    assert webhook("--kube-version", "1.28.0") == ("Fail", [SHARING_PODS])
+    # The old behaviour on request; an explicit Fail holds even without scope.
+    assert webhook("--set", "webhook.failurePolicy=Ignore") == ("Ignore", [SHARING_PODS])
+    assert webhook("--set", "webhook.scopeToSharingPods=false") == ("Ignore", None)
+    assert webhook("--set", "webhook.scopeToSharingPods=false", "--set", "webhook.failurePolicy=Fail") == ("Fail", None)
+    assert webhook("--kube-version", "1.27.3", "--set", "webhook.failurePolicy=Fail") == ("Fail", None)
+    # The user's conditions are dropped with ours where the API lacks them.
+    assert webhook("--kube-version", "1.27.3", "--set-json", 'webhook.matchConditions=[{"name":"a","expression":"true"}]') == ("Ignore", None)
 
 
 def gke():
@@ -625,6 +652,7 @@ check("Go keys: name/namespace overrides, pull secrets, registry precedence, rba
 check("webhook PDB: maxUnavailable, then minAvailable, then 1 (Go precedence)", pdb_precedence)
 check("cert-manager ClusterIssuer; tls.patch accepted", cert_manager_cluster_issuer)
 check("webhook scoping values add to ours, never replace them", webhook_scoping)
+check("failurePolicy: Fail where matchConditions scope it to sharing pods, Ignore where the API lacks them, explicit values win", failure_policy)
 check("GKE: host paths, affinity, ResourceQuota for system-node-critical, NVML from the host", gke)
 check("priority-class ResourceQuota only outside kube-system and only for critical classes", priority_quota_only_where_needed)
 def enforcement():
