@@ -1,0 +1,1078 @@
+#!/usr/bin/env python3
+"""The chart and the binaries against a real kube-apiserver (kind-tests/cluster.sh).
+
+  apiserver.py CLUSTER_DIR TARGET_DIR HELM [--only NAME,...]
+
+CLUSTER_DIR is a running cluster.sh cluster, TARGET_DIR holds the built
+kai-webhook / kai-node / kai-aggregator. Each line printed is one assertion
+against that API server; the exit status is the number of failures (capped).
+The webhook, node agent and aggregator run as processes on this host with the
+arguments and environment of the chart's own Deployment/DaemonSet (read back
+from the API server), each with a token of its own ServiceAccount.
+"""
+import base64
+import json
+import os
+import re
+import signal
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import http.client
+import http.server
+from concurrent.futures import ThreadPoolExecutor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+CHART = os.path.join(ROOT, "chart", "kai-resource-isolator")
+CORPUS = os.path.join(ROOT, "services", "webhook", "tests", "pods")
+RBAC_DIR = os.path.join(HERE, "rbac")
+
+RELEASE, NS = "kai", "kai-system"
+FULL = f"{RELEASE}-kai-resource-isolator"
+TENANT = "team-a"
+OURS = ("kai-resource-isolator-vgpu", "kai-resource-isolator-containers", "kai-resource-isolator-vgpulock")
+
+passed, failed = 0, []
+
+
+def ok(name):
+    global passed
+    passed += 1
+    print(f"ok   {name}", flush=True)
+
+
+def bad(name, why):
+    failed.append(name)
+    print(f"FAIL {name}: {why}", flush=True)
+
+
+def check(name, fn):
+    try:
+        fn()
+        ok(name)
+    except AssertionError as e:
+        bad(name, e)
+    except subprocess.CalledProcessError as e:
+        bad(name, f"{' '.join(e.cmd[:6])}…: rc {e.returncode}: {(e.stderr or '')[-600:]}")
+    except Exception as e:  # a broken step fails its line, not the suite
+        bad(name, f"{type(e).__name__}: {e}")
+
+
+# --- the cluster -------------------------------------------------------------
+
+def load_env(d):
+    env = {}
+    for line in open(os.path.join(d, "env")):
+        line = line.strip().removeprefix("export ")
+        if "=" in line:
+            k, v = line.split("=", 1)
+            env[k] = v.strip('"')
+    return env
+
+
+CLUSTER = os.path.abspath(sys.argv[1])
+TARGET = os.path.abspath(sys.argv[2])
+HELM = sys.argv[3]
+ONLY = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else None
+ENV = load_env(CLUSTER)
+BIN = ENV["BIN"]
+NODE_IP = ENV["NODE_IP"]
+NODES = ENV["NODES"].split()
+ADMIN = os.path.join(CLUSTER, "admin.kubeconfig")
+PKI = os.path.join(CLUSTER, "pki")
+WORK = tempfile.mkdtemp(prefix="kai-apiserver-test.", dir=CLUSTER)
+procs = {}
+
+
+def run(*args, check=True, input=None, env=None, timeout=120):
+    return subprocess.run(args, check=check, input=input, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def kubectl(*args, kubeconfig=ADMIN, check=True, input=None):
+    return run(os.path.join(BIN, "kubectl"), "--kubeconfig", kubeconfig, *args, check=check, input=input)
+
+
+def kjson(*args, **kw):
+    return json.loads(kubectl(*args, "-o", "json", **kw).stdout)
+
+
+def apply(obj, *args):
+    return kubectl("apply", "-f", "-", *args, input=json.dumps(obj))
+
+
+def helm(*args, check=True):
+    return run(HELM, "--kubeconfig", ADMIN, *args, check=check, timeout=300)
+
+
+def eventually(what, fn, timeout=90):
+    """Polls fn until it returns something truthy: waits on an event, never
+    on time alone; the deadline only turns a hang into a failure."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except (subprocess.CalledProcessError, AssertionError, KeyError, OSError, ValueError) as e:
+            last = e
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: not within {timeout} s (last: {str(last)[:300]})")
+
+
+def free_port(host="127.0.0.1"):
+    s = socket.socket()
+    s.bind((host, 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def http_get(url, timeout=5):
+    host, _, rest = url.removeprefix("http://").partition("/")
+    h, p = host.rsplit(":", 1)
+    c = http.client.HTTPConnection(h, int(p), timeout=timeout)
+    c.request("GET", "/" + rest)
+    r = c.getresponse()
+    return r.status, r.read().decode()
+
+
+def metric(url, name, labels=""):
+    """The value of one series in a Prometheus text page (0 when absent)."""
+    _, text = http_get(url)
+    want = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(want + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def start(name, argv, env=None):
+    log = open(os.path.join(WORK, f"{name}.log"), "ab")
+    procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return procs[name]
+
+
+def stop(name):
+    p = procs.pop(name, None)
+    if p and p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def log_tail(name, n=40):
+    try:
+        return "\n".join(open(os.path.join(WORK, f"{name}.log"), errors="replace").read().splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def cluster(*args):
+    return run("bash", os.path.join(HERE, "cluster.sh"), *args, CLUSTER, timeout=300)
+
+
+# --- tokens: each component as its own ServiceAccount ------------------------
+
+def sa_kubeconfig(sa, ns=NS):
+    """A kubeconfig holding a TokenRequest token of the ServiceAccount, bound
+    to nothing else: what a pod of that ServiceAccount would present."""
+    token = kubectl("create", "token", sa, "-n", ns, "--duration=2h").stdout.strip()
+    path = os.path.join(WORK, f"{sa}.kubeconfig")
+    server = f"https://127.0.0.1:{ENV['API_PORT']}"
+    with open(path, "w") as f:
+        f.write(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "{server}", certificate-authority: "{PKI}/ca.crt"}}}}]
+users: [{{name: {sa}, user: {{token: "{token}"}}}}]
+contexts: [{{name: c, context: {{cluster: c, user: {sa}, namespace: {ns}}}}}]
+current-context: c
+""")
+    return path
+
+
+def container_of(kind, name, container):
+    obj = kjson("get", kind, name, "-n", NS)
+    (c,) = [c for c in obj["spec"]["template"]["spec"]["containers"] if c["name"] == container]
+    return c
+
+
+def chart_env(c, **fields):
+    """The container's env as the kubelet would give it: literal values and
+    the downward-API fields the test supplies."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    for e in c.get("env", []):
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif e["name"] in fields:
+            env[e["name"]] = fields[e["name"]]
+    return env
+
+
+def rewrite(args, subst):
+    out = []
+    for a in args:
+        for pat, rep in subst:
+            a = re.sub(pat, rep, a)
+        out.append(a)
+    return out
+
+
+# --- pods ------------------------------------------------------------------
+
+def pod(name, annotations=None, containers=("main",), labels=None, node=None, init=()):
+    p = {"apiVersion": "v1", "kind": "Pod",
+         "metadata": {"name": name, "annotations": dict(annotations or {}), "labels": dict(labels or {})},
+         "spec": {"containers": [{"name": c, "image": "registry.k8s.io/pause:3.10"} for c in containers],
+                  "terminationGracePeriodSeconds": 0}}
+    if init:
+        p["spec"]["initContainers"] = [{"name": c, "image": "registry.k8s.io/pause:3.10"} for c in init]
+    if node:
+        p["spec"]["nodeName"] = node
+    return p
+
+
+def create(obj, ns=TENANT, dry_run=False, check=True):
+    obj = json.loads(json.dumps(obj))
+    obj["metadata"]["namespace"] = ns
+    args = ["create", "-f", "-", "-o", "json"] + (["--dry-run=server"] if dry_run else [])
+    r = kubectl(*args, input=json.dumps(obj), check=check)
+    return json.loads(r.stdout) if r.returncode == 0 else r
+
+
+def pod_checks(mode, pod_obj, *args):
+    path = os.path.join(WORK, "pod.json")
+    with open(path, "w") as f:
+        json.dump(pod_obj, f)
+    r = run(sys.executable, os.path.join(HERE, "pod_checks.py"), mode, path, *args, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def ours_in(pod_obj):
+    spec = pod_obj["spec"]
+    vols = [v["name"] for v in spec.get("volumes", []) if v["name"] in OURS]
+    env = [e["name"] for c in spec.get("containers", []) + spec.get("initContainers", []) for e in c.get("env", [])
+           if e["name"] in ("POD_UID", "CONTAINER_NAME", "CONTAINER_VGPU_MOUNT")]
+    return vols, env
+
+
+# --- stand-in CRDs -----------------------------------------------------------
+
+def crd(group, kind, plural, scope="Namespaced", version="v1"):
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.{group}"},
+            "spec": {"group": group, "scope": scope,
+                     "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": kind + "List"},
+                     "versions": [{"name": version, "served": True, "storage": True,
+                                   "schema": {"openAPIV3Schema": {"type": "object",
+                                                                  "x-kubernetes-preserve-unknown-fields": True}}}]}}
+
+
+# ============================================================================
+# 0. the cluster is what the other parts assume
+# ============================================================================
+
+def cluster_shape():
+    def nodes():
+        got = {n["metadata"]["name"]: n for n in kjson("get", "nodes")["items"]}
+        assert sorted(got) == sorted(NODES), sorted(got)
+        for n in got.values():
+            assert n["metadata"]["labels"].get("nvidia.com/gpu.memory"), n["metadata"]["labels"]
+            assert n["status"]["allocatable"]["nvidia.com/gpu"] == "2"
+            assert not n["spec"].get("taints"), n["spec"].get("taints")
+        # One node of each kind the chart's default selection knows.
+        assert "nvidia.com/gpu.present" in got[NODES[0]]["metadata"]["labels"]
+        assert "cloud.google.com/gke-accelerator" in got[NODES[1]]["metadata"]["labels"]
+    check("two Ready GPU nodes (KAI's labels, nvidia.com/gpu allocatable, untainted)", nodes)
+
+    def dra():
+        # A field of the DRAConsumableCapacity feature is dropped on write
+        # when the gate is off: reading it back proves the gate is on.
+        apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+               "metadata": {"name": "kai-test-shared-gpu"},
+               "spec": {"driver": "gpu.kai-test.io", "nodeName": NODES[0],
+                        "pool": {"name": NODES[0], "generation": 1, "resourceSliceCount": 1},
+                        "devices": [{"name": "gpu-0", "allowMultipleAllocations": True,
+                                     "capacity": {"memory": {"value": "80Gi"}}}]}})
+        got = kjson("get", "resourceslice", "kai-test-shared-gpu")
+        assert got["spec"]["devices"][0].get("allowMultipleAllocations") is True, got["spec"]["devices"][0]
+        kubectl("delete", "resourceslice", "kai-test-shared-gpu")
+    check("DRA resource.k8s.io/v1 with consumable capacity (a shared device keeps allowMultipleAllocations)", dra)
+
+    def authz():
+        out = kubectl("auth", "can-i", "list", "pods", "-A", kubeconfig=os.path.join(CLUSTER, "users", "tenant-a.kubeconfig"), check=False)
+        assert out.stdout.strip() == "no", out.stdout + out.stderr
+        assert kubectl("auth", "can-i", "*", "*").stdout.strip() == "yes"
+    check("RBAC is on: a test user has no rights until bound, the admin has all", authz)
+
+
+# ============================================================================
+# 1. helm install / upgrade / uninstall
+# ============================================================================
+
+def scenario_files():
+    return sorted(f for f in os.listdir(os.path.join(CHART, "ci")) if f.endswith("-values.yaml"))
+
+
+def release_objects(release, ns):
+    sel = f"app.kubernetes.io/instance={release}"
+    names = kubectl("get", "all,secret,configmap,serviceaccount,role,rolebinding,poddisruptionbudget,resourcequota",
+                    "-n", ns, "-l", sel, "-o", "name").stdout.split()
+    names += kubectl("get", "clusterrole,clusterrolebinding,mutatingwebhookconfiguration",
+                     "-l", sel, "-o", "name").stdout.split()
+    return names
+
+
+def selects(spec, labels):
+    """Whether a pod spec's nodeSelector and required node affinity admit a
+    node with these labels (the operators the chart uses)."""
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    terms = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms")
+    if not terms:
+        return True
+
+    def holds(e):
+        op, k, vals = e["operator"], e["key"], e.get("values", [])
+        return {"In": k in labels and labels[k] in vals, "NotIn": labels.get(k) not in vals,
+                "Exists": k in labels, "DoesNotExist": k not in labels}[op]
+    return any(all(holds(e) for e in t.get("matchExpressions", [])) for t in terms)
+
+
+def workloads_scheduled(ns, release):
+    sel = f"app.kubernetes.io/instance={release}"
+    dss = kjson("get", "daemonset", "-n", ns, "-l", sel)["items"]
+    deps = kjson("get", "deployment", "-n", ns, "-l", sel)["items"]
+    pods = kjson("get", "pod", "-n", ns, "-l", sel)["items"]
+    assert dss or deps, "no workloads"
+    nodes = {n["metadata"]["name"]: n["metadata"]["labels"] for n in kjson("get", "nodes")["items"]}
+    for ds in dss:
+        # The nodes the chart's selection admits: at least one of our two
+        # GPU node kinds, and exactly those get a pod.
+        admitted = sorted(n for n, labels in nodes.items() if selects(ds["spec"]["template"]["spec"], labels))
+        assert admitted, f"{ds['metadata']['name']} selects none of the GPU nodes"
+        mine = [p for p in pods if any(o["kind"] == "DaemonSet" and o["name"] == ds["metadata"]["name"]
+                                       for o in p["metadata"].get("ownerReferences", []))]
+        want = ds["status"].get("desiredNumberScheduled", 0)
+        assert want == len(admitted), f"{ds['metadata']['name']}: desired {want}, admitted {admitted}"
+        assert sorted(p["spec"].get("nodeName", "") for p in mine) == admitted, \
+            f"{ds['metadata']['name']}: pods on {[p['spec'].get('nodeName') for p in mine]}, admitted {admitted}"
+    for d in deps:
+        want = d["spec"].get("replicas", 1)
+        prefix = d["metadata"]["name"] + "-"
+        mine = [p for p in pods if p["metadata"]["name"].startswith(prefix)]
+        assert len(mine) == want and all(p["spec"].get("nodeName") in NODES for p in mine), \
+            f"{d['metadata']['name']}: {len(mine)}/{want} pods, on {[p['spec'].get('nodeName') for p in mine]}"
+    return True
+
+
+def rollout_started(ns, release):
+    """After an upgrade: every controller observed the new spec and each
+    Deployment's newest ReplicaSet has pods scheduled. A rollout cannot
+    finish here (no kubelet: old pods never stop, new ones never get Ready)."""
+    sel = f"app.kubernetes.io/instance={release}"
+    for obj in kjson("get", "daemonset,deployment", "-n", ns, "-l", sel)["items"]:
+        name = obj["metadata"]["name"]
+        assert obj.get("status", {}).get("observedGeneration") == obj["metadata"]["generation"], f"{name}: new spec not observed"
+        if obj["kind"] == "DaemonSet":
+            assert obj["status"].get("desiredNumberScheduled", 0) > 0, name
+            continue
+        revision = obj["metadata"]["annotations"]["deployment.kubernetes.io/revision"]
+        (rs,) = [r for r in kjson("get", "replicaset", "-n", ns, "-l", sel)["items"]
+                 if r["metadata"]["annotations"].get("deployment.kubernetes.io/revision") == revision
+                 and r["metadata"]["ownerReferences"][0]["name"] == name]
+        h = rs["metadata"]["labels"]["pod-template-hash"]
+        new = kjson("get", "pod", "-n", ns, "-l", f"pod-template-hash={h}")["items"]
+        assert new and all(p["spec"].get("nodeName") in NODES for p in new), f"{name}: new pods {[p['spec'].get('nodeName') for p in new]}"
+    return True
+
+
+def helm_matrix():
+    # CRDs the chart's optional objects use (cert-manager, Prometheus
+    # Operator): stand-ins with open schemas, so the real API server stores
+    # what the chart renders; nothing here runs cert-manager itself.
+    for c in (crd("cert-manager.io", "Certificate", "certificates"),
+              crd("cert-manager.io", "Issuer", "issuers"),
+              crd("cert-manager.io", "ClusterIssuer", "clusterissuers", scope="Cluster"),
+              crd("monitoring.coreos.com", "ServiceMonitor", "servicemonitors"),
+              crd("monitoring.coreos.com", "PrometheusRule", "prometheusrules")):
+        apply(c)
+    for c in ("certificates.cert-manager.io", "servicemonitors.monitoring.coreos.com"):
+        kubectl("wait", "--for=condition=Established", f"crd/{c}", "--timeout=60s")
+
+    cases = [("defaults", [])] + [(f, ["-f", os.path.join(CHART, "ci", f)]) for f in scenario_files()]
+    for i, (name, args) in enumerate(cases):
+        release, ns = f"m{i}", f"matrix-{i}"
+
+        def installs():
+            r = helm("install", release, CHART, "-n", ns, "--create-namespace", *args, check=False)
+            assert r.returncode == 0, r.stderr[-800:]
+            eventually("DaemonSet and Deployment pods scheduled on the GPU nodes", lambda: workloads_scheduled(ns, release))
+        check(f"helm install ({name}): accepted by the API server, every DaemonSet/Deployment pod scheduled on the fake GPU nodes", installs)
+
+        def upgrades():
+            r = helm("upgrade", release, CHART, "-n", ns, *args, "--set", "webhook.replicaCount=2",
+                     "--set", "webhook.timeoutSeconds=5", "--set", "monitor.isolation.enforce=evict",
+                     "--set", "tls.validityDays=400", check=False)
+            assert r.returncode == 0, r.stderr[-800:]
+            eventually("the upgraded workloads' rollout started", lambda: rollout_started(ns, release))
+        check(f"helm upgrade ({name}) to changed values: no immutable-field error", upgrades)
+
+        def uninstalls():
+            r = helm("uninstall", release, "-n", ns, check=False)
+            assert r.returncode == 0, r.stderr[-800:]
+            # Pods bound to a node end when its kubelet confirms they
+            # stopped; there is none here, so the test does its part.
+            eventually("the garbage collector marked the release's pods for deletion", lambda: all(
+                p["metadata"].get("deletionTimestamp") for p in
+                kjson("get", "pod", "-n", ns, "-l", f"app.kubernetes.io/instance={release}")["items"]))
+            kubectl("delete", "pod", "-n", ns, "-l", f"app.kubernetes.io/instance={release}",
+                    "--force", "--grace-period=0", "--wait=false", check=False)
+            eventually("nothing of the release left", lambda: release_objects(release, ns) == [])
+            mwcs = [m["metadata"]["name"] for m in kjson("get", "mutatingwebhookconfiguration")["items"]]
+            assert not any(m.startswith(release + "-") for m in mwcs), mwcs
+        check(f"helm uninstall ({name}) leaves nothing (no webhook configuration to block pods)", uninstalls)
+        kubectl("delete", "namespace", ns, "--wait=false")
+
+
+# ============================================================================
+# 2. the release the rest of the suite runs against
+# ============================================================================
+
+HOST = os.path.join(WORK, "host")
+WEBHOOK = {}
+
+
+def install_release():
+    r = helm("install", RELEASE, CHART, "-n", NS, "--create-namespace", check=False)
+    assert r.returncode == 0, r.stderr[-800:]
+    kubectl("create", "namespace", TENANT, check=False)
+
+
+def webhook_port():
+    if "port" not in WEBHOOK:
+        WEBHOOK["port"] = free_port(NODE_IP)
+    return WEBHOOK["port"]
+
+
+def write_webhook_tls():
+    """The chart's Secret, as the kubelet would mount it: an atomic swap of a
+    ..data link, which the webhook's reload watches."""
+    data = kjson("get", "secret", f"{FULL}-webhook-tls", "-n", NS)["data"]
+    tls = os.path.join(WORK, "webhook-tls")
+    os.makedirs(tls, exist_ok=True)
+    gen = os.path.join(tls, f"..{time.monotonic_ns()}")
+    os.makedirs(gen)
+    for k in ("tls.crt", "tls.key", "ca.crt"):
+        with open(os.path.join(gen, k), "wb") as f:
+            f.write(base64.b64decode(data[k]))
+        link = os.path.join(tls, k)
+        if not os.path.islink(link):
+            os.symlink(os.path.join("..data", k), link)
+    tmp = os.path.join(tls, "..data_tmp")
+    os.symlink(os.path.basename(gen), tmp)
+    os.replace(tmp, os.path.join(tls, "..data"))
+    return tls
+
+
+def start_webhook():
+    c = container_of("deployment", f"{FULL}-webhook", "webhook")
+    tls = write_webhook_tls()
+    port = webhook_port()
+    args = rewrite(c["args"], [(r"^--listen=.*", f"--listen={NODE_IP}:{port}"),
+                               (r"^--tls-cert-file=.*", f"--tls-cert-file={tls}/tls.crt"),
+                               (r"^--tls-private-key-file=.*", f"--tls-private-key-file={tls}/tls.key"),
+                               (r"^--log-format=.*", "--log-format=plain")])
+    WEBHOOK["metrics"] = f"http://{NODE_IP}:{port}"
+    start("webhook", [os.path.join(TARGET, "kai-webhook"), *args], env=chart_env(c))
+    ctx = ssl.create_default_context(cafile=os.path.join(tls, "ca.crt"))
+    ctx.check_hostname = False
+
+    def healthy():
+        conn = http.client.HTTPSConnection(NODE_IP, port, context=ctx, timeout=2)
+        conn.request("GET", "/healthz")
+        return conn.getresponse().status == 200
+    eventually("webhook serving", healthy, timeout=30)
+    WEBHOOK["ctx"] = ctx
+
+
+def webhook_reviews():
+    """kai_webhook_admission_reviews_total summed over decisions."""
+    conn = http.client.HTTPSConnection(NODE_IP, webhook_port(), context=WEBHOOK["ctx"], timeout=5)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    counts = {}
+    for line in text.splitlines():
+        m = re.match(r'^kai_webhook_admission_reviews_total\{decision="([a-z_]+)"\} ([0-9.e+]+)$', line)
+        if m:
+            counts[m.group(1)] = float(m.group(2))
+    return counts
+
+
+def delta(before, after):
+    return {k: after.get(k, 0) - before.get(k, 0) for k in set(before) | set(after) if after.get(k, 0) != before.get(k, 0)}
+
+
+def route_service_to_webhook():
+    """The chart's Service gets an EndpointSlice to this host's address (the
+    API server's --enable-aggregator-routing resolves Services to endpoints;
+    loopback is refused there, so NODE_IP)."""
+    apply({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+           "metadata": {"name": f"{FULL}-webhook-host", "namespace": NS,
+                        "labels": {"kubernetes.io/service-name": f"{FULL}-webhook",
+                                   "endpointslice.kubernetes.io/managed-by": "kai-test"}},
+           "addressType": "IPv4",
+           "endpoints": [{"addresses": [NODE_IP], "conditions": {"ready": True}}],
+           "ports": [{"name": "https", "port": webhook_port(), "protocol": "TCP"}]})
+
+
+def admission():
+    def mutated():
+        r = create(pod("probe", {"gpu-memory": "1024"}), dry_run=True)
+        return ours_in(r)[0] == list(OURS)
+    check("the chart's Service resolves to the webhook on this host; its caBundle verifies the chart's certificate",
+          lambda: eventually("a dry-run sharing pod comes back mutated", mutated, timeout=60))
+
+    corpus = sorted(os.listdir(CORPUS))
+    assert len(corpus) >= 8, corpus
+    for fname in corpus:
+        case = json.load(open(os.path.join(CORPUS, fname)))
+        expect, body = case["expect"], case["pod"]
+        body["metadata"]["name"] = fname.removesuffix(".json")
+        body["metadata"].pop("namespace", None)
+        decision = expect["decision"]
+
+        def one_case():
+            before = webhook_reviews()
+            r = create(body, check=False)
+            after = webhook_reviews()
+            if decision == "denied":
+                assert not isinstance(r, dict), "admitted"
+                assert "vgpu.lib.kai-resource-isolator.io" in r.stderr and "denied the request" in r.stderr, r.stderr
+                assert delta(before, after) == {"denied": 1}, delta(before, after)
+                return
+            assert isinstance(r, dict), r.stderr
+            stored = kjson("get", "pod", body["metadata"]["name"], "-n", TENANT)
+            if decision == "injected":
+                target = stored["spec"][expect["list"]][expect["index"]]["name"]
+                pod_checks("injected", stored, target)
+                assert delta(before, after) == {"injected": 1}, delta(before, after)
+            else:
+                pod_checks("untouched", stored)
+                # Pods without KAI's annotations never reach us: the chart's
+                # matchCondition keeps them on the API server.
+                want = {} if decision == "not_gpu_sharing" else {decision: 1}
+                assert delta(before, after) == want, delta(before, after)
+        check(f"corpus {fname}: {decision}; the stored pod (kubectl get -o json) is exactly what it should be", one_case)
+
+    def cores():
+        p = pod("cores", {"gpu-memory": "2048", "kai-resource-isolator.io/gpu-cores": "30"})
+        stored = create(p)
+        pod_checks("injected", stored, "main")
+        env = {e["name"]: e.get("value") for e in stored["spec"]["containers"][0]["env"]}
+        assert env.get("CUDA_DEVICE_SM_LIMIT") == "30", env
+        assert env.get("CUDA_DEVICE_MEMORY_LIMIT") == "2048m", env
+    check("gpu-cores: CUDA_DEVICE_SM_LIMIT and the fallback memory limit in the stored pod", cores)
+
+    def fraction_named():
+        p = pod("named", {"gpu-fraction": "0.5", "gpu-fraction-container-name": "worker"}, containers=("sidecar", "worker"))
+        stored = create(p)
+        pod_checks("injected", stored, "worker")
+    check("gpu-fraction with a named container: only that container is injected", fraction_named)
+
+    def already():
+        stored = kjson("get", "pod", "cores", "-n", TENANT)
+        again = {"apiVersion": "v1", "kind": "Pod",
+                 "metadata": {"name": "cores-again", "annotations": stored["metadata"]["annotations"]},
+                 "spec": {k: stored["spec"][k] for k in ("containers", "volumes")}}
+        for c in again["spec"]["containers"]:
+            for k in ("terminationMessagePath", "terminationMessagePolicy", "imagePullPolicy", "resources"):
+                c.pop(k, None)
+        again["spec"]["volumes"] = [v for v in again["spec"]["volumes"] if v["name"] in OURS]
+        before = webhook_reviews()
+        out = create(again)
+        assert delta(before, webhook_reviews()) == {"already_injected": 1}, delta(before, webhook_reviews())
+        assert ours_in(out) == ours_in(stored), (ours_in(out), ours_in(stored))
+    check("an already injected pod: empty patch, one copy of everything", already)
+
+    def dry_run():
+        before = webhook_reviews()
+        out = create(pod("dry", {"gpu-memory": "512"}), dry_run=True)
+        pod_checks("injected", out, "main")
+        assert delta(before, webhook_reviews()) == {"injected": 1}
+        r = kubectl("get", "pod", "dry", "-n", TENANT, check=False)
+        assert r.returncode != 0 and "NotFound" in r.stderr, "a dry run stored the pod"
+    check("server-side dry run: mutated, nothing stored", dry_run)
+
+    def excluded():
+        kubectl("create", "namespace", "opted-out-ns", check=False)
+        kubectl("label", "namespace", "opted-out-ns", "kai-resource-isolator.io/webhook=ignore", "--overwrite")
+        before = webhook_reviews()
+        for ns, p in (("kube-system", pod("ks", {"gpu-memory": "1024"})),
+                      (NS, pod("own", {"gpu-memory": "1024"})),
+                      ("opted-out-ns", pod("ns-ignored", {"gpu-memory": "1024"})),
+                      (TENANT, pod("obj-ignored", {"gpu-memory": "1024"}, labels={"kai-resource-isolator.io/webhook": "ignore"}))):
+            pod_checks("untouched", create(p, ns=ns))
+        assert delta(before, webhook_reviews()) == {}, delta(before, webhook_reviews())
+    check("kube-system, the release namespace and ignore-labelled namespaces/pods are never sent to the webhook", excluded)
+
+    def pod_security():
+        kubectl("create", "namespace", "baseline-ns", check=False)
+        kubectl("label", "namespace", "baseline-ns", "pod-security.kubernetes.io/enforce=baseline", "--overwrite")
+        r = create(pod("psa", {"gpu-memory": "1024"}), ns="baseline-ns", check=False)
+        assert not isinstance(r, dict), "admitted"
+        assert "violates PodSecurity" in r.stderr and "hostPath" in r.stderr, r.stderr
+    check("PodSecurity baseline runs after us and refuses the injected hostPath volumes (why the CSI delivery exists)", pod_security)
+
+    check("reinvocation: a second mutating webhook after ours, ours runs again and adds nothing twice", reinvocation)
+
+
+class SecondWebhook(http.server.BaseHTTPRequestHandler):
+    """A test webhook that adds a volume and an env var to every container."""
+
+    def do_POST(self):
+        review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        req = review["request"]
+        spec = req["object"]["spec"]
+        ops = [{"op": "add", "path": "/spec/volumes/-", "value": {"name": "second-webhook", "emptyDir": {}}}]
+        if "volumes" not in spec:
+            ops[0] = {"op": "add", "path": "/spec/volumes", "value": [{"name": "second-webhook", "emptyDir": {}}]}
+        for i, c in enumerate(spec["containers"]):
+            if "env" in c:
+                ops.append({"op": "add", "path": f"/spec/containers/{i}/env/-", "value": {"name": "SECOND_WEBHOOK", "value": "1"}})
+            else:
+                ops.append({"op": "add", "path": f"/spec/containers/{i}/env", "value": [{"name": "SECOND_WEBHOOK", "value": "1"}]})
+        body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                           "response": {"uid": req["uid"], "allowed": True, "patchType": "JSONPatch",
+                                        "patch": base64.b64encode(json.dumps(ops).encode()).decode()}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def reinvocation():
+    key, crt = os.path.join(WORK, "second.key"), os.path.join(WORK, "second.crt")
+    run("openssl", "req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-subj", "/CN=second",
+        "-out", crt + ".csr")
+    with open(crt + ".ext", "w") as f:
+        f.write(f"subjectAltName=IP:{NODE_IP}\nextendedKeyUsage=serverAuth\n")
+    run("openssl", "x509", "-req", "-in", crt + ".csr", "-CA", f"{PKI}/ca.crt", "-CAkey", f"{PKI}/ca.key",
+        "-CAcreateserial", "-days", "1", "-extfile", crt + ".ext", "-out", crt)
+    srv = http.server.ThreadingHTTPServer((NODE_IP, 0), SecondWebhook)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(crt, key)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    ca = base64.b64encode(open(f"{PKI}/ca.crt", "rb").read()).decode()
+    # Webhooks run in the order of their configurations' names: zz- after ours.
+    apply({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+           "metadata": {"name": "zz-kai-test-second"},
+           "webhooks": [{"name": "second.kai-test.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                         "failurePolicy": "Fail", "reinvocationPolicy": "Never",
+                         "clientConfig": {"url": f"https://{NODE_IP}:{srv.server_address[1]}/mutate", "caBundle": ca},
+                         "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                                    "resources": ["pods"]}],
+                         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": TENANT}},
+                         "objectSelector": {"matchLabels": {"second-webhook": "yes"}}}]})
+    try:
+        before = webhook_reviews()
+        stored = create(pod("reinvoked", {"gpu-memory": "1024"}, labels={"second-webhook": "yes"}))
+        d = delta(before, webhook_reviews())
+        assert d == {"injected": 1, "already_injected": 1}, f"our webhook was not called twice: {d}"
+        pod_checks("injected", stored, "main")
+        names = [v["name"] for v in stored["spec"]["volumes"]]
+        assert "second-webhook" in names and all(names.count(v) == 1 for v in OURS), names
+        env = [e["name"] for e in stored["spec"]["containers"][0]["env"]]
+        assert env.count("SECOND_WEBHOOK") == 1 and env.count("POD_UID") == 1, env
+    finally:
+        kubectl("delete", "mutatingwebhookconfiguration", "zz-kai-test-second", check=False)
+        srv.shutdown()
+
+
+# ============================================================================
+# 3. fail closed
+# ============================================================================
+
+def fail_closed():
+    stop("webhook")
+
+    def sharing_rejected():
+        r = create(pod("while-down", {"gpu-memory": "1024"}), check=False)
+        assert not isinstance(r, dict), "a GPU-sharing pod was admitted while the webhook is down"
+        assert "failed calling webhook" in r.stderr and "vgpu.lib.kai-resource-isolator.io" in r.stderr, r.stderr
+    check("webhook down, default values: a GPU-sharing pod is rejected with the webhook's name in the error", sharing_rejected)
+    check("webhook down: a plain pod is still admitted (matchConditions keep it away from the webhook)",
+          lambda: pod_checks("untouched", create(pod("plain-while-down"))))
+
+    def fail_open_switch():
+        r = helm("upgrade", RELEASE, CHART, "-n", NS, "--set", "webhook.failurePolicy=Ignore", check=False)
+        assert r.returncode == 0, r.stderr[-600:]
+        stored = create(pod("while-down-ignore", {"gpu-memory": "1024"}))
+        pod_checks("untouched", stored)
+    check("webhook.failurePolicy=Ignore (the old behaviour): the sharing pod is admitted unpatched", fail_open_switch)
+    r = helm("upgrade", RELEASE, CHART, "-n", NS, check=False)
+    assert r.returncode == 0, r.stderr
+    start_webhook()
+
+
+# ============================================================================
+# 4. RBAC by the real authorizer
+# ============================================================================
+
+def rbac_lists():
+    """kubectl auth can-i --list for each ServiceAccount of the chart, in the
+    release namespace and a tenant namespace, as committed expectations."""
+    sas = [s["metadata"]["name"] for s in kjson("get", "serviceaccount", "-n", NS, "-l", f"app.kubernetes.io/instance={RELEASE}")["items"]]
+    assert sorted(sas) == sorted(f"{FULL}-{x}" for x in ("aggregator", "node", "webhook")), sas
+    for values, suffix in (((), ""), (("--set", "monitor.isolation.enforce=evict"), "-enforce-evict")):
+        r = helm("upgrade", RELEASE, CHART, "-n", NS, *values, check=False)
+        assert r.returncode == 0, r.stderr
+        for sa in sorted(sas):
+            short = sa.removeprefix(FULL + "-")
+            if suffix and short != "node":
+                continue
+
+            def same():
+                got = ""
+                for ns in (NS, TENANT):
+                    out = kubectl("auth", "can-i", "--list", f"--as=system:serviceaccount:{NS}:{sa}", "-n", ns).stdout
+                    got += f"# namespace {ns}\n" + "\n".join(sorted(l.rstrip() for l in out.splitlines()[1:] if l.strip())) + "\n"
+                path = os.path.join(RBAC_DIR, f"{short}{suffix}.txt")
+                if os.environ.get("KAI_RBAC_UPDATE"):
+                    os.makedirs(RBAC_DIR, exist_ok=True)
+                    open(path, "w").write(got)
+                want = open(path).read()
+                assert got == want, f"differs from {os.path.relpath(path, ROOT)} (KAI_RBAC_UPDATE=1 rewrites it):\n" + "\n".join(
+                    l for l in got.splitlines() if l not in want.splitlines())
+            check(f"RBAC of {short}{' with enforce=evict' if suffix else ''}: can-i --list equals kind-tests/rbac/{short}{suffix}.txt", same)
+
+
+AGENT = {}
+
+
+def start_agent(node=NODES[0]):
+    """The chart's node-agent container, run here as its ServiceAccount."""
+    c = container_of("daemonset", f"{FULL}-node", "agent")
+    grpc_port, metrics_port = AGENT.setdefault("grpc", free_port(NODE_IP)), AGENT.setdefault("metrics", free_port())
+    containers = os.path.join(HOST, "usr/local/vgpu/containers")
+    os.makedirs(containers, exist_ok=True)
+    args = rewrite(c["args"], [(r"^--containers-dir=.*", f"--containers-dir={containers}"),
+                               (r"^--grpc-listen=.*", f"--grpc-listen={NODE_IP}:{grpc_port}"),
+                               (r"^--metrics-listen=.*", f"--metrics-listen=127.0.0.1:{metrics_port}"),
+                               (r"^--host-proc=.*", "--host-proc=/proc"),
+                               (r"^--log-format=.*", "--log-format=plain")])
+    env = chart_env(c, NODE_NAME=node, POD_NAME=f"{FULL}-node-test")
+    env["KUBECONFIG"] = sa_kubeconfig(f"{FULL}-node")
+    env["NO_NVML"] = "1"
+    AGENT["metrics_url"] = f"http://127.0.0.1:{metrics_port}"
+    AGENT["containers"] = containers
+    start("agent", [os.path.join(TARGET, "kai-node"), *args], env=env)
+    eventually("agent ready (pod watch synced)", lambda: http_get(AGENT["metrics_url"] + "/readyz")[0] == 200, timeout=60)
+
+
+def write_region(uid, container, limit_mib, used_mib):
+    run(os.path.join(TARGET, "kai-node"), "write-region", "--containers-dir", AGENT["containers"], "--pod-uid", uid,
+        "--container", container, "--gpu-uuid", "GPU-a0000000-0000-4000-8000-000000000000",
+        "--limit-mib", str(limit_mib), "--used-mib", str(used_mib))
+
+
+def grpc_containers(port=None, namespace=TENANT):
+    grpcurl = os.environ.get("GRPCURL", "grpcurl")
+    r = run(grpcurl, "-plaintext", "-d", json.dumps({"namespace": namespace}),
+            f"{NODE_IP}:{port or AGENT['grpc']}", "vgpu.v1.VgpuNode/ListContainers")
+    return json.loads(r.stdout).get("containers", [])
+
+
+def events_for(name, ns=TENANT):
+    return [e for e in kjson("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")["items"]
+            if e.get("reportingComponent", e.get("source", {}).get("component", "")).startswith("kai")]
+
+
+def components():
+    r = helm("upgrade", RELEASE, CHART, "-n", NS, "--set", "monitor.isolation.enforce=evict", check=False)
+    assert r.returncode == 0, r.stderr
+    start_agent()
+
+    def agent_sees_its_pods():
+        mine = create(pod("gpu-job", {"gpu-memory": "1024"}, labels={"app": "gpu-job"}, node=NODES[0]))
+        other = create(pod("gpu-job-other-node", {"gpu-memory": "1024"}, node=NODES[1]))
+        AGENT["uid"] = mine["metadata"]["uid"]
+        write_region(mine["metadata"]["uid"], "main", 1024, 512)
+        write_region(other["metadata"]["uid"], "main", 1024, 512)
+        listed = eventually("the agent names the pod from the API server",
+                            lambda: [c for c in grpc_containers() if c["pod"] == "gpu-job"], timeout=60)
+        assert listed[0]["isolationState"] == "ISOLATION_STATE_CAPPED", listed
+        # The other node's pod is not in this agent's watch (spec.nodeName
+        # field selector): its region stays unattributed.
+        assert not [c for c in grpc_containers() if c["pod"] == "gpu-job-other-node"]
+    check("node agent with its ServiceAccount token: watches its node's pods and names their containers", agent_sees_its_pods)
+
+    def pdb_then_evict():
+        apply({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+               "metadata": {"name": "gpu-job", "namespace": TENANT},
+               "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "gpu-job"}}}})
+        # The PDB controller must have counted the pod before it protects it.
+        eventually("PDB observed", lambda: kjson("get", "pdb", "gpu-job", "-n", TENANT).get("status", {}).get("observedGeneration"))
+        refusals = lambda: sum(v for k, v in series(AGENT["metrics_url"] + "/metrics", "kai_isolator_eviction_refusals_total").items())
+        before = refusals()
+        write_region(AGENT["uid"], "main", 1024, 4096)  # far over cap + margin
+        eventually("a Warning Event from the agent", lambda: [e for e in events_for("gpu-job") if e["type"] == "Warning"], timeout=60)
+        eventually("the Eviction API answered 429 (PDB) and the agent counted it", lambda: refusals() > before, timeout=60)
+        assert not kjson("get", "pod", "gpu-job", "-n", TENANT)["metadata"].get("deletionTimestamp"), "evicted through a PDB"
+        kubectl("delete", "pdb", "gpu-job", "-n", TENANT)
+        eventually("evicted once the PDB is gone (retried)",
+                   lambda: kjson("get", "pod", "gpu-job", "-n", TENANT)["metadata"].get("deletionTimestamp"), timeout=90)
+        evicted = series(AGENT["metrics_url"] + "/metrics", "kai_isolator_evictions_total")
+        assert sum(evicted.values()) == 1, evicted
+        AGENT["events"] = len(events_for("gpu-job"))
+    check("enforce=evict: Warning Event, a PDB makes the Eviction API answer 429 (counted, retried), then evicted", pdb_then_evict)
+
+    check("aggregator with its ServiceAccount token discovers the agent pod and serves its containers", aggregator)
+
+
+def series(url, name):
+    _, text = http_get(url)
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            out[line.rsplit(" ", 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+AGG = {}
+
+
+def aggregator():
+    # The DaemonSet's pod on the first node "runs" here: the kubelet's part
+    # (status Running, the pod IP) is written by the test.
+    pods = kjson("get", "pod", "-n", NS, "-l", "app.kubernetes.io/component=node-agent",
+                 "--field-selector", f"spec.nodeName={NODES[0]}")["items"]
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    kubectl("patch", "pod", pods[0]["metadata"]["name"], "-n", NS, "--subresource=status", "--type=merge", "-p", json.dumps(
+        {"status": {"phase": "Running", "podIP": NODE_IP, "podIPs": [{"ip": NODE_IP}], "hostIP": NODE_IP,
+                    "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}]}}))
+    c = container_of("deployment", f"{FULL}-aggregator", "aggregator")
+    http_port, grpc_port = free_port(), free_port()
+    args = rewrite(c["args"], [(r"^--listen=.*", f"--listen=127.0.0.1:{http_port}"),
+                               (r"^--grpc-listen=.*", f"--grpc-listen=127.0.0.1:{grpc_port}"),
+                               (r"^--agent-port=.*", f"--agent-port={AGENT['grpc']}"),
+                               (r"^--log-format=.*", "--log-format=plain")])
+    env = chart_env(c, POD_NAMESPACE=NS)
+    env["KUBECONFIG"] = sa_kubeconfig(f"{FULL}-aggregator")
+    AGG["url"] = f"http://127.0.0.1:{http_port}"
+    start("aggregator", [os.path.join(TARGET, "kai-aggregator"), *args], env=env)
+    want = f'namespace="{TENANT}",pod="gpu-job-other-node"'
+
+    def served():
+        _, text = http_get(AGG["url"] + "/metrics")
+        return any(l.startswith("hami_vgpu_memory_used_bytes{") and f'node="{NODES[0]}"' in l for l in text.splitlines())
+    eventually("the aggregator serves the agent's series with its node label", served, timeout=60)
+    AGG["want"] = want
+
+
+# ============================================================================
+# 5. faults with a real server
+# ============================================================================
+
+def faults():
+    def apiserver_restart():
+        events = len(events_for("gpu-job"))
+        cluster("restart-apiserver")
+        later = create(pod("after-restart", {"gpu-memory": "1024"}, node=NODES[0]))
+        write_region(later["metadata"]["uid"], "main", 1024, 100)
+        eventually("the agent's watch resumed: a pod created after the restart is named",
+                   lambda: [c for c in grpc_containers() if c["pod"] == "after-restart"], timeout=90)
+        assert len(events_for("gpu-job")) == events, "an Event was posted again after the restart"
+        eventually("the aggregator still serves the node", lambda: series(AGG["url"] + "/metrics", "hami_vgpu_memory_used_bytes"), timeout=60)
+    check("kube-apiserver restarted under the agent's and aggregator's watches: they resume, no pod lost, no Event posted twice", apiserver_restart)
+
+    def compaction():
+        rev = etcd_revision()
+        etcd_post("/v3/kv/compaction", {"revision": str(rev), "physical": True})
+        # The API server's watch cache starts from the compacted store: the
+        # clients' resource versions are too old now (410 Gone): they relist.
+        cluster("restart-apiserver")
+        p = create(pod("after-compaction", {"gpu-memory": "1024"}, node=NODES[0]))
+        write_region(p["metadata"]["uid"], "main", 1024, 100)
+        eventually("a pod created after compaction is named (watch relisted)",
+                   lambda: [c for c in grpc_containers() if c["pod"] == "after-compaction"], timeout=90)
+    check("etcd compacted (410 Gone on resume): the agent relists and keeps naming new pods", compaction)
+
+    def etcd_outage():
+        cluster("stop-etcd")
+        r = kubectl("get", "--raw", "/readyz/etcd", check=False)
+        assert r.returncode != 0, "the API server says etcd is ready while it is stopped"
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 10:  # the outage itself lasts 10 s
+            assert procs["agent"].poll() is None, "the agent died while etcd was down"
+            time.sleep(1)
+        cluster("start-etcd")
+        eventually("the API server is ready again", lambda: kubectl("get", "--raw", "/readyz").stdout.strip() == "ok", timeout=90)
+        p = create(pod("after-etcd", {"gpu-memory": "1024"}, node=NODES[0]))
+        pod_checks("injected", p, "main")
+        write_region(p["metadata"]["uid"], "main", 1024, 100)
+        eventually("a pod created after the outage is named",
+                   lambda: [c for c in grpc_containers() if c["pod"] == "after-etcd"], timeout=90)
+        assert procs["aggregator"].poll() is None, "the aggregator died"
+    check("etcd stopped for 10 s: the agent, aggregator and webhook carry on once it is back", etcd_outage)
+
+    def rotate():
+        old = kjson("get", "secret", f"{FULL}-webhook-tls", "-n", NS)["data"]["ca.crt"]
+        # The chart's rotation: a new CA and certificate are generated when
+        # the Secret is gone; helm upgrade writes both the Secret and the
+        # caBundle. The kubelet then swaps the mounted files.
+        kubectl("delete", "secret", f"{FULL}-webhook-tls", "-n", NS)
+        r = helm("upgrade", RELEASE, CHART, "-n", NS, "--set", "monitor.isolation.enforce=evict", check=False)
+        assert r.returncode == 0, r.stderr
+        new = kjson("get", "secret", f"{FULL}-webhook-tls", "-n", NS)["data"]["ca.crt"]
+        assert new != old, "no new CA"
+        write_webhook_tls()
+        ctx = ssl.create_default_context(cafile=os.path.join(WORK, "webhook-tls", "ca.crt"))
+        ctx.check_hostname = False
+        WEBHOOK["ctx"] = ctx
+
+        def serves_new():
+            conn = http.client.HTTPSConnection(NODE_IP, webhook_port(), context=ctx, timeout=2)
+            conn.request("GET", "/healthz")
+            return conn.getresponse().status == 200
+        eventually("the webhook serves the new certificate (hot reload)", serves_new, timeout=60)
+        pod_checks("injected", create(pod("after-rotation", {"gpu-memory": "1024"})), "main")
+    check("webhook certificate rotated the chart's way (new Secret + caBundle, files swapped): still admitting", rotate)
+
+
+def etcd_post(path, body):
+    r = run("curl", "-sS", "--fail", "--cacert", f"{PKI}/ca.crt", "--cert", f"{PKI}/apiserver-etcd.crt",
+            "--key", f"{PKI}/apiserver-etcd.key", "-X", "POST", "-d", json.dumps(body),
+            f"https://127.0.0.1:{ENV['ETCD_PORT']}{path}")
+    return json.loads(r.stdout)
+
+
+def etcd_revision():
+    out = etcd_post("/v3/kv/range", {"key": base64.b64encode(b"/registry/").decode(),
+                                     "range_end": base64.b64encode(b"/registry0").decode(), "count_only": True})
+    return int(out["header"]["revision"])
+
+
+# ============================================================================
+# 6. pod-creation latency with and without the webhook
+# ============================================================================
+
+def latency():
+    rate = float(os.environ.get("KAI_LATENCY_RATE", "50"))
+    seconds = float(os.environ.get("KAI_LATENCY_SECONDS", "30"))
+    ctx = ssl.create_default_context(cafile=f"{PKI}/ca.crt")
+    ctx.load_cert_chain(f"{PKI}/admin.crt", f"{PKI}/admin.key")
+    local = threading.local()
+
+    def post(ns, body):
+        if not hasattr(local, "conn"):
+            local.conn = http.client.HTTPSConnection("127.0.0.1", int(ENV["API_PORT"]), context=ctx, timeout=30)
+        t0 = time.perf_counter()
+        local.conn.request("POST", f"/api/v1/namespaces/{ns}/pods", body, {"Content-Type": "application/json"})
+        r = local.conn.getresponse()
+        r.read()
+        assert r.status == 201, r.status
+        return time.perf_counter() - t0
+
+    def burst(ns, n):
+        kubectl("create", "namespace", ns)
+        bodies = []
+        for i in range(n):
+            p = pod(f"p{i}", {"gpu-memory": "1024"})
+            p["spec"]["schedulerName"] = "not-scheduled"  # measure admission, not binding
+            bodies.append(json.dumps(p))
+        out = []
+        with ThreadPoolExecutor(16) as pool:
+            t0 = time.perf_counter()
+            futures = []
+            for i, b in enumerate(bodies):
+                # A steady rate: request i leaves at t0 + i/rate.
+                delay = t0 + i / rate - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                futures.append(pool.submit(post, ns, b))
+            out = [f.result() for f in futures]
+        return sorted(out)
+
+    def pct(xs, q):
+        return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000
+
+    n = int(rate * seconds)
+    # Warm both paths (connections, caches), then measure the two side by side.
+    burst("lat-warm", 50)
+    mwc = kjson("get", "mutatingwebhookconfiguration", f"{FULL}-mutating")
+    with_hook = burst("lat-with", n)
+    kubectl("delete", "mutatingwebhookconfiguration", f"{FULL}-mutating")
+    without = burst("lat-without", n)
+    for k in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
+        mwc["metadata"].pop(k, None)
+    apply(mwc)
+    p50w, p99w, p50o, p99o = pct(with_hook, .5), pct(with_hook, .99), pct(without, .5), pct(without, .99)
+    line = (f"pod creation at {rate:g}/s for {seconds:g} s ({n} pods each): with the webhook p50 {p50w:.1f} ms p99 {p99w:.1f} ms; "
+            f"without p50 {p50o:.1f} ms p99 {p99o:.1f} ms; ratio p50 {p50w / p50o:.2f} p99 {p99w / p99o:.2f}; "
+            f"added p99 {p99w - p99o:+.1f} ms")
+    print(f"     {line}", flush=True)
+    with open(os.path.join(CLUSTER, "latency.txt"), "w") as f:
+        f.write(line + "\n")
+    injected = kjson("get", "pod", "p0", "-n", "lat-with")
+    pod_checks("injected", injected, "main")
+    pod_checks("untouched", kjson("get", "pod", "p0", "-n", "lat-without"))
+    for ns in ("lat-warm", "lat-with", "lat-without"):
+        kubectl("delete", "namespace", ns, "--wait=false")
+
+
+# ============================================================================
+
+def main():
+    def part(name, fn):
+        if ONLY and name not in ONLY:
+            return
+        t0 = time.monotonic()
+        try:
+            fn()
+        except Exception as e:
+            bad(f"{name} (setup)", f"{type(e).__name__}: {e}")
+        print(f"---- {name}: {time.monotonic() - t0:.0f} s", flush=True)
+
+    try:
+        part("cluster", cluster_shape)
+        part("helm", helm_matrix)
+        part("release", lambda: (install_release(), start_webhook(), route_service_to_webhook()))
+        part("admission", admission)
+        part("fail-closed", fail_closed)
+        part("rbac", rbac_lists)
+        part("components", components)
+        part("faults", faults)
+        part("latency", lambda: check("pod-creation latency through the API server with and without the webhook (recorded)", latency))
+    finally:
+        for name in list(procs):
+            stop(name)
+        if failed:
+            for name in ("webhook", "agent", "aggregator"):
+                tail = log_tail(name)
+                if tail:
+                    print(f"\n--- {name} log (last lines) ---\n{tail}")
+    print(f"\n{passed} passed, {len(failed)} failed")
+    for f in failed:
+        print(f"  FAILED: {f}")
+    return min(len(failed), 100)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
