@@ -8,12 +8,16 @@
 
 use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, Volume, VolumeMount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::DynamicObject;
 use serde::{Deserialize, Deserializer};
 
 /// A Pod, as far as the webhook reads it.
 #[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Pod {
+    /// `v1` when given.
+    pub api_version: Option<String>,
+    /// `Pod` when given.
+    pub kind: Option<String>,
     #[serde(default)]
     pub metadata: ObjectMeta,
     pub spec: Option<Spec>,
@@ -43,20 +47,6 @@ pub struct Container {
 }
 
 impl Pod {
-    /// The Pod in a review's object: its metadata as decoded, its spec
-    /// read from the remaining fields.
-    pub fn from_object(mut object: DynamicObject) -> Result<Self, serde_json::Error> {
-        let spec = object
-            .data
-            .get_mut("spec")
-            .map(serde_json::Value::take)
-            .unwrap_or_default();
-        Ok(Self {
-            metadata: object.metadata,
-            spec: serde_json::from_value(spec)?,
-        })
-    }
-
     /// One annotation's value.
     pub fn annotation(&self, key: &str) -> Option<&str> {
         self.metadata
