@@ -1,30 +1,33 @@
-//! AdmissionReview bytes → response: never a panic; the fast decoder gives
-//! exactly what serde_json alone gives; an accepted body gets a
-//! well-formed review whose patch applies to the object it carried.
+//! AdmissionReview bytes → response: never a panic; a body is either a
+//! bad request with a reason or gets a well-formed review echoing its uid,
+//! whose patch (base64 JSON Patch) applies to the object it carried.
 #![no_main]
 
 use base64::Engine;
 use kai_webhook::InjectConfig;
-use kai_webhook::review::{review, review_by_serde_json};
+use kai_webhook::review::{ReviewError, review};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let reviewed = review(data, &InjectConfig::default());
-    assert_eq!(reviewed, review_by_serde_json(data, &InjectConfig::default()));
-    let Ok(out) = reviewed else {
-        return;
+    let out = match review(data, &InjectConfig::default()) {
+        Ok(out) => out,
+        Err(ReviewError::BadRequest(reason)) => {
+            assert!(!reason.to_string().is_empty(), "a bad request says why");
+            return;
+        }
+        Err(error @ ReviewError::Encode(_)) => panic!("our own response: {error}"),
     };
     let response: serde_json::Value = serde_json::from_slice(&out.body).expect("response is JSON");
     assert_eq!(response["kind"], "AdmissionReview");
-    assert!(response["response"]["uid"].is_string());
+    assert_eq!(response["response"]["uid"], out.uid.as_str());
+    assert!(response["response"]["allowed"].is_boolean());
     if let Some(b64) = response["response"]["patch"].as_str() {
+        assert_eq!(response["response"]["patchType"], "JSONPatch");
         let raw = base64::engine::general_purpose::STANDARD.decode(b64).expect("base64 patch");
         let patch: json_patch::Patch = serde_json::from_slice(&raw).expect("JSON patch");
-        // Unread fields are skipped without validating their escapes, so only
-        // a strictly valid body is re-parsed to apply the patch.
-        if let Ok(request) = serde_json::from_slice::<serde_json::Value>(data) {
-            let mut pod = request["request"]["object"].clone();
-            json_patch::patch(&mut pod, &patch).expect("patch applies to the reviewed pod");
-        }
+        // A reviewed body is JSON: the patch applies to the pod it carried.
+        let request: serde_json::Value = serde_json::from_slice(data).expect("reviewed body is JSON");
+        let mut pod = request["request"]["object"].clone();
+        json_patch::patch(&mut pod, &patch).expect("patch applies to the reviewed pod");
     }
 });

@@ -1,6 +1,7 @@
-//! Review → patch against its floor: `serde_json` reading the same bytes into
-//! `IgnoredAny` (a syntax check that builds nothing), which no decoder of
-//! this body can beat.
+//! Review → patch (kube's AdmissionReview, our partial Pod, the json_patch
+//! patch, the base64 response) against its floor: `serde_json` reading the
+//! same bytes into `IgnoredAny` (a syntax check that builds nothing), which
+//! no decoder of this body can beat.
 //!
 //! `cargo bench -p kai-webhook --bench mutate` (env: MUTATE_ROUNDS, default
 //! 300; MUTATE_ONLY, how the names of the jobs to run end, e.g. for `perf
@@ -104,8 +105,7 @@ fn api_server_order(object: Value) -> Vec<u8> {
 }
 
 /// The same review with every object's keys sorted (what `serde_json::Value`
-/// writes): `object` now precedes `operation`, so the Pod is decoded in a
-/// second pass.
+/// writes): `object` now precedes `operation`.
 fn sorted_keys(body: &[u8]) -> Vec<u8> {
     serde_json::from_slice::<Value>(body)
         .and_then(|v| serde_json::to_vec(&v))

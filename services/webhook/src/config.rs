@@ -5,8 +5,6 @@ use std::path::PathBuf;
 
 use kai_runtime::telemetry::LogArgs;
 
-use crate::inject::PatchPieces;
-
 /// Default host and container directory that holds libvgpu.so.
 pub const DEFAULT_VGPU_MOUNT: &str = "/usr/local/vgpu";
 /// Default value of `GPU_SHARE_RESOURCES` (the Go chart's).
@@ -28,8 +26,6 @@ pub struct InjectConfig {
     /// Add a literal `CUDA_DEVICE_MEMORY_LIMIT` from `gpu-memory`, placed
     /// before KAI's reference so KAI's value wins whenever it exists.
     pub memory_limit_fallback: bool,
-    /// The fixed parts of this config's patches, encoded on first use.
-    pub(crate) patch_pieces: PatchPieces,
 }
 
 impl Default for InjectConfig {
@@ -42,7 +38,6 @@ impl Default for InjectConfig {
                 .map(str::to_owned)
                 .collect(),
             memory_limit_fallback: true,
-            patch_pieces: PatchPieces::default(),
         }
     }
 }
@@ -71,7 +66,6 @@ impl InjectConfig {
                 .filter(|r| !r.is_empty())
                 .collect(),
             memory_limit_fallback: true,
-            patch_pieces: PatchPieces::default(),
         })
     }
 
@@ -153,7 +147,6 @@ mod tests {
                 host_vgpu_dir: "/opt/vgpu".into(),
                 share_resources: vec!["a".into()],
                 memory_limit_fallback: true,
-                patch_pieces: PatchPieces::default(),
             })
         );
         assert!(InjectConfig::new("relative/dir", vec![]).is_err());

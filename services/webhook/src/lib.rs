@@ -1,13 +1,12 @@
 //! kai-webhook: makes KAI GPU-sharing pods preload HAMi-core's libvgpu.so.
 //!
-//! [`pod`] decodes the part of a Pod that matters, [`inject`] is the pure
-//! decision and patch builder, [`review`] wraps it in
-//! the AdmissionReview protocol, [`server`] serves it over HTTPS with
-//! hot-reloaded certificates.
+//! [`pod`] is the part of a Pod that matters, [`inject`] the pure decision
+//! and patch builder, [`review`] wraps it in the AdmissionReview protocol
+//! (kube's admission types), [`server`] serves it over HTTPS (warp on
+//! kai-runtime's TLS accept loop) with hot-reloaded certificates.
 
 pub mod config;
 pub mod inject;
-mod json;
 pub mod metrics;
 pub mod outcome;
 pub mod pod;

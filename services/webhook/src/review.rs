@@ -1,25 +1,25 @@
-//! AdmissionReview in, AdmissionReview out.
+//! AdmissionReview in, AdmissionReview out, on kube's admission types.
 //!
-//! Malformed input is a [`BadRequest`] (HTTP 400 with a message; the API
-//! server then applies the webhook's failurePolicy). A well-formed review
-//! always gets a well-formed response echoing its uid.
+//! Malformed input is a [`BadRequest`] (HTTP 400 with an invalid review;
+//! the API server then applies the webhook's failurePolicy). A well-formed
+//! review always gets a well-formed response echoing its uid.
+
+use base64::Engine;
+use kube::core::DynamicObject;
+use kube::core::admission::{
+    AdmissionRequest, AdmissionResponse, AdmissionReview, META_API_VERSION_V1, META_KIND,
+    Operation, SerializePatchError,
+};
+use serde_json::Value;
 
 use crate::config::InjectConfig;
-use crate::inject::{self, Decision, EncodedPatch};
-use crate::json;
+use crate::inject::{self, Decision};
 use crate::outcome::Outcome;
 use crate::pod::Pod;
-
-mod decode;
-
-use self::decode::{GroupVersionKind, Object, ReviewIn, is_main_resource};
 
 /// Largest body accepted; a Pod is far smaller, and the API server itself
 /// caps objects at ~1.5 MiB.
 pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
-
-const ADMISSION_API_VERSION: &str = "admission.k8s.io/v1";
-const ADMISSION_KIND: &str = "AdmissionReview";
 
 /// Why a body could not be reviewed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub enum BadRequest {
     #[error("request body is not an AdmissionReview: {0}")]
     NotJson(String),
     #[error(
-        "expected kind {ADMISSION_KIND} in {ADMISSION_API_VERSION}, got kind {kind:?} in {api_version:?}"
+        "expected kind {META_KIND} in {META_API_VERSION_V1}, got kind {kind:?} in {api_version:?}"
     )]
     WrongKind { kind: String, api_version: String },
     #[error("AdmissionReview has no request")]
@@ -68,6 +68,30 @@ impl BadRequest {
     }
 }
 
+/// Why a review got no answer.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ReviewError {
+    #[error(transparent)]
+    BadRequest(#[from] BadRequest),
+    /// Our own response did not serialise. Its parts are plain data, so
+    /// this is a bug; it is answered with HTTP 500, leaving the pod to the
+    /// webhook's failurePolicy.
+    #[error("cannot encode the admission response: {0}")]
+    Encode(String),
+}
+
+impl From<serde_json::Error> for ReviewError {
+    fn from(error: serde_json::Error) -> Self {
+        Self::Encode(error.to_string())
+    }
+}
+
+impl From<SerializePatchError> for ReviewError {
+    fn from(error: SerializePatchError) -> Self {
+        Self::Encode(error.to_string())
+    }
+}
+
 /// A reviewed request: the response body plus what to log and count.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Reviewed {
@@ -84,258 +108,130 @@ pub struct Reviewed {
     pub detail: Option<String>,
 }
 
-// The response is written by hand. Not kube-core's `AdmissionResponse`:
-// it serialises `patch` as an array of numbers, where the admission API
-// (and the Go webhook we replace) uses a base64 string. Not a serde struct
-// either: its shape is fixed, and serde_json would scan the 1-2 KB of
-// base64 for characters to escape, which it never has.
-const RESPONSE_HEAD: &str =
-    r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"#;
-
-/// How a review is answered.
-enum Answer<'c> {
-    Allow,
-    /// Allow with this patch.
-    Patch(EncodedPatch<'c>),
-    /// Refuse with this message.
-    Deny(String),
-}
-
-fn response_json(uid: &str, answer: &Answer<'_>) -> Vec<u8> {
-    let extra = match answer {
-        Answer::Allow => 0,
-        Answer::Patch(patch) => patch.len_bound() + 64,
-        Answer::Deny(message) => message.len() + 96,
-    };
-    let mut out = String::with_capacity(RESPONSE_HEAD.len() + uid.len() + 32 + extra);
-    out.push_str(RESPONSE_HEAD);
-    json::string(&mut out, &[uid]);
-    match answer {
-        Answer::Allow => out.push_str(r#","allowed":true}}"#),
-        Answer::Patch(patch) => {
-            out.push_str(r#","allowed":true,"patch":""#);
-            patch.write(&mut out);
-            out.push_str(r#"","patchType":"JSONPatch"}}"#);
-        }
-        Answer::Deny(message) => {
-            out.push_str(
-                r#","allowed":false,"status":{"code":400,"reason":"BadRequest","message":"#,
-            );
-            json::string(&mut out, &[message]);
-            out.push_str("}}}");
-        }
-    }
-    out.into_bytes()
-}
-
-/// Which decoder reads the review.
-#[derive(Clone, Copy)]
-enum Decoder {
-    /// The single walk of [`crate::json::read`] where it can, serde_json
-    /// otherwise.
-    Fast,
-    /// serde_json alone.
-    SerdeJson,
-}
-
 /// Reviews one AdmissionReview body.
-pub fn review(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, BadRequest> {
-    review_with(Decoder::Fast, body, cfg)
-}
-
-/// [`review`] with serde_json decoding everything: the reference the fast
-/// path is held to (the fuzz target and the property tests compare them).
-#[doc(hidden)]
-pub fn review_by_serde_json(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, BadRequest> {
-    review_with(Decoder::SerdeJson, body, cfg)
-}
-
-fn review_with(decoder: Decoder, body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, BadRequest> {
+pub fn review(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, ReviewError> {
     if body.len() > MAX_BODY_BYTES {
-        return Err(BadRequest::TooLarge);
+        return Err(BadRequest::TooLarge.into());
     }
-    let review: ReviewIn<'_> = match decoder {
-        Decoder::Fast => decode::decode(body)?,
-        Decoder::SerdeJson => decode::decode_with_serde(body)?,
-    };
-    if &*review.kind != ADMISSION_KIND || &*review.api_version != ADMISSION_API_VERSION {
+    let not_json = |e: serde_json::Error| BadRequest::NotJson(e.to_string());
+    // Read as a Value first, to follow the API server's JSON rules: its map
+    // keeps the last of repeated keys (serde's derive would refuse them)
+    // and holds escaped keys as their text.
+    let mut value: Value = serde_json::from_slice(body).map_err(not_json)?;
+    // The objects are taken out before the envelope is decoded: kube's
+    // types would copy them through serde's flatten buffers several times
+    // (a twentyfold slower review), and only a Pod CREATE's object is read,
+    // as our partial Pod.
+    let object = value.pointer_mut("/request/object").map(Value::take);
+    if let Some(old) = value.pointer_mut("/request/oldObject") {
+        *old = Value::Null;
+    }
+    let review: AdmissionReview<DynamicObject> = serde_json::from_value(value).map_err(not_json)?;
+    if review.types.kind != META_KIND || review.types.api_version != META_API_VERSION_V1 {
         return Err(BadRequest::WrongKind {
-            kind: review.kind.to_string(),
-            api_version: review.api_version.to_string(),
-        });
+            kind: review.types.kind,
+            api_version: review.types.api_version,
+        }
+        .into());
     }
-    let request = review.request.ok_or(BadRequest::NoRequest)?;
+    let request: AdmissionRequest<DynamicObject> =
+        review.try_into().map_err(|_| BadRequest::NoRequest)?;
+    let mut response = AdmissionResponse::from(&request);
     let mut reviewed = Reviewed {
         body: Vec::new(),
         decision: Outcome::PassThrough,
-        uid: request.uid,
-        namespace: request.namespace.unwrap_or_default(),
-        pod: request.name.unwrap_or_default(),
+        uid: request.uid.clone(),
+        namespace: request.namespace.clone().unwrap_or_default(),
+        pod: request.name.clone(),
         container: None,
         detail: None,
     };
-    let mut answer = Answer::Allow;
 
     // Only a Pod CREATE is ours; UPDATE/DELETE/CONNECT and subresources
     // (binding, ephemeralcontainers, …) pass through untouched.
-    if &*request.operation == "CREATE" && is_main_resource(request.sub_resource.as_deref()) {
-        let pod = pod_of(decoder, &request.kind, request.object)?;
+    let main_resource = request.sub_resource.as_deref().is_none_or(str::is_empty);
+    if request.operation == Operation::Create && main_resource {
+        let pod = pod_of(&request, object)?;
         if reviewed.pod.is_empty() {
-            reviewed.pod = pod_display_name(&pod);
+            reviewed.pod = display_name(&pod);
         }
         if reviewed.namespace.is_empty() {
-            reviewed.namespace = pod
-                .metadata
-                .namespace
-                .as_deref()
-                .unwrap_or_default()
-                .to_owned();
+            reviewed.namespace = pod.metadata.namespace.clone().unwrap_or_default();
         }
-        let decision =
-            inject::plan(&pod, cfg).map_err(|e| BadRequest::InvalidPod(e.to_string()))?;
+        let decision = inject::plan(&pod, cfg);
         reviewed.decision = decision.outcome();
         match decision {
             Decision::Inject { target, patch } => {
-                answer = Answer::Patch(patch.encode(&target, cfg));
+                response = response.with_patch(patch.operations(&target, cfg)?)?;
                 reviewed.container = Some(target.name);
             }
             Decision::AlreadyInjected { target } => reviewed.container = Some(target.name),
             Decision::NotSharing { share_resource } => reviewed.detail = share_resource,
             Decision::OptedOut | Decision::NoContainers => {}
             Decision::Deny { message } => {
-                answer = Answer::Deny(message.clone());
+                response = response.deny(&message);
+                // As the Go webhook we replace answered: the API server
+                // shows code and reason to the client.
+                response.result.code = 400;
+                response.result.reason = "BadRequest".to_owned();
                 reviewed.detail = Some(message);
             }
         }
     }
-    reviewed.body = response_json(&reviewed.uid, &answer);
+    reviewed.body = encode(response)?;
     Ok(reviewed)
 }
 
-fn pod_of<'a>(
-    decoder: Decoder,
-    gvk: &GroupVersionKind<'_>,
-    object: Object<'a>,
-) -> Result<Pod<'a>, BadRequest> {
-    if !gvk.is_pod() {
+/// The Pod of a Pod CREATE, from the request's `object`.
+fn pod_of(
+    request: &AdmissionRequest<DynamicObject>,
+    object: Option<Value>,
+) -> Result<Pod, BadRequest> {
+    let gvk = &request.kind;
+    if !(gvk.group.is_empty() && gvk.version == "v1" && gvk.kind == "Pod") {
         let name = if gvk.group.is_empty() {
-            format!("{}/{}", &*gvk.version, &*gvk.kind)
+            format!("{}/{}", gvk.version, gvk.kind)
         } else {
-            format!("{}/{}/{}", &*gvk.group, &*gvk.version, &*gvk.kind)
+            format!("{}/{}/{}", gvk.group, gvk.version, gvk.kind)
         };
         return Err(BadRequest::NotAPod(name));
     }
-    match object {
-        Object::Pod(pod) => Ok(pod),
-        Object::Raw(raw) => match decoder {
-            Decoder::Fast => Pod::parse(raw),
-            Decoder::SerdeJson => serde_json::from_str(raw),
-        }
-        .map_err(|e| BadRequest::InvalidPod(e.to_string())),
-        Object::Absent => Err(BadRequest::NoObject),
+    let object = object
+        .filter(|o| !o.is_null())
+        .ok_or(BadRequest::NoObject)?;
+    let pod: Pod =
+        serde_json::from_value(object).map_err(|e| BadRequest::InvalidPod(e.to_string()))?;
+    // The object's own type, when it says one, must agree (k8s-openapi's
+    // Pod checks it the same way).
+    let (api_version, kind) = (pod.api_version.as_deref(), pod.kind.as_deref());
+    if api_version.is_some_and(|v| v != "v1") || kind.is_some_and(|k| k != "Pod") {
+        return Err(BadRequest::InvalidPod(format!(
+            "object is kind {kind:?} in {api_version:?}"
+        )));
     }
+    Ok(pod)
 }
 
-fn pod_display_name(pod: &Pod<'_>) -> String {
+fn display_name(pod: &Pod) -> String {
     match (&pod.metadata.name, &pod.metadata.generate_name) {
-        (Some(name), _) => name.to_string(),
-        (None, Some(prefix)) => format!("{prefix}<generated>", prefix = &**prefix),
+        (Some(name), _) => name.clone(),
+        (None, Some(prefix)) => format!("{prefix}<generated>"),
         (None, None) => String::new(),
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A review in the API server's field order, so `object` is decoded in
-    /// the first pass when it is a Pod CREATE.
-    fn body(operation: &str, object: &str) -> Vec<u8> {
-        format!(
-            r#"{{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{{"uid":"u","kind":{{"group":"","version":"v1","kind":"Pod"}},"operation":"{operation}","object":{object}}}}}"#
-        )
-        .into_bytes()
+/// The review's JSON. kube's `AdmissionResponse` writes `patch` as an
+/// array of numbers (kube-rs#1781), where the admission API takes a
+/// base64 string, so that one field is set here.
+fn encode(mut response: AdmissionResponse) -> Result<Vec<u8>, ReviewError> {
+    let patch = response.patch.take();
+    let mut review = serde_json::to_value(response.into_review())?;
+    if let (Some(patch), Some(Value::Object(response))) = (patch, review.get_mut("response")) {
+        let patch = base64::engine::general_purpose::STANDARD.encode(patch);
+        response.insert("patch".to_owned(), Value::String(patch));
     }
-
-    fn outcome(body: &[u8]) -> Result<&'static str, &'static str> {
-        review(body, &InjectConfig::default())
-            .map(|r| r.decision.label())
-            .map_err(|e| e.label())
-    }
-
-    #[test]
-    fn every_label_is_listed() {
-        let every = [
-            BadRequest::TooLarge,
-            BadRequest::NotJson(String::new()),
-            BadRequest::WrongKind {
-                kind: String::new(),
-                api_version: String::new(),
-            },
-            BadRequest::NoRequest,
-            BadRequest::NotAPod(String::new()),
-            BadRequest::NoObject,
-            BadRequest::InvalidPod(String::new()),
-        ];
-        assert_eq!(every.map(|e| e.label()), BadRequest::LABELS);
-    }
-
-    #[test]
-    fn errors_are_classified_in_either_pass() {
-        let bad_pod = r#"{"spec": {"containers": 5}}"#;
-        assert_eq!(outcome(&body("CREATE", bad_pod)), Err("invalid_pod"));
-        // Object before operation: decoded afterwards, same answer.
-        let late = format!(
-            r#"{{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{{"uid":"u","kind":{{"group":"","version":"v1","kind":"Pod"}},"object":{bad_pod},"operation":"CREATE"}}}}"#
-        );
-        assert_eq!(outcome(late.as_bytes()), Err("invalid_pod"));
-        // Not ours: the object is not read.
-        assert_eq!(outcome(&body("UPDATE", bad_pod)), Ok("pass_through"));
-        // Broken JSON inside the object is the body's fault.
-        let mut truncated = body("CREATE", r#"{"spec": {"containers": [{"name": "a"}]}}"#);
-        truncated.truncate(truncated.len() - 10);
-        assert_eq!(outcome(&truncated), Err("not_json"));
-        let mut trailing = body("CREATE", "{}");
-        trailing.extend_from_slice(b" x");
-        assert_eq!(outcome(&trailing), Err("not_json"));
-    }
-
-    #[test]
-    fn envelope_rules_are_kept() {
-        let dup = br#"{"kind":"AdmissionReview","kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1"}"#;
-        assert_eq!(outcome(dup), Err("not_json"));
-        let no_uid = br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"kind":{"version":"v1","kind":"Pod"},"operation":"CREATE"}}"#;
-        assert_eq!(outcome(no_uid), Err("not_json"));
-        let null_request =
-            br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":null}"#;
-        assert_eq!(outcome(null_request), Err("no_request"));
-        assert_eq!(outcome(&body("CREATE", "null")), Err("no_object"));
-        assert_eq!(
-            outcome(&body(
-                "CREATE",
-                r#"{"metadata": {"annotations": {"gpu-memory": "1"}}, "spec": {"containers": [{"name": "m"}]}}"#
-            )),
-            Ok("injected")
-        );
-    }
-
-    #[test]
-    fn response_is_the_admission_json() {
-        let out = review(
-            &body("CREATE", r#"{"metadata": {"annotations": {"gpu-memory": "1", "gpu-fraction-container-name": "gh\"ost"}}, "spec": {"containers": [{"name": "m"}]}}"#),
-            &InjectConfig::default(),
-        )
-        .expect("reviewed");
-        let response: serde_json::Value = serde_json::from_slice(&out.body).expect("JSON");
-        assert_eq!(response["apiVersion"], ADMISSION_API_VERSION);
-        assert_eq!(response["kind"], ADMISSION_KIND);
-        assert_eq!(response["response"]["uid"], "u");
-        assert_eq!(response["response"]["allowed"], false);
-        assert_eq!(response["response"]["status"]["code"], 400);
-        assert_eq!(response["response"]["status"]["reason"], "BadRequest");
-        let message = response["response"]["status"]["message"]
-            .as_str()
-            .unwrap_or_default();
-        assert!(message.contains(r#""gh\"ost""#), "{message}");
-    }
+    Ok(serde_json::to_vec(&review)?)
 }
+
+#[cfg(test)]
+mod tests;

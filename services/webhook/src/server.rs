@@ -1,29 +1,25 @@
 //! HTTP routes and the HTTPS server around them.
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes};
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Either, Full};
-use hyper::body::Incoming;
+use bytes::Buf;
+use futures_util::{Stream, StreamExt};
 use kai_runtime::tls::{ReloadingCert, TlsError};
+use kube::core::admission::AdmissionResponse;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use warp::{Filter, Reply};
+use warp::http::StatusCode;
+use warp::reply::{Reply, Response};
+use warp::{Filter, Rejection};
 
 use crate::config::InjectConfig;
 use crate::metrics;
 use crate::outcome::Outcome;
-use crate::review::{self, BadRequest, MAX_BODY_BYTES};
+use crate::review::{self, BadRequest, MAX_BODY_BYTES, ReviewError};
 
 /// Everything needed to start the webhook.
 #[derive(Clone, Debug)]
@@ -89,10 +85,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> Result<Ru
         metrics,
         shutdown: shutdown.clone(),
     });
-    let service = Webhook {
-        rest: warp::service(routes(state.clone())),
-        state,
-    };
+    let service = warp::service(routes(state));
     tracing::info!(%addr, cert = %settings.tls_cert_file.display(), "webhook serving HTTPS");
     let task = tokio::spawn(kai_runtime::https::serve(listener, tls, service, shutdown));
     Ok(Running { addr, cert, task })
@@ -117,59 +110,9 @@ fn count_reloads(
     });
 }
 
-/// The webhook's HTTP service: `POST /mutate` is answered directly, the
-/// probes and metrics by warp.
-///
-/// Admission reviews are the hot path (the API server waits on them while
-/// it holds a pod creation). Serving them through warp (request and body
-/// boxing, the filter chain, a boxed response) held the TLS load bench at
-/// 0.66 of a bare hyper server; answering them here took it to about 0.8.
-/// The other routes are rare and keep warp, with its 404/405 answers.
-#[derive(Clone)]
-struct Webhook<W> {
-    state: Arc<State>,
-    rest: W,
-}
-
-type Body<B> = Either<Full<Bytes>, B>;
-
-impl<W, B> tower_service::Service<Request<Incoming>> for Webhook<W>
-where
-    W: tower_service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
-    W::Future: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = Response<Body<B>>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.rest.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
-        // warp's `path!("mutate")` also matched a trailing slash.
-        if matches!(request.uri().path(), "/mutate" | "/mutate/") {
-            if request.method() != Method::POST {
-                // What warp answered for a known path with another method.
-                let refused = text(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    Bytes::from_static(b"HTTP method not allowed"),
-                );
-                return Box::pin(std::future::ready(Ok(refused.map(Either::Left))));
-            }
-            let state = self.state.clone();
-            return Box::pin(async move { Ok(mutate(request, &state).await.map(Either::Left)) });
-        }
-        let rest = self.rest.call(request);
-        Box::pin(async move { rest.await.map(|response| response.map(Either::Right)) })
-    }
-}
-
-/// `GET /healthz`, `GET /readyz`, `GET /metrics` (and warp's 404/405).
-fn routes(
-    state: Arc<State>,
-) -> impl Filter<Extract = (warp::reply::Response,), Error = warp::Rejection> + Clone {
+/// `POST /mutate`, `GET /healthz`, `GET /readyz`, `GET /metrics` (and
+/// warp's 404/405 for the rest).
+fn routes(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = Rejection> + Clone {
     let draining = state.shutdown.clone();
     let health = kai_runtime::health::routes(move || {
         // Fail readiness while draining so the Service stops routing here.
@@ -180,6 +123,16 @@ fn routes(
         }
     });
     let with_state = warp::any().map(move || state.clone());
+    let mutate = warp::path!("mutate")
+        .and(warp::post())
+        .and(warp::body::stream())
+        .and(with_state.clone())
+        .then(|body, state: Arc<State>| async move {
+            match read_limited(body).await {
+                Ok(body) => answer(&body, &state),
+                Err(error) => bad_request(&error, &state.metrics),
+            }
+        });
     let metrics =
         warp::path!("metrics")
             .and(warp::get())
@@ -187,64 +140,58 @@ fn routes(
             .map(|state: Arc<State>| {
                 warp::reply::with_header(
                     state.metrics.render(),
-                    http::header::CONTENT_TYPE,
+                    warp::http::header::CONTENT_TYPE,
                     "text/plain; version=0.0.4; charset=utf-8",
                 )
                 .into_response()
             });
-    health.or(metrics).unify()
+    mutate.or(health).unify().or(metrics).unify()
 }
 
-async fn mutate(request: Request<Incoming>, state: &State) -> Response<Full<Bytes>> {
-    // hyper has already refused a malformed Content-Length.
-    let content_length = request
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let body = match read_limited(content_length, request.into_body()).await {
-        Ok(body) => body,
-        Err(error) => return bad_request(&error, &state.metrics),
-    };
+/// Reviews a complete body, counts and logs the outcome.
+#[tracing::instrument(skip_all, fields(uid, namespace, name))]
+fn answer(body: &[u8], state: &State) -> Response {
     let started = Instant::now();
-    match review::review(&body, &state.inject) {
+    match review::review(body, &state.inject) {
         Ok(reviewed) => {
             state.metrics.record(reviewed.decision, started.elapsed());
+            let span = tracing::Span::current();
+            span.record("uid", reviewed.uid.as_str());
+            span.record("namespace", reviewed.namespace.as_str());
+            span.record("name", reviewed.pod.as_str());
             log_review(&reviewed);
-            let mut response = Response::new(Full::new(Bytes::from(reviewed.body)));
-            response
-                .headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            response
+            json(StatusCode::OK, reviewed.body)
         }
-        Err(error) => bad_request(&error, &state.metrics),
+        Err(ReviewError::BadRequest(error)) => bad_request(&error, &state.metrics),
+        Err(error @ ReviewError::Encode(_)) => {
+            tracing::error!(%error, "cannot answer an admission review");
+            warp::reply::with_status(error.to_string(), StatusCode::INTERNAL_SERVER_ERROR)
+                .into_response()
+        }
     }
 }
 
 /// An oversized body up to this size is read and discarded so the client
 /// gets its 400 on a connection that stays usable (as Go's net/http does);
-/// a bigger one is answered at once and the connection closed.
+/// reading stops beyond it, and the connection is closed.
 const DRAIN_LIMIT: usize = 2 * MAX_BODY_BYTES;
 
-/// Collects the body, refusing it when it is (or announces to be) too big.
+/// Collects the body, refusing it when it is too big.
 async fn read_limited(
-    content_length: Option<u64>,
-    mut body: Incoming,
+    body: impl Stream<Item = Result<impl Buf, warp::Error>>,
 ) -> Result<Vec<u8>, BadRequest> {
-    if let Some(len) = content_length.filter(|len| *len > MAX_BODY_BYTES as u64) {
-        if len <= DRAIN_LIMIT as u64 {
-            drain(body, DRAIN_LIMIT).await;
-        }
-        return Err(BadRequest::TooLarge);
-    }
-    let mut collected = Vec::with_capacity(content_length.map_or(16 * 1024, |l| l as usize));
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| BadRequest::NotJson(format!("cannot read body: {e}")))?;
-        // Trailers carry nothing we read.
-        let Ok(mut chunk) = frame.into_data() else {
-            continue;
-        };
+    let mut body = std::pin::pin!(body);
+    let mut collected = Vec::new();
+    while let Some(chunk) = body.next().await {
+        let mut chunk = chunk.map_err(|e| BadRequest::NotJson(format!("cannot read body: {e}")))?;
         if collected.len() + chunk.remaining() > MAX_BODY_BYTES {
-            drain(body, DRAIN_LIMIT - collected.len()).await;
+            let mut read = collected.len() + chunk.remaining();
+            while read <= DRAIN_LIMIT {
+                match body.next().await {
+                    Some(Ok(chunk)) => read += chunk.remaining(),
+                    _ => break,
+                }
+            }
             return Err(BadRequest::TooLarge);
         }
         while chunk.has_remaining() {
@@ -257,30 +204,21 @@ async fn read_limited(
     Ok(collected)
 }
 
-async fn drain(mut body: Incoming, mut budget: usize) {
-    while let Some(Ok(frame)) = body.frame().await {
-        let len = frame.data_ref().map_or(0, Buf::remaining);
-        match budget.checked_sub(len) {
-            Some(left) => budget = left,
-            None => break,
-        }
-    }
+fn json(status: StatusCode, body: Vec<u8>) -> Response {
+    let reply =
+        warp::reply::with_header(body, warp::http::header::CONTENT_TYPE, "application/json");
+    warp::reply::with_status(reply, status).into_response()
 }
 
-fn text(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(body));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
-}
-
-fn bad_request(error: &BadRequest, metrics: &metrics::Metrics) -> Response<Full<Bytes>> {
+/// HTTP 400 carrying an invalid review that says what is wrong.
+fn bad_request(error: &BadRequest, metrics: &metrics::Metrics) -> Response {
     metrics.record_bad_request(error);
     tracing::warn!(reason = error.label(), %error, "rejected a malformed admission request");
-    text(StatusCode::BAD_REQUEST, Bytes::from(format!("{error}\n")))
+    let invalid = AdmissionResponse::invalid(error).into_review();
+    json(
+        StatusCode::BAD_REQUEST,
+        serde_json::to_vec(&invalid).unwrap_or_else(|_| error.to_string().into_bytes()),
+    )
 }
 
 fn log_review(r: &review::Reviewed) {

@@ -224,9 +224,8 @@ fn check_injected(name: &str, expect: &Value, before: &Value, after: &Value) {
     );
 }
 
-/// The Pod is decoded in the first pass when the request says it is a Pod
-/// CREATE before the object (the API server's order) and in a second pass
-/// otherwise; both give the same answer.
+/// The API server's field order (the request's `kind` and `operation`
+/// before its `object`) and sorted keys give the same answer.
 #[test]
 fn field_order_does_not_change_the_answer() {
     for (name, _, pod) in support::corpus() {

@@ -34,8 +34,8 @@ async fn plain_http_to_the_tls_port_gets_a_clear_400() {
     running.task.await.expect("stops");
 }
 
-/// `POST /mutate` has its own path through the server; everything else
-/// keeps warp's answers.
+/// Every route is warp's: `POST /mutate` (with or without a trailing
+/// slash or a query), the probes, and warp's 404/405 for the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_and_methods() {
     let bundle = generate("test", &names(), 1).expect("cert");

@@ -1,12 +1,11 @@
 //! Our volumes, mounts and env vars: the fixed tables both the plan and the
-//! patch writers walk.
+//! patch builder walk.
 
 use super::{
     ENV_CONTAINER_NAME, ENV_POD_UID, ENV_VGPU_MOUNT, LD_SO_PRELOAD_PATH, LD_SO_PRELOAD_SUBPATH,
     VGPULOCK_PATH, VOLUME_CONTAINERS, VOLUME_VGPU, VOLUME_VGPULOCK,
 };
 use crate::config::InjectConfig;
-use crate::json;
 
 /// Our volumes, in the order of `VOLUME_DIRS`.
 pub const VOLUME_NAMES: [&str; 3] = [VOLUME_VGPU, VOLUME_CONTAINERS, VOLUME_VGPULOCK];
@@ -16,7 +15,7 @@ pub(super) const VOLUME_DIRS: [Dir; 3] = [
     Dir::HostContainers,
     Dir::Fixed(VGPULOCK_PATH),
 ];
-/// Our env vars (their values: `env_json` in the patch writer).
+/// Our env vars (their values: [`super::env_value`]).
 pub const ENV_NAMES: [&str; 3] = [ENV_POD_UID, ENV_CONTAINER_NAME, ENV_VGPU_MOUNT];
 
 /// A mount we add.
@@ -97,16 +96,6 @@ impl Dir {
             Self::HostVgpu => cfg.host_vgpu_dir.clone(),
             Self::HostContainers => format!("{}/containers", cfg.host_vgpu_dir),
             Self::Fixed(fixed) => fixed.to_owned(),
-        }
-    }
-
-    pub(super) fn write_json(self, cfg: &InjectConfig, out: &mut String) {
-        match self {
-            Self::VgpuMount => json::string(out, &[&cfg.vgpu_mount]),
-            Self::ContainersDir => json::string(out, &[&cfg.vgpu_mount, "/containers"]),
-            Self::HostVgpu => json::string(out, &[&cfg.host_vgpu_dir]),
-            Self::HostContainers => json::string(out, &[&cfg.host_vgpu_dir, "/containers"]),
-            Self::Fixed(fixed) => json::string(out, &[fixed]),
         }
     }
 }

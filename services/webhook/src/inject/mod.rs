@@ -8,16 +8,13 @@
 
 use crate::outcome::Outcome;
 
-mod encoded;
 mod items;
 mod patch;
 mod plan;
 
-pub use self::encoded::EncodedPatch;
-pub(crate) use self::encoded::PatchPieces;
 pub use self::items::{Dir, ENV_NAMES, MOUNTS, MountSpec, VOLUME_NAMES};
 pub use self::patch::{Limits, MemoryLimit, Missing, Patch, env_value};
-pub use self::plan::{InvalidField, plan};
+pub use self::plan::plan;
 
 /// KAI-Scheduler's fractional-GPU annotation.
 pub const ANNOTATION_GPU_FRACTION: &str = "gpu-fraction";

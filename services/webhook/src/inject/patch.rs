@@ -1,17 +1,20 @@
-//! What a patch adds ([`Patch`]) and the JSON of each item it adds.
+//! What a patch adds ([`Patch`]) and its RFC 6902 operations.
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, PatchOperation};
+use k8s_openapi::api::core::v1::{
+    EnvVar, EnvVarSource, HostPathVolumeSource, ObjectFieldSelector, Volume, VolumeMount,
+};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::items::{ENV_NAMES, MOUNTS, MountSpec, VOLUME_DIRS, VOLUME_NAMES};
 use super::{ENV_CONTAINER_NAME, ENV_MEMORY_LIMIT, ENV_SM_LIMIT, ENV_VGPU_MOUNT, Target};
 use crate::config::InjectConfig;
-use crate::json;
 
 /// What the patch adds: which of our volumes, mounts and env vars are
-/// missing. Rendered to RFC 6902 JSON by [`Patch::write_json`].
-///
-/// A description rather than a `json_patch::Patch`: that one holds
-/// `serde_json::Value` trees, and building them (then serialising them) was
-/// a large share of a review. Our items are fixed, so the JSON is written
-/// straight from these tables.
+/// missing. [`Patch::operations`] turns it into RFC 6902 operations; the
+/// plan stays a small value that tests can compare.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Patch {
     /// `spec.volumes`, items as in [`VOLUME_NAMES`].
@@ -48,67 +51,12 @@ pub struct MemoryLimit {
     pub before: Option<usize>,
 }
 
-impl Limits {
-    pub(super) fn is_empty(&self) -> bool {
-        self.memory.is_none() && self.sm_percent.is_none()
-    }
-
-    /// Each limit's `add`. Rendered the same way by both writers.
-    pub(super) fn ops(&self) -> impl Iterator<Item = LimitOp> {
-        let memory = self.memory.map(|limit| LimitOp {
-            before: limit.before,
-            name: ENV_MEMORY_LIMIT,
-            value: limit.mib,
-            unit: "m",
-        });
-        let sm = self.sm_percent.map(|percent| LimitOp {
-            before: None,
-            name: ENV_SM_LIMIT,
-            value: u64::from(percent),
-            unit: "",
-        });
-        memory.into_iter().chain(sm)
-    }
-}
-
-/// One limit's `add`: a literal env item `{"name":…,"value":"<value><unit>"}`,
-/// inserted before index `before` of the env list or appended. Written
-/// straight into the patch text (no string of its own: formatting and
-/// allocating them was a tenth of a one-container review).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct LimitOp {
-    before: Option<usize>,
-    name: &'static str,
-    value: u64,
-    unit: &'static str,
-}
-
-impl LimitOp {
-    /// Its JSON pointer relative to the target container: `/env/3`, `/env/-`.
-    pub(super) fn write_field(&self, out: &mut String) {
-        out.push_str("/env/");
-        match self.before {
-            Some(index) => out.push_str(itoa::Buffer::new().format(index)),
-            None => out.push('-'),
-        }
-    }
-
-    /// Its env item.
-    pub(super) fn write_item(&self, out: &mut String) {
-        out.push_str(r#"{"name":"#);
-        json::string(out, &[self.name]);
-        out.push_str(r#","value":""#);
-        out.push_str(itoa::Buffer::new().format(self.value));
-        out.push_str(self.unit);
-        out.push_str(r#""}"#);
-    }
-}
-
 /// Which items of one of our lists are missing, and how they are added.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Missing {
-    /// The field is absent: one `add` of the whole list. Otherwise each
-    /// missing item is appended (`/-`).
+    /// The field is absent: one `add` of the whole list (an `add` to
+    /// `…/-` needs the list to exist). Otherwise each missing item is
+    /// appended (`/-`).
     pub whole_list: bool,
     /// Bit `i`: item `i` is missing.
     pub items: u8,
@@ -127,7 +75,7 @@ impl Missing {
         }
     }
 
-    pub(super) fn has(self, i: usize) -> bool {
+    fn has(self, i: usize) -> bool {
         self.items & (1 << i) != 0
     }
 }
@@ -138,157 +86,146 @@ impl Patch {
         self.volumes.items == 0
             && self.mounts.items == 0
             && self.env.items == 0
-            && self.limits.is_empty()
+            && self.limits.memory.is_none()
+            && self.limits.sm_percent.is_none()
     }
 
-    /// The RFC 6902 JSON of this patch for `target` under `cfg`.
-    pub fn to_json(&self, target: &Target, cfg: &InjectConfig) -> String {
-        let mut out = String::with_capacity(2048);
-        self.write_json(target, cfg, &mut out);
-        out
-    }
-
-    /// Appends the RFC 6902 JSON of this patch for `target` under `cfg`.
-    pub fn write_json(&self, target: &Target, cfg: &InjectConfig, out: &mut String) {
-        let mut ops = Ops { out, first: true };
-        ops.out.push('[');
-        ops.list(
-            "",
-            "/spec/volumes",
+    /// The RFC 6902 operations of this patch for `target` under `cfg`:
+    /// volumes, mounts, env, then the limits.
+    pub fn operations(
+        &self,
+        target: &Target,
+        cfg: &InjectConfig,
+    ) -> Result<json_patch::Patch, serde_json::Error> {
+        let container = |field: &str| {
+            PointerBuf::from_tokens([
+                "spec",
+                target.list.field(),
+                &target.index.to_string(),
+                field,
+            ])
+        };
+        let mut ops = Vec::new();
+        list(
+            &mut ops,
+            PointerBuf::from_tokens(["spec", "volumes"]),
             self.volumes,
             VOLUME_NAMES.len(),
-            |out, i| {
-                volume_json(i, cfg, out);
-            },
-        );
-        let container = format!("/spec/{}/{}", target.list.field(), target.index);
-        ops.list(
-            &container,
-            "/volumeMounts",
+            |i| volume(i, cfg),
+        )?;
+        list(
+            &mut ops,
+            container("volumeMounts"),
             self.mounts,
             MOUNTS.len(),
-            |out, i| {
-                mount_json(&MOUNTS[i], cfg, out);
-            },
-        );
-        ops.list(&container, "/env", self.env, ENV_NAMES.len(), |out, i| {
-            env_json(i, &target.name, cfg, out);
+            |i| mount(&MOUNTS[i], cfg),
+        )?;
+        list(&mut ops, container("env"), self.env, ENV_NAMES.len(), |i| {
+            env(i, &target.name, cfg)
+        })?;
+        let memory = self.limits.memory.map(|limit| {
+            (
+                limit.before,
+                literal(ENV_MEMORY_LIMIT, format!("{}m", limit.mib)),
+            )
         });
-        for limit in self.limits.ops() {
-            let mut field = String::new();
-            limit.write_field(&mut field);
-            ops.op(&container, &field, false);
-            limit.write_item(ops.out);
-            ops.out.push('}');
-        }
-        ops.out.push(']');
-    }
-}
-
-/// Writes the operations of a patch.
-pub(super) struct Ops<'o> {
-    out: &'o mut String,
-    first: bool,
-}
-
-impl Ops<'_> {
-    /// The `add`s of one list, at the JSON pointer `parent` + `field`.
-    pub(super) fn list(
-        &mut self,
-        parent: &str,
-        field: &str,
-        missing: Missing,
-        n: usize,
-        item: impl Fn(&mut String, usize),
-    ) {
-        if missing.items == 0 {
-            return;
-        }
-        if missing.whole_list {
-            self.op(parent, field, false);
-            self.out.push('[');
-            for (n, i) in (0..n).filter(|&i| missing.has(i)).enumerate() {
-                if n > 0 {
-                    self.out.push(',');
-                }
-                item(self.out, i);
+        let sm = self
+            .limits
+            .sm_percent
+            .map(|percent| (None, literal(ENV_SM_LIMIT, percent.to_string())));
+        for (before, var) in memory.into_iter().chain(sm) {
+            let mut path = container("env");
+            match before {
+                Some(index) => path.push_back(index),
+                None => path.push_back("-"),
             }
-            self.out.push_str("]}");
-        } else {
-            for i in (0..n).filter(|&i| missing.has(i)) {
-                self.op(parent, field, true);
-                item(self.out, i);
-                self.out.push('}');
-            }
+            add(&mut ops, path, &var)?;
         }
-    }
-
-    /// `{"op":"add","path":"…","value":` — the value and `}` follow.
-    pub(super) fn op(&mut self, parent: &str, field: &str, append: bool) {
-        if !self.first {
-            self.out.push(',');
-        }
-        self.first = false;
-        self.out.push_str(r#"{"op":"add","path":""#);
-        self.out.push_str(parent);
-        self.out.push_str(field);
-        if append {
-            self.out.push_str("/-");
-        }
-        self.out.push_str(r#"","value":"#);
+        Ok(json_patch::Patch(ops))
     }
 }
 
-pub(super) fn volume_json(i: usize, cfg: &InjectConfig, out: &mut String) {
-    out.push_str(r#"{"name":"#);
-    json::string(out, &[VOLUME_NAMES[i]]);
-    out.push_str(r#","hostPath":{"path":"#);
-    VOLUME_DIRS[i].write_json(cfg, out);
-    out.push_str(r#","type":"DirectoryOrCreate"}}"#);
+/// The `add`s of one of our lists at `path`: the whole list when it is
+/// absent, else each missing item appended.
+fn list<T: Serialize>(
+    ops: &mut Vec<PatchOperation>,
+    mut path: PointerBuf,
+    missing: Missing,
+    n: usize,
+    item: impl Fn(usize) -> T,
+) -> Result<(), serde_json::Error> {
+    let items = (0..n).filter(|&i| missing.has(i)).map(item);
+    if missing.items == 0 {
+        Ok(())
+    } else if missing.whole_list {
+        add(ops, path, &items.collect::<Vec<_>>())
+    } else {
+        path.push_back("-");
+        for item in items {
+            add(ops, path.clone(), &item)?;
+        }
+        Ok(())
+    }
 }
 
-pub(super) fn mount_json(mount: &MountSpec, cfg: &InjectConfig, out: &mut String) {
-    out.push_str(r#"{"name":"#);
-    json::string(out, &[mount.volume]);
-    out.push_str(r#","mountPath":"#);
-    mount.path.write_json(cfg, out);
-    if let Some(sub_path) = mount.sub_path {
-        out.push_str(r#","subPath":"#);
-        json::string(out, &[sub_path]);
+fn add(
+    ops: &mut Vec<PatchOperation>,
+    path: PointerBuf,
+    value: &impl Serialize,
+) -> Result<(), serde_json::Error> {
+    let value: Value = serde_json::to_value(value)?;
+    ops.push(PatchOperation::Add(AddOperation { path, value }));
+    Ok(())
+}
+
+fn volume(i: usize, cfg: &InjectConfig) -> Volume {
+    Volume {
+        name: VOLUME_NAMES[i].to_owned(),
+        host_path: Some(HostPathVolumeSource {
+            path: VOLUME_DIRS[i].resolve(cfg),
+            type_: Some("DirectoryOrCreate".to_owned()),
+        }),
+        ..Volume::default()
     }
-    // Written only when true, as the API server stores it.
-    if mount.read_only {
-        out.push_str(r#","readOnly":true"#);
+}
+
+fn mount(mount: &MountSpec, cfg: &InjectConfig) -> VolumeMount {
+    VolumeMount {
+        name: mount.volume.to_owned(),
+        mount_path: mount.path.resolve(cfg),
+        sub_path: mount.sub_path.map(str::to_owned),
+        // Written only when true, as the API server stores it.
+        read_only: mount.read_only.then_some(true),
+        ..VolumeMount::default()
     }
-    out.push('}');
 }
 
 /// The variables libvgpu needs to pick the per-container cache path.
 /// `CUDA_DEVICE_MEMORY_SHARED_CACHE` is deliberately never set: any value
 /// disables that path, and an empty one makes libvgpu exit at cuInit.
-pub(super) fn env_json(i: usize, container: &str, cfg: &InjectConfig, out: &mut String) {
+fn env(i: usize, container: &str, cfg: &InjectConfig) -> EnvVar {
     match env_value(i, container, cfg) {
-        Some(value) => {
-            env_literal_head(i, out);
-            json::string(out, &[value]);
-        }
-        None => {
-            out.push_str(r#"{"name":"#);
-            json::string(out, &[ENV_NAMES[i]]);
-            out.push_str(
-                r#","valueFrom":{"fieldRef":{"apiVersion":"v1","fieldPath":"metadata.uid"}}"#,
-            );
-        }
+        Some(value) => literal(ENV_NAMES[i], value.to_owned()),
+        None => EnvVar {
+            name: ENV_NAMES[i].to_owned(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    api_version: Some("v1".to_owned()),
+                    field_path: "metadata.uid".to_owned(),
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        },
     }
-    out.push('}');
 }
 
-/// `{"name":<ENV_NAMES[i]>,"value":` — the value's JSON string and `}`
-/// follow.
-pub(super) fn env_literal_head(i: usize, out: &mut String) {
-    out.push_str(r#"{"name":"#);
-    json::string(out, &[ENV_NAMES[i]]);
-    out.push_str(r#","value":"#);
+fn literal(name: &str, value: String) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: Some(value),
+        ..EnvVar::default()
+    }
 }
 
 /// The literal value of env var `ENV_NAMES[i]`; `None` for the pod UID,

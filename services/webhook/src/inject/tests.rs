@@ -5,16 +5,17 @@ use super::*;
 use crate::config::InjectConfig;
 use crate::pod::Pod;
 
-/// Plans `value` as the webhook sees it: decoded from JSON text.
+/// Plans `value` as the webhook sees it: decoded from JSON.
 fn plan_for(value: &Value, cfg: &InjectConfig) -> Decision {
-    let text = value.to_string();
-    let pod: Pod<'_> = serde_json::from_str(&text).expect("test pod is valid");
-    plan(&pod, cfg).expect("test pod is valid where read")
+    let pod: Pod = serde_json::from_value(value.clone()).expect("test pod is valid");
+    plan(&pod, cfg)
 }
 
-/// Our patch read back as RFC 6902 by `json_patch`, as the API server would.
+/// Our patch as JSON text, read back as RFC 6902 by `json_patch`, as the
+/// API server would.
 fn rfc6902(patch: &Patch, target: &Target, cfg: &InjectConfig) -> json_patch::Patch {
-    let json = patch.to_json(target, cfg);
+    let ops = patch.operations(target, cfg).expect("patch serialises");
+    let json = serde_json::to_string(&ops).expect("patch serialises");
     serde_json::from_str(&json).unwrap_or_else(|e| panic!("not an RFC 6902 patch ({e}): {json}"))
 }
 

@@ -33,9 +33,9 @@ pub fn review_of(uid: &str, operation: &str, pod: &Value) -> Value {
 }
 
 /// `review` as the API server writes it: fields in the Go structs' order,
-/// so the request's `kind` and `operation` precede its `object` (which the
-/// webhook then decodes in the same pass). `serde_json::Value` sorts keys,
-/// which puts `object` first. Keys we do not know go last.
+/// so the request's `kind` and `operation` precede its `object`.
+/// `serde_json::Value` sorts keys, which puts `object` first. Keys we do
+/// not know go last.
 pub fn api_server_order(review: &Value) -> Vec<u8> {
     const TOP: &[&str] = &["kind", "apiVersion", "request"];
     const REQUEST: &[&str] = &[
