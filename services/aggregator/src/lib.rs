@@ -5,8 +5,8 @@
 //! served as Prometheus text and JSON ([`http`], port 9394) and as gRPC
 //! `vgpu.v1.VgpuCluster` ([`grpc`]).
 
-// No unsafe code (the crate denies it only so its cluster bench can count
-// allocations).
+// No unsafe code here (the workspace only denies it, so that the cluster
+// bench can count allocations).
 #![forbid(unsafe_code)]
 
 pub mod cluster;
