@@ -5,7 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{enforce, isolation, pods};
+use super::error::AgentError;
+use super::{enforce, isolation};
 
 /// Flags of `kai-node agent`.
 #[derive(Clone, Debug, clap::Args)]
@@ -145,23 +146,6 @@ impl std::fmt::Debug for PodsConfig {
             Self::Kube(_) => f.write_str("Kube"),
         }
     }
-}
-
-/// Errors before the agent serves.
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    #[error(transparent)]
-    Bind(#[from] kai_runtime::net::BindError),
-    #[error(transparent)]
-    Pods(#[from] pods::PodSourceError),
-    #[error("a server task failed: {0}")]
-    Task(#[from] tokio::task::JoinError),
-    #[error(transparent)]
-    Grpc(#[from] kai_runtime::grpc::GrpcError),
-    #[error("gRPC TLS: {0}")]
-    Tls(#[from] kai_runtime::tls::TlsError),
-    #[error("gRPC TLS configuration: {0}")]
-    Rustls(#[from] rustls::Error),
 }
 
 impl Config {

@@ -16,7 +16,9 @@ use super::orphans::{self, Orphans};
 use super::pods::PodSource;
 use super::state::{self, NodeState};
 use super::store::{self, RegionStore};
-use super::{AgentError, Config, enforce, isolation};
+use super::config::Config;
+use super::error::AgentError;
+use super::{enforce, isolation};
 
 /// What the scan loop reads from.
 pub(super) struct Scanner {

@@ -12,7 +12,9 @@ use warp::Filter;
 
 use super::nvml::Devices;
 use super::state::NodeState;
-use super::{AgentError, GrpcTls, encoded, exposition, grpc};
+use super::config::GrpcTls;
+use super::error::AgentError;
+use super::{encoded, exposition, grpc};
 
 /// Loads the gRPC certificate (failing fast) and watches it for rotation.
 pub(super) fn grpc_tls_config(
