@@ -12,6 +12,7 @@
 pub mod cluster;
 pub mod discovery;
 pub mod grpc;
+mod health;
 pub mod http;
 pub mod metrics;
 pub mod query;
