@@ -10,9 +10,7 @@ use std::sync::Arc;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kai_webhook::inject::{
-    ANNOTATION_CONTAINER_NAME, ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY,
-};
+use kai_vocab::annotations::{ANNOTATION_CONTAINER_NAME, SHARING_ANNOTATIONS};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -21,10 +19,6 @@ use tracing::Instrument;
 
 pub use super::model::{Lookup, PodSourceStatus};
 use super::model::{PodMeta, RunningContainer};
-
-/// Annotations that mark a KAI GPU-sharing pod (the webhook's, so both
-/// agree on what a sharing pod is).
-const SHARING_ANNOTATIONS: [&str; 2] = [ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY];
 
 /// Source of pod metadata.
 #[derive(Clone)]
