@@ -29,7 +29,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use crate::cluster::Cluster;
 
@@ -320,8 +319,7 @@ async fn supervise(
                     cluster.clone(),
                     settings.clone(),
                     token.clone(),
-                )
-                .instrument(tracing::info_span!("subscriber", %endpoint)),
+                ),
             );
             running.insert(endpoint.clone(), token);
         }

@@ -72,7 +72,8 @@ pub fn backoff(settings: &Settings) -> Backoff {
 }
 
 /// Runs until `cancel`, keeping `endpoint`'s data in `cluster` current;
-/// its log lines carry `endpoint` from the span this is spawned in.
+/// its log lines carry `endpoint`.
+#[tracing::instrument(name = "subscriber", skip_all, fields(%endpoint))]
 pub async fn run(
     endpoint: String,
     cluster: Arc<Cluster>,

@@ -34,6 +34,7 @@ pub(super) struct Scanner {
 /// vanishes or is replaced, and every scan interval (live values change in
 /// place, through the mapping, without any file event); publishes a new
 /// revision when the content changed.
+#[tracing::instrument(name = "scan", skip_all, fields(interval_ms = config.scan_interval.as_millis() as u64))]
 pub(super) async fn poll(
     scanner: Scanner,
     tx: watch::Sender<Arc<NodeState>>,
