@@ -1,7 +1,6 @@
 //! What the webhook injects, and the flags/env it reads.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
 use kai_runtime::telemetry::LogArgs;
 use kai_runtime::tls::{Flag, TlsArgs, TlsFlagNames, TlsFlags};

@@ -22,7 +22,7 @@ pub fn build(nodes: &[NodeEntry], revision: u64, now_ms: u64) -> View {
         .flat_map(|n| n.containers.iter())
         .map(|c| c.devices.len().max(1))
         .sum();
-    let mut containers = Vec::with_capacity(rows);
+    let mut containers: Vec<ContainerRow> = Vec::with_capacity(rows);
     let mut out_nodes = Vec::with_capacity(nodes.len());
     let mut escaped = Vec::new();
     for n in nodes {
