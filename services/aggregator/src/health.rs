@@ -52,8 +52,7 @@ impl Health {
             "Times a node agent stream went down and was retried.",
             out,
         );
-        self
-            .updates
+        self.updates
             .render(UPDATES, "WatchContainers updates received.", out);
         self.update_lag.render(
             UPDATE_LAG,

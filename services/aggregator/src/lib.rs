@@ -335,14 +335,12 @@ async fn supervise(
         for endpoint in &new {
             let token = shutdown.child_token();
             cluster.add_endpoint(endpoint);
-            tokio::spawn(
-                subscriber::run(
-                    endpoint.clone(),
-                    cluster.clone(),
-                    settings.clone(),
-                    token.clone(),
-                ),
-            );
+            tokio::spawn(subscriber::run(
+                endpoint.clone(),
+                cluster.clone(),
+                settings.clone(),
+                token.clone(),
+            ));
             running.insert(endpoint.clone(), token);
         }
         tokio::select! {

@@ -233,4 +233,3 @@ unsafe extern "C" fn cu_mem_get_info(free: *mut usize, total: *mut usize) -> c_u
     }
     result
 }
-

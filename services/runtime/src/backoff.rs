@@ -85,7 +85,10 @@ mod tests {
     fn jitter_stays_within_its_fraction_of_the_delay() {
         let mut backoff = Backoff::new(10 * S, 10 * S).with_jitter(0.2);
         let delays: Vec<Duration> = (0..200).map(|_| backoff.next_delay()).collect();
-        assert!(delays.iter().all(|d| (8 * S..=12 * S).contains(d)), "{delays:?}");
+        assert!(
+            delays.iter().all(|d| (8 * S..=12 * S).contains(d)),
+            "{delays:?}"
+        );
         assert!(
             delays.iter().any(|d| *d != delays[0]),
             "delays are spread, not all equal"

@@ -142,7 +142,10 @@ mod tests {
         };
         let json = serde_json::to_value(&view).expect("serialises");
         assert_eq!(json["nodes"][0]["lastUpdateUnixMs"], 0);
-        assert_eq!(json["columns"].as_array().map(Vec::len), Some(COLUMNS.len()));
+        assert_eq!(
+            json["columns"].as_array().map(Vec::len),
+            Some(COLUMNS.len())
+        );
         // A newer aggregator: a thirteenth column, a new field.
         let newer = r#"{"nodes":[{"node":"gpu-1","state":"down","futureField":1,
             "gpus":[{"uuid":"GPU-1","capacity":5000}]}],

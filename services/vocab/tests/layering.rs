@@ -23,14 +23,35 @@ const DEV_EXCEPTIONS: &[(&str, &str)] = &[("kai-aggregator", "kai-node")];
 
 /// Every module that allows `unsafe` (the workspace denies it), with why.
 const UNSAFE_MODULES: &[(&str, &str)] = &[
-    ("services/region/src/map.rs", "loads from a mapping another process writes"),
-    ("services/region/src/reclaim.rs", "clears dead slots in a live region under its semaphore"),
-    ("services/region/tests/reclaim_concurrent.rs", "plays libvgpu's writer against reclaim"),
+    (
+        "services/region/src/map.rs",
+        "loads from a mapping another process writes",
+    ),
+    (
+        "services/region/src/reclaim.rs",
+        "clears dead slots in a live region under its semaphore",
+    ),
+    (
+        "services/region/tests/reclaim_concurrent.rs",
+        "plays libvgpu's writer against reclaim",
+    ),
     ("services/cuda-driver/src/ffi.rs", "calls the CUDA driver"),
-    ("services/fake-cuda/src/abi.rs", "exports a C ABI (test stand-in for libcuda)"),
-    ("services/fake-nvml/src/abi.rs", "exports a C ABI (test stand-in for NVML)"),
-    ("services/fake-vgpu/src/hooks.rs", "interposes dlsym (test stand-in for libvgpu)"),
-    ("services/aggregator/benches/cluster.rs", "a counting GlobalAlloc"),
+    (
+        "services/fake-cuda/src/abi.rs",
+        "exports a C ABI (test stand-in for libcuda)",
+    ),
+    (
+        "services/fake-nvml/src/abi.rs",
+        "exports a C ABI (test stand-in for NVML)",
+    ),
+    (
+        "services/fake-vgpu/src/hooks.rs",
+        "interposes dlsym (test stand-in for libvgpu)",
+    ),
+    (
+        "services/aggregator/benches/cluster.rs",
+        "a counting GlobalAlloc",
+    ),
 ];
 
 fn root() -> PathBuf {
@@ -39,7 +60,13 @@ fn root() -> PathBuf {
 
 fn metadata() -> Value {
     let out = Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
         .current_dir(root())
         .output()
         .expect("cargo metadata runs");
@@ -54,10 +81,7 @@ fn metadata() -> Value {
 /// (package, dependency, kind) for every dependency on a workspace member.
 fn internal_edges(meta: &Value) -> Vec<(String, String, String)> {
     let packages = meta["packages"].as_array().expect("packages");
-    let members: BTreeSet<&str> = packages
-        .iter()
-        .filter_map(|p| p["name"].as_str())
-        .collect();
+    let members: BTreeSet<&str> = packages.iter().filter_map(|p| p["name"].as_str()).collect();
     let mut edges = Vec::new();
     for p in packages {
         let name = p["name"].as_str().unwrap_or_default();
@@ -77,7 +101,9 @@ fn no_service_depends_on_another_service_or_a_harness() {
     let meta = metadata();
     let edges = internal_edges(&meta);
     assert!(
-        edges.iter().any(|(p, d, _)| p == "kai-node" && d == "kai-region"),
+        edges
+            .iter()
+            .any(|(p, d, _)| p == "kai-node" && d == "kai-region"),
         "the metadata names internal dependencies: {edges:?}"
     );
     let names: BTreeSet<String> = meta["packages"]
@@ -92,13 +118,17 @@ fn no_service_depends_on_another_service_or_a_harness() {
     let broken: Vec<_> = edges
         .iter()
         .filter(|(p, d, kind)| {
-            let service_to_service = SERVICES.contains(&p.as_str()) && SERVICES.contains(&d.as_str());
+            let service_to_service =
+                SERVICES.contains(&p.as_str()) && SERVICES.contains(&d.as_str());
             let on_harness = HARNESSES.contains(&d.as_str());
             let excepted = kind == "dev" && DEV_EXCEPTIONS.contains(&(p.as_str(), d.as_str()));
             (service_to_service || on_harness) && !excepted
         })
         .collect();
-    assert!(broken.is_empty(), "services depend on each other: {broken:?}");
+    assert!(
+        broken.is_empty(),
+        "services depend on each other: {broken:?}"
+    );
 }
 
 #[test]
@@ -134,7 +164,10 @@ fn unsafe_lives_where_documented() {
             }
         }
     }
-    let documented: BTreeSet<String> = UNSAFE_MODULES.iter().map(|(p, _)| (*p).to_owned()).collect();
+    let documented: BTreeSet<String> = UNSAFE_MODULES
+        .iter()
+        .map(|(p, _)| (*p).to_owned())
+        .collect();
     assert_eq!(
         found, documented,
         "a module allows unsafe code: add it to UNSAFE_MODULES and to docs/architecture.md with why"

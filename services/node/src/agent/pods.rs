@@ -324,4 +324,3 @@ async fn follow(
         }
     }
 }
-

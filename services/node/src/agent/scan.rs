@@ -9,6 +9,8 @@ use kai_runtime::watch::{Depth, DirWatch};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::config::Config;
+use super::error::AgentError;
 use super::join;
 use super::model::HostPids;
 use super::nvml::Devices;
@@ -16,8 +18,6 @@ use super::orphans::{self, Orphans};
 use super::pods::PodSource;
 use super::state::{self, NodeState};
 use super::store::{self, RegionStore};
-use super::config::Config;
-use super::error::AgentError;
 use super::{enforce, isolation};
 
 /// What the scan loop reads from.

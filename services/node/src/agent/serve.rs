@@ -10,10 +10,10 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use warp::Filter;
 
-use super::nvml::Devices;
-use super::state::NodeState;
 use super::config::GrpcTls;
 use super::error::AgentError;
+use super::nvml::Devices;
+use super::state::NodeState;
 use super::{encoded, exposition, grpc};
 
 /// Loads the gRPC certificate (failing fast) and watches it for rotation.

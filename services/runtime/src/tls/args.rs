@@ -135,9 +135,8 @@ impl<N: TlsFlagNames> clap::Args for TlsArgs<N> {
 impl<N: TlsFlagNames> FromArgMatches for TlsArgs<N> {
     fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
         let f = N::FLAGS;
-        let path = |flag: Option<Flag>| {
-            flag.and_then(|flag| m.get_one::<PathBuf>(flag.long).cloned())
-        };
+        let path =
+            |flag: Option<Flag>| flag.and_then(|flag| m.get_one::<PathBuf>(flag.long).cloned());
         Ok(Self {
             cert_file: path(Some(f.cert)),
             key_file: path(Some(f.key)),
@@ -276,12 +275,8 @@ mod tests {
         assert_eq!(cli.tls.server_name.as_deref(), Some("kai-node-agent"));
         assert_eq!(cli.tls.cert_and_key(), None);
         assert!(
-            ClientCli::try_parse_from([
-                "x",
-                "--agent-tls-cert-file=/c",
-                "--agent-tls-key-file=/k"
-            ])
-            .is_err()
+            ClientCli::try_parse_from(["x", "--agent-tls-cert-file=/c", "--agent-tls-key-file=/k"])
+                .is_err()
         );
     }
 }

@@ -35,7 +35,6 @@ use super::grpc::{self, Service};
 use super::state::NodeState;
 use super::to_pb;
 
-
 /// The gRPC path this module serves.
 const WATCH_PATH: &str = "/vgpu.v1.VgpuNode/WatchContainers";
 /// `ContainersUpdate.sent_at_unix_ms`.

@@ -191,10 +191,12 @@ impl Task {
     /// Schedules the next attempt on `uid`, doubling its delay.
     fn delay(&mut self, uid: &str) -> Duration {
         let Backoff { first, max } = self.backoff;
-        let (at, schedule) = self
-            .retry
-            .entry(uid.to_owned())
-            .or_insert_with(|| (Instant::now(), kai_runtime::backoff::Backoff::new(first, max)));
+        let (at, schedule) = self.retry.entry(uid.to_owned()).or_insert_with(|| {
+            (
+                Instant::now(),
+                kai_runtime::backoff::Backoff::new(first, max),
+            )
+        });
         let delay = schedule.next_delay();
         *at = Instant::now() + delay;
         delay
