@@ -46,8 +46,9 @@ fn grew(size: usize) {
     PEAK.fetch_max(live, Ordering::Relaxed);
 }
 
-// The one unsafe block of the crate (see Cargo.toml): a GlobalAlloc must be
-// an `unsafe impl`. It only forwards to `System` and counts.
+// The one unsafe block of the crate (unsafe_code is denied workspace-wide):
+// a GlobalAlloc must be an `unsafe impl`. It only forwards to `System` and
+// counts.
 #[allow(unsafe_code)]
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use kai_proto::v1 as pb;
 use tokio::sync::watch;
 
-use crate::metrics::Health;
+use crate::health::Health;
 
 /// Connection state of one node agent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -248,7 +248,7 @@ pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationTo
         .unify()
         .or(health)
         .unify()
-        .or(crate::web::routes(state, shutdown.clone()))
+        .or(crate::web::routes(state.cluster.clone(), shutdown.clone()))
         .unify();
     warp::serve(routes)
         .incoming(listener)

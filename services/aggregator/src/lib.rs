@@ -5,13 +5,14 @@
 //! served as Prometheus text and JSON ([`http`], port 9394) and as gRPC
 //! `vgpu.v1.VgpuCluster` ([`grpc`]).
 
-// No unsafe code (the crate denies it only so its cluster bench can count
-// allocations).
+// No unsafe code here (the workspace only denies it, so that the cluster
+// bench can count allocations).
 #![forbid(unsafe_code)]
 
 pub mod cluster;
 pub mod discovery;
 pub mod grpc;
+mod health;
 pub mod http;
 pub mod metrics;
 pub mod query;
@@ -24,11 +25,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kai_proto::v1::vgpu_cluster_server::VgpuClusterServer;
+use kai_runtime::tls::{Flag, TlsArgs, TlsFlagNames, TlsFlags};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use crate::cluster::Cluster;
 
@@ -75,24 +76,45 @@ pub struct Args {
     /// Also serve the legacy metric names of older HAMi monitors.
     #[arg(long, env = "LEGACY_METRICS")]
     pub legacy_metrics: bool,
-    /// CA bundle of the agents' gRPC certificates: connect with TLS.
-    #[arg(long, env = "AGENT_TLS_CA_FILE")]
-    pub agent_tls_ca_file: Option<std::path::PathBuf>,
-    /// Client certificate for agents that require one (mutual TLS).
-    #[arg(
-        long,
-        env = "AGENT_TLS_CERT_FILE",
-        requires = "agent_tls_key_file",
-        requires = "agent_tls_ca_file"
-    )]
-    pub agent_tls_cert_file: Option<std::path::PathBuf>,
-    #[arg(long, env = "AGENT_TLS_KEY_FILE", requires = "agent_tls_cert_file")]
-    pub agent_tls_key_file: Option<std::path::PathBuf>,
-    /// Name verified in the agents' certificates.
-    #[arg(long, env = "AGENT_TLS_SERVER_NAME", default_value = "kai-node-agent")]
-    pub agent_tls_server_name: String,
+    #[command(flatten)]
+    pub agent_tls: TlsArgs<AgentTlsFlags>,
     #[command(flatten)]
     pub log: kai_runtime::telemetry::LogArgs,
+}
+
+/// TLS towards the agents (`--agent-tls-*`).
+#[derive(Clone, Copy, Debug)]
+pub struct AgentTlsFlags;
+
+impl TlsFlagNames for AgentTlsFlags {
+    const FLAGS: TlsFlags = TlsFlags {
+        cert: Flag {
+            long: "agent-tls-cert-file",
+            env: "AGENT_TLS_CERT_FILE",
+            help: "Client certificate for agents that require one (mutual TLS).",
+            default: None,
+        },
+        key: Flag {
+            long: "agent-tls-key-file",
+            env: "AGENT_TLS_KEY_FILE",
+            help: "Private key of the client certificate.",
+            default: None,
+        },
+        ca: Some(Flag {
+            long: "agent-tls-ca-file",
+            env: "AGENT_TLS_CA_FILE",
+            help: "CA bundle of the agents' gRPC certificates: connect with TLS.",
+            default: None,
+        }),
+        reload_fallback_seconds: None,
+        server_name: Some(Flag {
+            long: "agent-tls-server-name",
+            env: "AGENT_TLS_SERVER_NAME",
+            help: "Name verified in the agents' certificates.",
+            default: Some("kai-node-agent"),
+        }),
+        client: true,
+    };
 }
 
 /// Where agents come from.
@@ -148,14 +170,14 @@ impl Args {
                 source,
             })
         };
-        let tls = match &self.agent_tls_ca_file {
+        let tls = match &self.agent_tls.ca_file {
             Some(ca) => Some(subscriber::AgentTls {
                 ca_pem: read(ca)?,
-                identity: match (&self.agent_tls_cert_file, &self.agent_tls_key_file) {
-                    (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
-                    _ => None,
+                identity: match self.agent_tls.cert_and_key() {
+                    Some((cert, key)) => Some((read(cert)?, read(key)?)),
+                    None => None,
                 },
-                server_name: self.agent_tls_server_name.clone(),
+                server_name: self.agent_tls.server_name.clone().unwrap_or_default(),
             }),
             None => None,
         };
@@ -313,15 +335,12 @@ async fn supervise(
         for endpoint in &new {
             let token = shutdown.child_token();
             cluster.add_endpoint(endpoint);
-            tokio::spawn(
-                subscriber::run(
-                    endpoint.clone(),
-                    cluster.clone(),
-                    settings.clone(),
-                    token.clone(),
-                )
-                .instrument(tracing::info_span!("subscriber", %endpoint)),
-            );
+            tokio::spawn(subscriber::run(
+                endpoint.clone(),
+                cluster.clone(),
+                settings.clone(),
+                token.clone(),
+            ));
             running.insert(endpoint.clone(), token);
         }
         tokio::select! {

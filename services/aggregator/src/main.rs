@@ -1,5 +1,5 @@
-// No unsafe code (the crate denies it only so its cluster bench can count
-// allocations).
+// No unsafe code here (the workspace only denies it, so that the cluster
+// bench can count allocations).
 #![forbid(unsafe_code)]
 
 use anyhow::Context;

@@ -5,53 +5,14 @@
 //! reconnects, updates and their lag) are counted as they happen, in the
 //! cluster's [`Health`].
 
-use kai_exposition::{Counter, Family, Histogram};
+use kai_exposition::Family;
 
 use crate::cluster::{Link, NodeEntry};
+// Counted as they happen, by the cluster index.
+pub use crate::health::{Health, RECONNECTS, UPDATE_LAG, UPDATES};
 
 pub const NODES: &str = "kai_aggregator_nodes";
-pub const RECONNECTS: &str = "kai_aggregator_stream_reconnects_total";
-pub const UPDATES: &str = "kai_aggregator_updates_total";
-pub const UPDATE_LAG: &str = "kai_aggregator_update_lag_seconds";
 pub const CONTAINERS: &str = "kai_aggregator_containers";
-
-const LAG_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0];
-
-/// What following the agents' streams has counted so far.
-#[derive(Debug)]
-pub struct Health {
-    reconnects: Counter,
-    updates: Counter,
-    update_lag: Histogram,
-}
-
-impl Default for Health {
-    fn default() -> Self {
-        Self {
-            reconnects: Counter::new(),
-            updates: Counter::new(),
-            update_lag: Histogram::new(LAG_BUCKETS),
-        }
-    }
-}
-
-impl Health {
-    /// A stream went down and will be retried.
-    pub fn record_reconnect(&self) {
-        self.reconnects.inc();
-    }
-
-    /// An update arrived `lag_ms` after the agent sent it.
-    pub fn record_update(&self, lag_ms: u64) {
-        self.updates.inc();
-        self.update_lag.observe(lag_ms as f64 / 1000.0);
-    }
-
-    /// Updates received so far.
-    pub fn updates(&self) -> u64 {
-        self.updates.get()
-    }
-}
 
 /// The aggregator's own series, for the view `nodes` (the scrape's
 /// snapshot) and the events in `health`.
@@ -67,19 +28,7 @@ pub fn render(nodes: &[NodeEntry], health: &Health, out: &mut String) {
     let total: usize = nodes.iter().map(|n| n.containers.len()).sum();
     containers.sample(&[], total as f64);
     containers.render(out);
-    health.reconnects.render(
-        RECONNECTS,
-        "Times a node agent stream went down and was retried.",
-        out,
-    );
-    health
-        .updates
-        .render(UPDATES, "WatchContainers updates received.", out);
-    health.update_lag.render(
-        UPDATE_LAG,
-        "Agent send to aggregator receipt of an update.",
-        out,
-    );
+    health.render(out);
 }
 
 /// One series per node agent: whether its stream is up, and when its last

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use kai_proto::v1 as pb;
 use kai_proto::v1::vgpu_node_client::VgpuNodeClient;
+use kai_runtime::backoff::Backoff;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
@@ -63,37 +64,27 @@ impl Default for Settings {
     }
 }
 
-/// Backoff before retry `attempt` (0-based): base·2^attempt capped at max,
-/// with ±20 % jitter so agents restarted together are not hit in lockstep.
-pub fn backoff(settings: &Settings, attempt: u32) -> Duration {
-    let exp = settings
-        .backoff_base
-        .saturating_mul(2u32.saturating_pow(attempt.min(16)))
-        .min(settings.backoff_max);
-    // Cheap jitter source: the clock's sub-millisecond digits.
-    let noise = (unix_nanos() % 401) as f64 / 1000.0; // 0.0 ..= 0.4
-    exp.mul_f64(0.8 + noise)
-}
-
-fn unix_nanos() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
+/// The delays between attempts on one agent: base·2^attempt capped at
+/// max, with ±20 % jitter so agents restarted together are not hit in
+/// lockstep.
+pub fn backoff(settings: &Settings) -> Backoff {
+    Backoff::new(settings.backoff_base, settings.backoff_max).with_jitter(0.2)
 }
 
 /// Runs until `cancel`, keeping `endpoint`'s data in `cluster` current;
-/// its log lines carry `endpoint` from the span this is spawned in.
+/// its log lines carry `endpoint`.
+#[tracing::instrument(name = "subscriber", skip_all, fields(%endpoint))]
 pub async fn run(
     endpoint: String,
     cluster: Arc<Cluster>,
     settings: Arc<Settings>,
     cancel: CancellationToken,
 ) {
-    let mut attempt = 0u32;
+    let mut backoff = backoff(&settings);
     loop {
         let result = tokio::select! {
             () = cancel.cancelled() => return,
-            result = stream_once(&endpoint, &cluster, &settings, &mut attempt) => result,
+            result = stream_once(&endpoint, &cluster, &settings, &mut backoff) => result,
         };
         let error = match result {
             Ok(()) => "stream ended".to_owned(),
@@ -101,9 +92,8 @@ pub async fn run(
         };
         cluster.set_down(&endpoint, &error);
         cluster.health().record_reconnect();
-        let wait = backoff(&settings, attempt);
+        let wait = backoff.next_delay();
         tracing::warn!(%error, retry_in = ?wait, "node agent stream down");
-        attempt = attempt.saturating_add(1);
         tokio::select! {
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(wait) => {}
@@ -140,7 +130,7 @@ async fn stream_once(
     endpoint: &str,
     cluster: &Cluster,
     settings: &Settings,
-    attempt: &mut u32,
+    backoff: &mut Backoff,
 ) -> Result<(), StreamError> {
     let scheme = if settings.tls.is_some() {
         "https"
@@ -177,7 +167,7 @@ async fn stream_once(
         tokio::select! {
             message = stream.message() => match message {
                 Ok(Some(update)) => {
-                    *attempt = 0;
+                    backoff.reset();
                     receive(cluster, endpoint, update);
                 }
                 Ok(None) => return Ok(()),

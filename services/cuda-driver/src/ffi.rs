@@ -51,7 +51,7 @@ impl Driver {
             ordinal,
             handle,
             name,
-            uuid: crate::format_uuid(&uuid.bytes.map(|b| b as u8)),
+            uuid: kai_vocab::gpu::format_uuid(&uuid.bytes.map(|b| b as u8)),
             total: total as u64,
         })
     }

@@ -48,34 +48,9 @@ impl CudaError {
     }
 }
 
-/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as NVML and nvidia-smi print
-/// the 16 bytes `cuDeviceGetUuid` returns.
-pub fn format_uuid(bytes: &[u8; 16]) -> String {
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn uuid_is_printed_as_nvml_does() {
-        let bytes = [
-            0xf0, 0x0d, 0xca, 0xfe, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 0x01,
-        ];
-        assert_eq!(
-            format_uuid(&bytes),
-            "GPU-f00dcafe-0000-4000-8000-000000000001"
-        );
-    }
 
     #[test]
     fn only_the_driver_out_of_memory_code_counts_as_out_of_memory() {

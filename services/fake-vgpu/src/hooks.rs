@@ -141,7 +141,7 @@ unsafe extern "C" fn cu_init(flags: c_uint) -> c_uint {
     let uuid = if unsafe { device_get(&mut device, 0) } == SUCCESS
         && unsafe { get_uuid(uuid.as_mut_ptr(), device) } == SUCCESS
     {
-        format_uuid(&uuid)
+        kai_vocab::gpu::format_uuid(&uuid)
     } else {
         return ERROR_NOT_INITIALIZED;
     };
@@ -232,16 +232,4 @@ unsafe extern "C" fn cu_mem_get_info(free: *mut usize, total: *mut usize) -> c_u
         }
     }
     result
-}
-
-fn format_uuid(bytes: &[u8; 16]) -> String {
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
 }

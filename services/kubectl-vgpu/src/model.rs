@@ -1,6 +1,8 @@
-//! What the aggregator's JSON API answers (`/api/v1/containers`,
-//! `/api/v1/view`), as far as the plugin reads it. Fields
-//! the plugin does not show are ignored, so a newer aggregator still parses.
+//! What the aggregator's JSON API answers, as far as the plugin reads it.
+//! `/api/v1/containers` is the `vgpu.v1` messages as JSON (kai-proto's
+//! serde, serialise-only and with gRPC baggage), read here field by field;
+//! `/api/v1/view` is [`kai_vocab::api`]. Fields the plugin does not show
+//! are ignored, so a newer aggregator still parses.
 
 use serde::Deserialize;
 
@@ -52,34 +54,9 @@ pub struct Escaped {
     pub reason: String,
 }
 
-/// `/api/v1/view`: only its nodes (the GPU rows with stale charge).
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct View {
-    pub nodes: Vec<ViewNode>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct ViewNode {
-    pub node: String,
-    pub state: String,
-    pub gpus: Vec<Gpu>,
-}
-
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct Gpu {
-    pub uuid: String,
-    pub name: String,
-    pub capacity: u64,
-    pub allocated: u64,
-    pub used: u64,
-    pub stale: u64,
-    pub headroom: u64,
-    pub containers: u32,
-    pub uncapped: u32,
-}
+/// `/api/v1/view`, as far as `nodes` reads it (one definition, shared
+/// with the aggregator).
+pub use kai_vocab::api::ViewNodes as View;
 
 /// A container's isolation state, typed from its proto name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

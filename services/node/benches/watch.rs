@@ -104,8 +104,8 @@ fn main() {
     );
 
     // Once per revision (shared by every unfiltered subscriber): build the
-    // message from the node state and encode it. Floor: encoding the
-    // already-built message.
+    // message from the node state and encode it with prost. Floor: encoding
+    // the already-built message, so the ratio is what building costs.
     let mut fresh = state.clone();
     let mut floor_buf = Vec::with_capacity(2 * size);
     report(

@@ -14,6 +14,9 @@ struct Cli {
     log: kai_runtime::telemetry::LogArgs,
 }
 
+// Parsed once at start-up and matched away at once: boxing the agent's
+// flags would save nothing that matters.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve per-container GPU memory usage over gRPC (vgpu.v1.VgpuNode).

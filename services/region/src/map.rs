@@ -1,5 +1,8 @@
-//! The only `unsafe` in the project: loads from a read-only mapping of a
+//! Reading a region through `unsafe`: loads from a read-only mapping of a
 //! file that another process (the CUDA workload, through libvgpu) writes.
+//! One of the few modules that allow `unsafe` (the others: `reclaim`, which
+//! writes a live region, and the C ABI and FFI crates; the list and why is
+//! in docs/architecture.md, checked by kai-vocab's `layering` test).
 //!
 //! Invariants that make each load sound:
 //! - the mapping is `PROT_READ` and `MAP_SHARED`; we never create a

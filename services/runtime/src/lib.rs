@@ -4,6 +4,7 @@
 //! a single shutdown fan-out, and TLS certificates that reload when Kubernetes
 //! rotates the Secret behind them.
 
+pub mod backoff;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod health;

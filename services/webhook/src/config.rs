@@ -1,9 +1,9 @@
 //! What the webhook injects, and the flags/env it reads.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
 use kai_runtime::telemetry::LogArgs;
+use kai_runtime::tls::{Flag, TlsArgs, TlsFlagNames, TlsFlags};
 
 /// Default host and container directory that holds libvgpu.so.
 pub const DEFAULT_VGPU_MOUNT: &str = "/usr/local/vgpu";
@@ -95,6 +95,36 @@ fn absolute(path: &str) -> Option<&str> {
     (trimmed.starts_with('/') && !trimmed.split('/').any(|seg| seg == "..")).then_some(trimmed)
 }
 
+/// The serving certificate's flags (`--tls-*`).
+#[derive(Clone, Copy, Debug)]
+pub struct WebhookTlsFlags;
+
+impl TlsFlagNames for WebhookTlsFlags {
+    const FLAGS: TlsFlags = TlsFlags {
+        cert: Flag {
+            long: "tls-cert-file",
+            env: "TLS_CERT_FILE",
+            help: "PEM certificate chain; reloaded when it changes.",
+            default: Some("/etc/tls/tls.crt"),
+        },
+        key: Flag {
+            long: "tls-private-key-file",
+            env: "TLS_PRIVATE_KEY_FILE",
+            help: "PEM private key; reloaded when it changes.",
+            default: Some("/etc/tls/tls.key"),
+        },
+        ca: None,
+        reload_fallback_seconds: Some(Flag {
+            long: "tls-reload-fallback-seconds",
+            env: "TLS_RELOAD_FALLBACK_SECONDS",
+            help: "Seconds between certificate re-reads when no file event arrives.",
+            default: Some("60"),
+        }),
+        server_name: None,
+        client: false,
+    };
+}
+
 /// Command line of `kai-webhook`.
 #[derive(Clone, Debug, clap::Parser)]
 #[command(
@@ -106,12 +136,8 @@ pub struct Args {
     /// Address to serve HTTPS on.
     #[arg(long, env = "WEBHOOK_LISTEN", default_value = "0.0.0.0:8443")]
     pub listen: SocketAddr,
-    /// PEM certificate chain; reloaded when it changes.
-    #[arg(long, env = "TLS_CERT_FILE", default_value = "/etc/tls/tls.crt")]
-    pub tls_cert_file: PathBuf,
-    /// PEM private key; reloaded when it changes.
-    #[arg(long, env = "TLS_PRIVATE_KEY_FILE", default_value = "/etc/tls/tls.key")]
-    pub tls_private_key_file: PathBuf,
+    #[command(flatten)]
+    pub tls: TlsArgs<WebhookTlsFlags>,
     /// Directory holding libvgpu.so and ld.so.preload, as workloads see it.
     #[arg(long, env = "CONTAINER_VGPU_MOUNT", default_value = DEFAULT_VGPU_MOUNT)]
     pub container_vgpu_mount: String,
@@ -126,9 +152,6 @@ pub struct Args {
     /// limit stays unset is still capped.
     #[arg(long, env = "GPU_MEMORY_LIMIT_FALLBACK", default_value_t = true, action = clap::ArgAction::Set)]
     pub memory_limit_fallback: bool,
-    /// Seconds between certificate re-reads when no file event arrives.
-    #[arg(long, env = "TLS_RELOAD_FALLBACK_SECONDS", default_value_t = 60)]
-    pub tls_reload_fallback_seconds: u64,
     #[command(flatten)]
     pub log: LogArgs,
 }

@@ -21,17 +21,15 @@ impl Args {
     pub fn settings(&self) -> Result<Settings, config::ConfigError> {
         Ok(Settings {
             listen: self.listen,
-            tls_cert_file: self.tls_cert_file.clone(),
-            tls_private_key_file: self.tls_private_key_file.clone(),
+            tls_cert_file: self.tls.cert_file.clone().unwrap_or_default(),
+            tls_private_key_file: self.tls.key_file.clone().unwrap_or_default(),
             inject: InjectConfig::new(&self.container_vgpu_mount, self.gpu_share_resources.clone())
                 .and_then(|cfg| match &self.host_vgpu_dir {
                     Some(dir) => cfg.with_host_vgpu_dir(dir),
                     None => Ok(cfg),
                 })?
                 .with_memory_limit_fallback(self.memory_limit_fallback),
-            tls_reload_fallback: std::time::Duration::from_secs(
-                self.tls_reload_fallback_seconds.max(1),
-            ),
+            tls_reload_fallback: self.tls.reload_fallback,
         })
     }
 }

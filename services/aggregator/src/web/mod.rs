@@ -10,6 +10,7 @@
 pub mod view;
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::Stream;
@@ -17,8 +18,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use warp::{Filter, Reply};
 
-use crate::http::State;
 use kai_runtime::unix_ms;
+
+use crate::cluster::Cluster;
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const APP_JS: &str = include_str!("assets/app.js");
@@ -68,10 +70,10 @@ pub fn change_events(
 
 /// The web view's routes.
 pub fn routes(
-    state: State,
+    cluster: Arc<Cluster>,
     shutdown: CancellationToken,
 ) -> impl Filter<Extract = (warp::reply::Response,), Error = warp::Rejection> + Clone {
-    let with = warp::any().map(move || state.clone());
+    let with = warp::any().map(move || cluster.clone());
     let index = warp::path::end()
         .and(warp::get())
         .map(|| asset(INDEX_HTML, "text/html; charset=utf-8"));
@@ -84,16 +86,16 @@ pub fn routes(
     let model = warp::path!("api" / "v1" / "view")
         .and(warp::get())
         .and(with.clone())
-        .map(|s: State| {
-            let revision = *s.cluster.subscribe().borrow();
-            let nodes = s.cluster.snapshot();
+        .map(|cluster: Arc<Cluster>| {
+            let revision = *cluster.subscribe().borrow();
+            let nodes = cluster.snapshot();
             warp::reply::json(&view::build(&nodes, revision, unix_ms())).into_response()
         });
     let events = warp::path!("api" / "v1" / "view" / "events")
         .and(warp::get())
         .and(with)
-        .map(move |s: State| {
-            let stream = change_events(s.cluster.subscribe(), MIN_EVENT_GAP, shutdown.clone());
+        .map(move |cluster: Arc<Cluster>| {
+            let stream = change_events(cluster.subscribe(), MIN_EVENT_GAP, shutdown.clone());
             let events = futures_util::StreamExt::map(stream, |revision| {
                 Ok::<_, Infallible>(
                     warp::sse::Event::default()

@@ -1,105 +1,13 @@
-//! The web view's model: one compact JSON document of the cluster, built
-//! from a snapshot. Containers are rows of arrays (not objects) so a
-//! 1000-node × 100-container cluster is a few MiB the page parses in one go.
+//! The web view's model: one compact JSON document of the cluster
+//! ([`kai_vocab::api::View`], which kubectl-vgpu reads too), built from a
+//! snapshot.
 
 use std::collections::BTreeMap;
 
 use kai_proto::v1 as pb;
-use serde::Serialize;
+pub use kai_vocab::api::{COLUMNS, ContainerRow, EscapedRow, GpuRow, NodeRow, View};
 
 use crate::cluster::NodeEntry;
-
-/// `GET /api/v1/view`.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct View {
-    /// The cluster's change counter when the snapshot was taken.
-    pub revision: u64,
-    pub generated_unix_ms: u64,
-    pub nodes: Vec<NodeRow>,
-    /// Column names of [`View::containers`], in order.
-    pub columns: &'static [&'static str],
-    /// One row per container and GPU (see [`COLUMNS`]).
-    pub containers: Vec<ContainerRow>,
-    pub escaped: Vec<EscapedRow>,
-}
-
-/// Column order of a container row.
-pub const COLUMNS: &[&str] = &[
-    "namespace",
-    "pod",
-    "container",
-    "node",
-    "gpu",
-    "used",
-    "limit",
-    "stale",
-    "state",
-    "reason",
-    "nearCap",
-    "headroom",
-];
-
-/// namespace, pod, container, node, GPU uuid, used, limit (0 = uncapped),
-/// stale, state label, reason, near cap, headroom (the agent's
-/// limit − used − stale; 0 when uncapped).
-pub type ContainerRow = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    u64,
-    u64,
-    u64,
-    &'static str,
-    String,
-    bool,
-    u64,
-);
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NodeRow {
-    pub node: String,
-    /// `connecting`, `connected` or `down`.
-    pub state: &'static str,
-    pub last_update_unix_ms: u64,
-    pub gpus: Vec<GpuRow>,
-}
-
-/// One physical GPU: what it has, what caps promise, what is used.
-#[derive(Debug, Default, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct GpuRow {
-    pub uuid: String,
-    pub name: String,
-    /// Memory of the GPU (NVML); 0 when the node cannot say.
-    pub capacity: u64,
-    /// Sum of the caps of the containers on it.
-    pub allocated: u64,
-    /// Sum of the containers' live usage.
-    pub used: u64,
-    /// Sum of usage held by slots of exited processes.
-    pub stale: u64,
-    /// capacity − allocated: room for new caps (0 when capacity is unknown).
-    pub headroom: u64,
-    pub containers: u32,
-    pub uncapped: u32,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EscapedRow {
-    pub node: String,
-    pub gpu: String,
-    pub pid: u32,
-    pub used: u64,
-    pub namespace: String,
-    pub pod: String,
-    pub container: String,
-    pub reason: String,
-}
 
 fn state_of(c: &pb::ContainerUsage) -> &'static str {
     pb::IsolationState::try_from(c.isolation_state)
@@ -114,7 +22,7 @@ pub fn build(nodes: &[NodeEntry], revision: u64, now_ms: u64) -> View {
         .flat_map(|n| n.containers.iter())
         .map(|c| c.devices.len().max(1))
         .sum();
-    let mut containers = Vec::with_capacity(rows);
+    let mut containers: Vec<ContainerRow> = Vec::with_capacity(rows);
     let mut out_nodes = Vec::with_capacity(nodes.len());
     let mut escaped = Vec::new();
     for n in nodes {
@@ -146,7 +54,7 @@ pub fn build(nodes: &[NodeEntry], revision: u64, now_ms: u64) -> View {
                     0,
                     0,
                     0,
-                    state,
+                    state.into(),
                     c.isolation_reason.clone(),
                     false,
                     0,
@@ -171,7 +79,7 @@ pub fn build(nodes: &[NodeEntry], revision: u64, now_ms: u64) -> View {
                     d.used_bytes,
                     d.limit_bytes,
                     d.stale_bytes,
-                    state,
+                    state.into(),
                     c.isolation_reason.clone(),
                     c.near_cap_devices.contains(&d.uuid),
                     d.headroom_bytes,
@@ -190,7 +98,7 @@ pub fn build(nodes: &[NodeEntry], revision: u64, now_ms: u64) -> View {
         }));
         out_nodes.push(NodeRow {
             node: n.node.clone(),
-            state: n.link.name(),
+            state: n.link.name().into(),
             last_update_unix_ms: n.last_update_ms,
             gpus: gpus
                 .into_values()
@@ -205,7 +113,7 @@ pub fn build(nodes: &[NodeEntry], revision: u64, now_ms: u64) -> View {
         revision,
         generated_unix_ms: now_ms,
         nodes: out_nodes,
-        columns: COLUMNS,
+        columns: kai_vocab::api::columns(),
         containers,
         escaped,
     }

@@ -40,7 +40,7 @@ pub(super) async fn nodes(
         .flat_map(|n| {
             n.gpus.iter().map(|g| GpuRow {
                 node: n.node.clone(),
-                agent: n.state.clone(),
+                agent: n.state.to_string(),
                 gpu: g.uuid.clone(),
                 name: g.name.clone(),
                 capacity_bytes: g.capacity,

@@ -5,7 +5,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{enforce, isolation, pods};
+use kai_runtime::tls::{Flag, TlsArgs, TlsFlagNames, TlsFlags};
+
+use super::error::AgentError;
+use super::{enforce, isolation};
 
 /// Flags of `kai-node agent`.
 #[derive(Clone, Debug, clap::Args)]
@@ -51,15 +54,8 @@ pub struct Args {
     /// Also serve the legacy metric names of older HAMi monitors.
     #[arg(long, env = "LEGACY_METRICS")]
     pub legacy_metrics: bool,
-    /// PEM certificate for the gRPC port: serves TLS (reloaded on change).
-    #[arg(long, env = "GRPC_TLS_CERT_FILE", requires = "grpc_tls_key_file")]
-    pub grpc_tls_cert_file: Option<PathBuf>,
-    /// PEM private key for the gRPC port.
-    #[arg(long, env = "GRPC_TLS_KEY_FILE", requires = "grpc_tls_cert_file")]
-    pub grpc_tls_key_file: Option<PathBuf>,
-    /// CA bundle: require client certificates issued by it (mutual TLS).
-    #[arg(long, env = "GRPC_TLS_CLIENT_CA_FILE", requires = "grpc_tls_cert_file")]
-    pub grpc_tls_client_ca_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub grpc_tls: TlsArgs<GrpcTlsFlags>,
     /// The host's /proc (hostPath-mounted), to check that slot host PIDs are
     /// alive and to name the pod of an escaped GPU process. Unset: those
     /// checks are reported unavailable.
@@ -90,6 +86,36 @@ pub struct Args {
     /// Clear the region slots of dead host PIDs so libvgpu stops charging them (needs --host-proc).
     #[arg(long, env = "RECLAIM_STALE_SLOTS")]
     pub reclaim_stale_slots: bool,
+}
+
+/// The gRPC port's TLS flags (`--grpc-tls-*`).
+#[derive(Clone, Copy, Debug)]
+pub struct GrpcTlsFlags;
+
+impl TlsFlagNames for GrpcTlsFlags {
+    const FLAGS: TlsFlags = TlsFlags {
+        cert: Flag {
+            long: "grpc-tls-cert-file",
+            env: "GRPC_TLS_CERT_FILE",
+            help: "PEM certificate for the gRPC port: serves TLS (reloaded on change).",
+            default: None,
+        },
+        key: Flag {
+            long: "grpc-tls-key-file",
+            env: "GRPC_TLS_KEY_FILE",
+            help: "PEM private key for the gRPC port.",
+            default: None,
+        },
+        ca: Some(Flag {
+            long: "grpc-tls-client-ca-file",
+            env: "GRPC_TLS_CLIENT_CA_FILE",
+            help: "CA bundle: require client certificates issued by it (mutual TLS).",
+            default: None,
+        }),
+        reload_fallback_seconds: None,
+        server_name: None,
+        client: false,
+    };
 }
 
 /// TLS for the gRPC port.
@@ -145,23 +171,6 @@ impl std::fmt::Debug for PodsConfig {
             Self::Kube(_) => f.write_str("Kube"),
         }
     }
-}
-
-/// Errors before the agent serves.
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    #[error(transparent)]
-    Bind(#[from] kai_runtime::net::BindError),
-    #[error(transparent)]
-    Pods(#[from] pods::PodSourceError),
-    #[error("a server task failed: {0}")]
-    Task(#[from] tokio::task::JoinError),
-    #[error(transparent)]
-    Grpc(#[from] kai_runtime::grpc::GrpcError),
-    #[error("gRPC TLS: {0}")]
-    Tls(#[from] kai_runtime::tls::TlsError),
-    #[error("gRPC TLS configuration: {0}")]
-    Rustls(#[from] rustls::Error),
 }
 
 impl Config {
@@ -235,14 +244,11 @@ impl Args {
             pod_name: self.pod_name.clone(),
             enforce: self.enforce,
             reclaim_stale_slots: self.reclaim_stale_slots,
-            grpc_tls: match (&self.grpc_tls_cert_file, &self.grpc_tls_key_file) {
-                (Some(cert), Some(key)) => Some(GrpcTls {
-                    cert: cert.clone(),
-                    key: key.clone(),
-                    client_ca: self.grpc_tls_client_ca_file.clone(),
-                }),
-                _ => None,
-            },
+            grpc_tls: self.grpc_tls.cert_and_key().map(|(cert, key)| GrpcTls {
+                cert: cert.to_owned(),
+                key: key.to_owned(),
+                client_ca: self.grpc_tls.ca_file.clone(),
+            }),
         })
     }
 }

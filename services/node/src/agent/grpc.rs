@@ -41,33 +41,41 @@ impl Service {
     pub fn follow<T: Send + 'static>(
         &self,
         interval_ms: u32,
-        mut next: impl FnMut(&NodeState, bool, u64) -> T + Send + 'static,
+        next: impl FnMut(&NodeState, bool, u64) -> T + Send + 'static,
     ) -> Updates<T> {
         let interval = match interval_ms {
             0 => self.default_interval,
             ms => Duration::from_millis(u64::from(ms)).max(MIN_INTERVAL),
         };
-        let mut state = self.state.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(4);
-        tokio::spawn(async move {
-            let mut current = state.borrow_and_update().clone();
-            let mut fresh = true;
-            loop {
-                let item = next(&current, fresh, kai_runtime::unix_ms());
-                if tx.send(Ok(item)).await.is_err() {
-                    break; // client went away
-                }
-                tokio::select! {
-                    changed = state.changed() => if changed.is_err() { break },
-                    () = tokio::time::sleep(interval) => {}
-                    () = tx.closed() => break,
-                }
-                let latest = state.borrow_and_update().clone();
-                fresh = !Arc::ptr_eq(&latest, &current);
-                current = latest;
-            }
-        });
+        tokio::spawn(send_updates(self.state.clone(), interval, tx, next));
         tokio_stream::wrappers::ReceiverStream::new(rx)
+    }
+}
+
+/// One stream's task: the messages of [`Service::follow`] into `tx`.
+#[tracing::instrument(name = "watch_containers", skip_all, fields(interval_ms = interval.as_millis() as u64))]
+async fn send_updates<T>(
+    mut state: watch::Receiver<Arc<NodeState>>,
+    interval: Duration,
+    tx: tokio::sync::mpsc::Sender<Result<T, Status>>,
+    mut next: impl FnMut(&NodeState, bool, u64) -> T,
+) {
+    let mut current = state.borrow_and_update().clone();
+    let mut fresh = true;
+    loop {
+        let item = next(&current, fresh, kai_runtime::unix_ms());
+        if tx.send(Ok(item)).await.is_err() {
+            break; // client went away
+        }
+        tokio::select! {
+            changed = state.changed() => if changed.is_err() { break },
+            () = tokio::time::sleep(interval) => {}
+            () = tx.closed() => break,
+        }
+        let latest = state.borrow_and_update().clone();
+        fresh = !Arc::ptr_eq(&latest, &current);
+        current = latest;
     }
 }
 

@@ -3,6 +3,7 @@
 mod config;
 pub mod encoded;
 pub mod enforce;
+mod error;
 mod exposition;
 pub mod grpc;
 pub mod isolation;
@@ -27,7 +28,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub use self::config::{AgentError, Args, Config, GrpcTls, PodsConfig};
+pub use self::config::{Args, Config, GrpcTls, PodsConfig};
+pub use self::error::AgentError;
 use self::nvml::Devices;
 use self::pods::PodSource;
 use self::scan::{Scanner, poll};

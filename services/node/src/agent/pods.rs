@@ -8,23 +8,16 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use futures_util::StreamExt;
+use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use kai_webhook::inject::{
-    ANNOTATION_CONTAINER_NAME, ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY,
-};
+use kai_vocab::annotations::{ANNOTATION_CONTAINER_NAME, SHARING_ANNOTATIONS};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 pub use super::model::{Lookup, PodSourceStatus};
 use super::model::{PodMeta, RunningContainer};
-
-/// Annotations that mark a KAI GPU-sharing pod (the webhook's, so both
-/// agree on what a sharing pod is).
-const SHARING_ANNOTATIONS: [&str; 2] = [ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY];
 
 /// Source of pod metadata.
 #[derive(Clone)]
@@ -137,42 +130,7 @@ impl PodSource {
             .default_backoff()
             .modify(trim)
             .reflect(writer);
-        let span = tracing::info_span!("pods", %node);
-        tokio::spawn(
-            async move {
-            let mut stream = std::pin::pin!(stream);
-            let quiet = tokio::time::sleep(QUIET_AFTER_ERRORS);
-            let mut quiet = std::pin::pin!(quiet);
-            let set = |next: PodSync| {
-                let before = sync_tx.send_replace(next);
-                if before != next {
-                    tracing::info!(from = ?before, to = ?next, "pod source");
-                }
-            };
-            loop {
-                let reconnecting = *sync_tx.borrow() == PodSync::Reconnecting;
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    () = &mut quiet, if reconnecting => set(PodSync::Ready),
-                    next = stream.next() => match next {
-                        Some(Ok(watcher::Event::InitDone)) => set(PodSync::Ready),
-                        // A watch event after an outage: the watch is live again.
-                        Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) if reconnecting => set(PodSync::Ready),
-                        Some(Ok(_)) => {}
-                        Some(Err(error)) => {
-                            tracing::warn!(%error, "pod watch error; serving what is known, retrying with backoff");
-                            if *sync_tx.borrow() == PodSync::Ready {
-                                set(PodSync::Reconnecting);
-                            }
-                            quiet.as_mut().reset(tokio::time::Instant::now() + QUIET_AFTER_ERRORS);
-                        }
-                        None => break,
-                    },
-                }
-            }
-        }
-            .instrument(span),
-        );
+        tokio::spawn(follow(node.to_owned(), stream, sync_tx, shutdown));
         Self::Kube { store, sync }
     }
 
@@ -323,5 +281,46 @@ fn meta_of(pod: &Pod) -> PodMeta {
                     .collect()
             })
             .unwrap_or_default(),
+    }
+}
+
+/// Follows the reflector's events into `sync_tx` until shutdown or the
+/// stream's end.
+#[tracing::instrument(name = "pods", skip_all, fields(%node))]
+async fn follow(
+    node: String,
+    stream: impl Stream<Item = Result<watcher::Event<Pod>, watcher::Error>>,
+    sync_tx: tokio::sync::watch::Sender<PodSync>,
+    shutdown: CancellationToken,
+) {
+    let mut stream = std::pin::pin!(stream);
+    let quiet = tokio::time::sleep(QUIET_AFTER_ERRORS);
+    let mut quiet = std::pin::pin!(quiet);
+    let set = |next: PodSync| {
+        let before = sync_tx.send_replace(next);
+        if before != next {
+            tracing::info!(from = ?before, to = ?next, "pod source");
+        }
+    };
+    loop {
+        let reconnecting = *sync_tx.borrow() == PodSync::Reconnecting;
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = &mut quiet, if reconnecting => set(PodSync::Ready),
+            next = stream.next() => match next {
+                Some(Ok(watcher::Event::InitDone)) => set(PodSync::Ready),
+                // A watch event after an outage: the watch is live again.
+                Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) if reconnecting => set(PodSync::Ready),
+                Some(Ok(_)) => {}
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "pod watch error; serving what is known, retrying with backoff");
+                    if *sync_tx.borrow() == PodSync::Ready {
+                        set(PodSync::Reconnecting);
+                    }
+                    quiet.as_mut().reset(tokio::time::Instant::now() + QUIET_AFTER_ERRORS);
+                }
+                None => break,
+            },
+        }
     }
 }

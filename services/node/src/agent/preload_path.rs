@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::AgentError;
+use super::error::AgentError;
 
 /// What is at the preload list's path on the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,6 +9,8 @@ use kai_runtime::watch::{Depth, DirWatch};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::config::Config;
+use super::error::AgentError;
 use super::join;
 use super::model::HostPids;
 use super::nvml::Devices;
@@ -16,7 +18,7 @@ use super::orphans::{self, Orphans};
 use super::pods::PodSource;
 use super::state::{self, NodeState};
 use super::store::{self, RegionStore};
-use super::{AgentError, Config, enforce, isolation};
+use super::{enforce, isolation};
 
 /// What the scan loop reads from.
 pub(super) struct Scanner {
@@ -32,6 +34,7 @@ pub(super) struct Scanner {
 /// vanishes or is replaced, and every scan interval (live values change in
 /// place, through the mapping, without any file event); publishes a new
 /// revision when the content changed.
+#[tracing::instrument(name = "scan", skip_all, fields(interval_ms = config.scan_interval.as_millis() as u64))]
 pub(super) async fn poll(
     scanner: Scanner,
     tx: watch::Sender<Arc<NodeState>>,

@@ -10,9 +10,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use warp::Filter;
 
+use super::config::GrpcTls;
+use super::error::AgentError;
 use super::nvml::Devices;
 use super::state::NodeState;
-use super::{AgentError, GrpcTls, encoded, exposition, grpc};
+use super::{encoded, exposition, grpc};
 
 /// Loads the gRPC certificate (failing fast) and watches it for rotation.
 pub(super) fn grpc_tls_config(

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use kai_runtime::backoff::Backoff;
 use kai_runtime::watch::{Depth, DirWatch};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -170,7 +171,7 @@ async fn sync_loop(
     shutdown: CancellationToken,
 ) {
     let mut watch = watch_dirs(&config);
-    let mut backoff = Duration::from_secs(1);
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
     loop {
         let cfg = config.clone();
         let result = tokio::task::spawn_blocking(move || sync_once(&cfg))
@@ -185,14 +186,13 @@ async fn sync_loop(
                 if !ready.swap(true, Ordering::AcqRel) {
                     tracing::info!(dir = %config.host_vgpu_dir.display(), "libvgpu installed; ready");
                 }
-                backoff = Duration::from_secs(1);
+                backoff.reset();
                 config.check_interval
             }
             Err(error) => {
                 // Keep what is installed (ready stays as it was) and retry.
-                tracing::error!(%error, retry_in = ?backoff, "libsync failed");
-                let wait = backoff;
-                backoff = (backoff * 2).min(Duration::from_secs(60));
+                let wait = backoff.next_delay();
+                tracing::error!(%error, retry_in = ?wait, "libsync failed");
                 wait
             }
         };

@@ -2,12 +2,14 @@
 //! that hot-reloads when the files change, and (feature `test-support`)
 //! self-signed bundles for the demo and the tests.
 
+mod args;
 mod incoming;
 mod pem;
 mod reload;
 #[cfg(feature = "test-support")]
 mod selfsigned;
 
+pub use args::{DEFAULT_RELOAD_FALLBACK, Flag, TlsArgs, TlsFlagNames, TlsFlags};
 pub use incoming::incoming;
 
 pub use pem::PemPair;

@@ -16,17 +16,11 @@ pub use self::items::{Dir, ENV_NAMES, MOUNTS, MountSpec, VOLUME_NAMES};
 pub use self::patch::{Limits, MemoryLimit, Missing, Patch, env_value};
 pub use self::plan::plan;
 
-/// KAI-Scheduler's fractional-GPU annotation.
-pub const ANNOTATION_GPU_FRACTION: &str = "gpu-fraction";
-/// KAI-Scheduler's GPU-memory (MiB) annotation.
-pub const ANNOTATION_GPU_MEMORY: &str = "gpu-memory";
-/// Names the container that receives the GPU share.
-pub const ANNOTATION_CONTAINER_NAME: &str = "gpu-fraction-container-name";
-/// `"false"` (any case) opts a pod out of injection.
-pub const ANNOTATION_INJECT: &str = "kai-resource-isolator.io/inject";
-/// The share of the GPU's SMs (percent, 1–100) the sharing container may
-/// use; becomes `CUDA_DEVICE_SM_LIMIT`.
-pub const ANNOTATION_GPU_CORES: &str = "kai-resource-isolator.io/gpu-cores";
+// Shared with the node agent, which recognises the same pods.
+pub use kai_vocab::annotations::{
+    ANNOTATION_CONTAINER_NAME, ANNOTATION_GPU_CORES, ANNOTATION_GPU_FRACTION,
+    ANNOTATION_GPU_MEMORY, ANNOTATION_INJECT,
+};
 
 pub const VOLUME_VGPU: &str = "kai-resource-isolator-vgpu";
 pub const VOLUME_CONTAINERS: &str = "kai-resource-isolator-containers";

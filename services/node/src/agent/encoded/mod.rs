@@ -2,18 +2,22 @@
 //!
 //! Every subscriber of a node (in practice one aggregator, now and then a
 //! grpcurl) is sent the same update for a revision, and heartbeats repeat it
-//! unchanged. Building and encoding it per subscriber per heartbeat spent
-//! most of the time copying strings into a message only to serialise them
-//! again. Instead, each revision's unfiltered update is encoded once, kept
-//! with the published [`NodeState`], and written verbatim into every stream;
-//! a filtered stream encodes its own once per revision. Only
-//! `sent_at_unix_ms` differs between messages: the cached bytes never hold
-//! it (it is built as 0, which proto3 does not encode), and it is appended
-//! as its own field. Protobuf parsers accept fields in any order, so the
-//! result decodes to exactly the message that would have been built.
+//! unchanged. Each revision's unfiltered update is therefore built and
+//! encoded by prost once ([`to_pb::update`], `encode_to_vec`), kept with
+//! the published [`NodeState`], and its bytes (`Bytes`, shared, not copied)
+//! written into every stream and every heartbeat; a filtered stream encodes
+//! its own once per revision. The generated server would instead take a
+//! `ContainersUpdate` per message: a deep clone of every container's
+//! strings per subscriber per heartbeat, or a re-encode.
 //!
-//! The generated server still serves every other method; [`NodeServer`]
-//! routes only this path, so reflection and health see one `VgpuNode`.
+//! Only `sent_at_unix_ms` differs between messages: the cached bytes never
+//! hold it (it is built as 0, which proto3 does not encode), and prost's
+//! field encoder appends it. Protobuf parsers accept fields in any order,
+//! so the result decodes to exactly the message that would have been built.
+//!
+//! The codec below passes those bytes through; the generated server still
+//! serves every other method, and [`NodeServer`] routes only this path, so
+//! reflection and health see one `VgpuNode`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -29,9 +33,7 @@ use tonic::{Request, Response, Status};
 
 use super::grpc::{self, Service};
 use super::state::NodeState;
-use wire::Encode;
-
-mod wire;
+use super::to_pb;
 
 /// The gRPC path this module serves.
 const WATCH_PATH: &str = "/vgpu.v1.VgpuNode/WatchContainers";
@@ -91,16 +93,13 @@ impl Encoded {
     }
 }
 
-/// Everything but the send time, written straight from the state.
+/// Everything but the send time, as prost encodes it.
 fn encode_body(state: &NodeState, namespace: &str, pod: &str) -> Bytes {
-    let update = wire::Update {
-        state,
-        namespace,
-        pod,
+    let update = pb::ContainersUpdate {
+        sent_at_unix_ms: 0,
+        ..to_pb::update(state, namespace, pod)
     };
-    let mut buf = Vec::with_capacity(update.encoded_len());
-    update.encode(&mut wire::Write(&mut buf));
-    Bytes::from(buf)
+    Bytes::from(update.encode_to_vec())
 }
 
 /// Decodes requests with prost, writes [`Encoded`] responses as they are.
@@ -242,6 +241,11 @@ mod tests {
                 ..grpc::update(&state, namespace, pod)
             };
             assert_eq!(decoded, built, "filter {namespace:?} {pod:?}");
+            let unsent = pb::ContainersUpdate {
+                sent_at_unix_ms: 0,
+                ..built
+            };
+            assert_eq!(encoded.body, unsent.encode_to_vec(), "prost's bytes");
             assert!(!decoded.containers.is_empty());
         }
     }

@@ -94,8 +94,8 @@ struct Task {
     backoff: Backoff,
     /// Pods handled (evicted, gone, or counted in dry-run).
     done: HashSet<String>,
-    /// Pods to try again: when, and the delay that led there.
-    retry: HashMap<String, (Instant, Duration)>,
+    /// Pods to try again: when, and their schedule (dropped on success).
+    retry: HashMap<String, (Instant, kai_runtime::backoff::Backoff)>,
 }
 
 impl Task {
@@ -190,12 +190,15 @@ impl Task {
 
     /// Schedules the next attempt on `uid`, doubling its delay.
     fn delay(&mut self, uid: &str) -> Duration {
-        let delay = match self.retry.get(uid) {
-            Some((_, last)) => (*last * 2).min(self.backoff.max),
-            None => self.backoff.first,
-        };
-        self.retry
-            .insert(uid.to_owned(), (Instant::now() + delay, delay));
+        let Backoff { first, max } = self.backoff;
+        let (at, schedule) = self.retry.entry(uid.to_owned()).or_insert_with(|| {
+            (
+                Instant::now(),
+                kai_runtime::backoff::Backoff::new(first, max),
+            )
+        });
+        let delay = schedule.next_delay();
+        *at = Instant::now() + delay;
         delay
     }
 }

@@ -1,0 +1,21 @@
+//! What can stop the agent before or while it serves.
+
+use super::pods;
+
+/// Errors that stop the agent: before it serves (binding, TLS, the pod
+/// source) or when one of its tasks fails.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Bind(#[from] kai_runtime::net::BindError),
+    #[error(transparent)]
+    Pods(#[from] pods::PodSourceError),
+    #[error("a server task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    #[error(transparent)]
+    Grpc(#[from] kai_runtime::grpc::GrpcError),
+    #[error("gRPC TLS: {0}")]
+    Tls(#[from] kai_runtime::tls::TlsError),
+    #[error("gRPC TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+}

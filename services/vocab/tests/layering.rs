@@ -1,0 +1,175 @@
+//! The workspace's layering rules, checked on every `cargo nextest run`
+//! (docs/architecture.md, "Dependency rule" and "Where unsafe lives").
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Deployed services: none may depend on another.
+const SERVICES: &[&str] = &["kai-webhook", "kai-node", "kai-aggregator", "kubectl-vgpu"];
+
+/// Harnesses: they run several services together, so they may depend on
+/// any of them; nothing may depend on a harness.
+const HARNESSES: &[&str] = &["kai-demo", "kai-fuzz"];
+
+/// The one test-only exception, and why: the aggregator's end-to-end
+/// tests and its soak bench run real node agents against it, and the soak
+/// bench starts the `kai-aggregator` binary through
+/// `CARGO_BIN_EXE_kai-aggregator`, which cargo only provides to targets
+/// of the same package. A dev-dependency is never linked into the service.
+const DEV_EXCEPTIONS: &[(&str, &str)] = &[("kai-aggregator", "kai-node")];
+
+/// Every module that allows `unsafe` (the workspace denies it), with why.
+const UNSAFE_MODULES: &[(&str, &str)] = &[
+    (
+        "services/region/src/map.rs",
+        "loads from a mapping another process writes",
+    ),
+    (
+        "services/region/src/reclaim.rs",
+        "clears dead slots in a live region under its semaphore",
+    ),
+    (
+        "services/region/tests/reclaim_concurrent.rs",
+        "plays libvgpu's writer against reclaim",
+    ),
+    ("services/cuda-driver/src/ffi.rs", "calls the CUDA driver"),
+    (
+        "services/fake-cuda/src/abi.rs",
+        "exports a C ABI (test stand-in for libcuda)",
+    ),
+    (
+        "services/fake-nvml/src/abi.rs",
+        "exports a C ABI (test stand-in for NVML)",
+    ),
+    (
+        "services/fake-vgpu/src/hooks.rs",
+        "interposes dlsym (test stand-in for libvgpu)",
+    ),
+    (
+        "services/aggregator/benches/cluster.rs",
+        "a counting GlobalAlloc",
+    ),
+];
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn metadata() -> Value {
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(root())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON")
+}
+
+/// (package, dependency, kind) for every dependency on a workspace member.
+fn internal_edges(meta: &Value) -> Vec<(String, String, String)> {
+    let packages = meta["packages"].as_array().expect("packages");
+    let members: BTreeSet<&str> = packages.iter().filter_map(|p| p["name"].as_str()).collect();
+    let mut edges = Vec::new();
+    for p in packages {
+        let name = p["name"].as_str().unwrap_or_default();
+        for d in p["dependencies"].as_array().into_iter().flatten() {
+            let dep = d["name"].as_str().unwrap_or_default();
+            if members.contains(dep) {
+                let kind = d["kind"].as_str().unwrap_or("normal").to_owned();
+                edges.push((name.to_owned(), dep.to_owned(), kind));
+            }
+        }
+    }
+    edges
+}
+
+#[test]
+fn no_service_depends_on_another_service_or_a_harness() {
+    let meta = metadata();
+    let edges = internal_edges(&meta);
+    assert!(
+        edges
+            .iter()
+            .any(|(p, d, _)| p == "kai-node" && d == "kai-region"),
+        "the metadata names internal dependencies: {edges:?}"
+    );
+    let names: BTreeSet<String> = meta["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["name"].as_str().map(str::to_owned))
+        .collect();
+    for service in SERVICES {
+        assert!(names.contains(*service), "{service} is a workspace member");
+    }
+    let broken: Vec<_> = edges
+        .iter()
+        .filter(|(p, d, kind)| {
+            let service_to_service =
+                SERVICES.contains(&p.as_str()) && SERVICES.contains(&d.as_str());
+            let on_harness = HARNESSES.contains(&d.as_str());
+            let excepted = kind == "dev" && DEV_EXCEPTIONS.contains(&(p.as_str(), d.as_str()));
+            (service_to_service || on_harness) && !excepted
+        })
+        .collect();
+    assert!(
+        broken.is_empty(),
+        "services depend on each other: {broken:?}"
+    );
+}
+
+#[test]
+fn every_crate_takes_the_workspace_lints() {
+    let meta = metadata();
+    for p in meta["packages"].as_array().into_iter().flatten() {
+        let manifest = p["manifest_path"].as_str().expect("manifest path");
+        let text = std::fs::read_to_string(manifest).expect("manifest reads");
+        let lints = text.split("\n[lints]\n").nth(1).unwrap_or_default();
+        assert!(
+            lints.trim_start().starts_with("workspace = true") && !text.contains("[lints."),
+            "{manifest}: `[lints] workspace = true` and no lints of its own"
+        );
+    }
+}
+
+#[test]
+fn unsafe_lives_where_documented() {
+    let mut found = BTreeSet::new();
+    let mut stack = vec![root().join("services")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("directory reads") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() && !path.ends_with("target") {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).expect("source reads");
+                // Split so that this file does not match itself.
+                if text.contains(concat!("allow(", "unsafe_code)")) {
+                    let relative = path.strip_prefix(root()).expect("under the root");
+                    found.insert(relative.to_string_lossy().into_owned());
+                }
+            }
+        }
+    }
+    let documented: BTreeSet<String> = UNSAFE_MODULES
+        .iter()
+        .map(|(p, _)| (*p).to_owned())
+        .collect();
+    assert_eq!(
+        found, documented,
+        "a module allows unsafe code: add it to UNSAFE_MODULES and to docs/architecture.md with why"
+    );
+}
