@@ -14,9 +14,17 @@
 //!   the size of the text. Live bytes come from a counting global
 //!   allocator, so the figure is exact and repeatable.
 //!
+//! - the same families through `prometheus-client` (with_crate.rs): a
+//!   `Collector` over the cluster encoded into one buffer at each scrape,
+//!   against the streamed page, for time and peak heap (the bench checks
+//!   both write the same text).
+//!
 //! `cargo bench -p kai-aggregator --bench cluster` (NODES, CONTAINERS and
 //! ROUNDS override the defaults). Ratios are the result; absolute times
 //! are context for this machine.
+
+#[path = "cluster/with_crate.rs"]
+mod with_crate;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::convert::Infallible;
@@ -638,7 +646,10 @@ fn main() {
     let text = String::from_utf8(text).expect("UTF-8 page");
     let mut floor_text = String::new();
     floor_page(&cluster.snapshot(), &health, now, &mut floor_text);
-    if let Some(at) = text
+    // The page's tail, the aggregator's own series, comes from the metrics
+    // exporter in no fixed order: compared by length only.
+    let families_len = text.find("# HELP kai_aggregator_").expect("own series");
+    if let Some(at) = text[..families_len]
         .bytes()
         .zip(floor_text.bytes())
         .position(|(a, b)| a != b)
@@ -651,10 +662,29 @@ fn main() {
     }
     assert_eq!(text.len(), floor_text.len(), "floor and page lengths");
     let text_len = text.len();
-    drop((text, floor_text));
+    // The crate writes the exposition families; the aggregator's own
+    // series (the page's tail) are not part of the comparison.
+    assert!(with_crate::PageCollector::covers(&cluster.snapshot()));
+    let registry = with_crate::registry(cluster.clone(), now);
+    let mut crate_text = String::new();
+    with_crate::render(&registry, &mut crate_text);
+    if let Some(at) = text[..families_len]
+        .bytes()
+        .zip(crate_text.bytes())
+        .position(|(a, b)| a != b)
+    {
+        panic!(
+            "prometheus-client differs from the page at byte {at}: {:?} vs {:?}",
+            &text[at.saturating_sub(80)..(at + 80).min(text.len())],
+            &crate_text[at.saturating_sub(80)..(at + 80).min(crate_text.len())]
+        );
+    }
+    assert_eq!(crate_text.len(), families_len, "crate and page lengths");
+    drop((text, floor_text, crate_text));
 
     let (mut ours, mut floor, mut floor_warm) = (Vec::new(), Vec::new(), Vec::new());
     let (mut ours_peak, mut floor_peak) = (0, 0);
+    let (mut with_crate, mut crate_peak) = (Vec::new(), 0);
     let mut warm = String::with_capacity(text_len);
     for _ in 0..rounds {
         let start = reset_peak();
@@ -678,6 +708,17 @@ fn main() {
         ours_peak = ours_peak.max(PEAK.load(Ordering::Relaxed).saturating_sub(start));
         assert_eq!(sent, text_len, "streamed page length");
 
+        // The crate, given the page's size up front (no regrowth: its best
+        // case; a server would not know the size).
+        let start = reset_peak();
+        let started = Instant::now();
+        let mut out = String::with_capacity(families_len);
+        with_crate::render(&registry, &mut out);
+        std::hint::black_box(&out);
+        drop(out);
+        with_crate.push(started.elapsed());
+        crate_peak = crate_peak.max(PEAK.load(Ordering::Relaxed).saturating_sub(start));
+
         let started = Instant::now();
         warm.clear();
         floor_page(&cluster.snapshot(), &health, now, &mut warm);
@@ -686,6 +727,8 @@ fn main() {
     }
     drop(warm);
     let (fresh_ratio, warm_ratio) = (ratio(&ours, &floor), ratio(&ours, &floor_warm));
+    let crate_ratio = ratio(&with_crate, &ours);
+    let render_crate = median(with_crate);
     let (render_ours, render_floor, render_warm) =
         (median(ours), median(floor), median(floor_warm));
 
@@ -756,6 +799,19 @@ fn main() {
         ours_peak as f64 / MIB,
         floor_peak as f64 / MIB,
         ours_peak as f64 / text_len as f64
+    );
+    println!("ours against prometheus-client (ratio: crate / ours)");
+    println!(
+        "/metrics render: streamed page vs Collector + encode | {:.1} ms | {:.1} ms | {:.2}",
+        ms(render_ours),
+        ms(render_crate),
+        crate_ratio
+    );
+    println!(
+        "render peak heap: streamed page vs Collector + encode | +{:.2} MiB | +{:.1} MiB | {:.0}",
+        ours_peak as f64 / MIB,
+        crate_peak as f64 / MIB,
+        crate_peak as f64 / ours_peak.max(1) as f64
     );
     println!(
         "update, one message of {containers} containers | {:.1} us ({:.0}/s) | {:.1} us decode+drop ({:.0}/s) | {:.2}",

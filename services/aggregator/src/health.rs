@@ -1,8 +1,10 @@
 //! What following the agents' streams counts as it happens (stream
-//! reconnects, updates and their lag). The cluster index owns it; the
-//! metrics page renders it ([`crate::metrics`]).
+//! reconnects, updates and their lag), on a long-lived recorder of its own.
+//! The cluster index owns it; the metrics page renders it
+//! ([`crate::metrics`]).
 
-use kai_exposition::{Counter, Histogram};
+use kai_exposition::{Counter, Histogram, Recorder, Unit};
+use tokio_util::sync::CancellationToken;
 
 pub const RECONNECTS: &str = "kai_aggregator_stream_reconnects_total";
 pub const UPDATES: &str = "kai_aggregator_updates_total";
@@ -13,6 +15,7 @@ const LAG_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0
 /// What following the agents' streams has counted so far.
 #[derive(Debug)]
 pub struct Health {
+    recorder: Recorder,
     reconnects: Counter,
     updates: Counter,
     update_lag: Histogram,
@@ -20,10 +23,24 @@ pub struct Health {
 
 impl Default for Health {
     fn default() -> Self {
+        // The only error is an empty bucket list; LAG_BUCKETS is a non-empty
+        // constant (every test builds this).
+        let recorder =
+            Recorder::new(&[(UPDATE_LAG, LAG_BUCKETS)]).expect("LAG_BUCKETS is not empty");
         Self {
-            reconnects: Counter::new(),
-            updates: Counter::new(),
-            update_lag: Histogram::new(LAG_BUCKETS),
+            reconnects: recorder.counter(
+                RECONNECTS,
+                "Times a node agent stream went down and was retried.",
+                &[],
+            ),
+            updates: recorder.counter(UPDATES, "WatchContainers updates received.", &[]),
+            update_lag: recorder.histogram(
+                UPDATE_LAG,
+                "Agent send to aggregator receipt of an update.",
+                Unit::Seconds,
+                &[],
+            ),
+            recorder,
         }
     }
 }
@@ -31,33 +48,30 @@ impl Default for Health {
 impl Health {
     /// A stream went down and will be retried.
     pub fn record_reconnect(&self) {
-        self.reconnects.inc();
+        self.reconnects.increment(1);
     }
 
     /// An update arrived `lag_ms` after the agent sent it.
     pub fn record_update(&self, lag_ms: u64) {
-        self.updates.inc();
-        self.update_lag.observe(lag_ms as f64 / 1000.0);
+        self.updates.increment(1);
+        self.update_lag.record(lag_ms as f64 / 1000.0);
     }
 
-    /// Updates received so far.
-    pub fn updates(&self) -> u64 {
-        self.updates.get()
+    /// Folds the lag histogram in every [`kai_exposition::UPKEEP_EVERY`]
+    /// until `shutdown`, so an aggregator nobody scrapes does not pile up
+    /// samples.
+    pub async fn upkeep(&self, shutdown: CancellationToken) {
+        let mut every = tokio::time::interval(kai_exposition::UPKEEP_EVERY);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = every.tick() => self.recorder.run_upkeep(),
+            }
+        }
     }
 
     /// The counted series, in the text format.
     pub(crate) fn render(&self, out: &mut String) {
-        self.reconnects.render(
-            RECONNECTS,
-            "Times a node agent stream went down and was retried.",
-            out,
-        );
-        self.updates
-            .render(UPDATES, "WatchContainers updates received.", out);
-        self.update_lag.render(
-            UPDATE_LAG,
-            "Agent send to aggregator receipt of an update.",
-            out,
-        );
+        self.recorder.render_into(out);
     }
 }

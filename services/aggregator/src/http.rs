@@ -193,6 +193,12 @@ fn json<T: serde::Serialize>(value: &T) -> warp::reply::Response {
 }
 
 pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationToken) {
+    // The health series are rendered here; their histogram is folded in
+    // between scrapes too, for as long as the page is served.
+    tokio::spawn({
+        let (health, shutdown) = (state.cluster.health().clone(), shutdown.clone());
+        async move { health.upkeep(shutdown).await }
+    });
     let with = {
         let state = state.clone();
         warp::any().map(move || state.clone())

@@ -9,31 +9,36 @@
 //! [`render`] and [`render_isolation`] write a page whole; [`Page`] writes
 //! the same text in bounded pieces, so the aggregator can stream a page too
 //! large to hold (one family after another, each over every node).
-//! [`Counter`], [`Counters`] and [`Histogram`] are the services' own event
-//! series, rendered in the same text.
+//! [`Recorder`] holds a service's own series (events, a few gauges) on the
+//! `metrics` crate, rendered by `metrics-exporter-prometheus`; every
+//! service builds it here so the buckets, descriptions and rendering are
+//! set up one way.
 //!
-//! The text format and the instruments need no vgpu types: the webhook
-//! takes them alone (`default-features = false`), without kai-proto.
+//! The recorder needs no vgpu types: the webhook takes it alone
+//! (`default-features = false`), without kai-proto.
 
 #[cfg(feature = "vgpu")]
 mod families;
 #[cfg(feature = "vgpu")]
 mod hami;
-mod instruments;
 #[cfg(feature = "vgpu")]
 mod isolation;
 #[cfg(feature = "vgpu")]
 mod page;
+mod recorder;
+#[cfg(feature = "vgpu")]
 mod text;
 
 #[cfg(feature = "vgpu")]
 pub use hami::{HostDevices, Options, render};
-pub use instruments::{Counter, Counters, Histogram};
 #[cfg(feature = "vgpu")]
 pub use isolation::{NodeIsolation, render_isolation};
 #[cfg(feature = "vgpu")]
 pub use page::{NodeView, Page, View, render_page};
-pub use text::{Family, Labels};
+pub use recorder::{Buckets, Recorder, RecorderError, UPKEEP_EVERY};
+
+/// The instrument handles a [`Recorder`] returns, and the unit of a histogram.
+pub use metrics::{Counter, Gauge, Histogram, Unit};
 
 /// The integer formatter the page uses, for callers that must print numbers
 /// the same way (the aggregator bench's floor renderer).

@@ -1,113 +1,9 @@
-//! The text format itself: `# HELP`, `# TYPE`, samples with escaped labels.
-//!
-//! [`Family`] accumulates a family sample by sample (small pages, ad-hoc
-//! series). The large pages are written line by line straight into the
-//! output by `families`, with the helpers here so both print the same bytes:
-//! integers through `itoa`, everything else as Rust prints an `f64`.
+//! The text format of the per-container pages: `# HELP`, `# TYPE`, values
+//! and escaped label values. The pages are written line by line straight
+//! into the output by `families`, with these helpers: integers through
+//! `itoa`, everything else as Rust prints an `f64`.
 
 use std::fmt::Write;
-
-/// One metric family, accumulated sample by sample.
-pub struct Family {
-    name: &'static str,
-    help: &'static str,
-    kind: &'static str,
-    samples: String,
-}
-
-impl Family {
-    pub fn gauge(name: &'static str, help: &'static str) -> Self {
-        Self::new(name, help, "gauge")
-    }
-
-    pub fn counter(name: &'static str, help: &'static str) -> Self {
-        Self::new(name, help, "counter")
-    }
-
-    fn new(name: &'static str, help: &'static str, kind: &'static str) -> Self {
-        Self {
-            name,
-            help,
-            kind,
-            samples: String::new(),
-        }
-    }
-
-    /// Reserves room for about `samples` samples of `line_len` bytes.
-    pub fn reserve(&mut self, samples: usize, line_len: usize) {
-        self.samples
-            .reserve(samples.saturating_mul(self.name.len() + line_len));
-    }
-
-    /// Appends one sample with label pairs.
-    pub fn sample(&mut self, labels: &[(&str, &str)], value: f64) {
-        let mut set = Labels::default();
-        for (k, v) in labels {
-            set.push(k, v);
-        }
-        self.sample_with(&set, value);
-    }
-
-    /// Appends one sample with an already-escaped label set.
-    pub fn sample_with(&mut self, labels: &Labels, value: f64) {
-        let s = &mut self.samples;
-        s.push_str(self.name);
-        labels.push_braced(s);
-        s.push(' ');
-        push_value(s, value);
-        s.push('\n');
-    }
-
-    /// Length of the rendered family.
-    pub fn rendered_len(&self) -> usize {
-        self.samples.len() + 2 * self.name.len() + self.help.len() + self.kind.len() + 16
-    }
-
-    /// Writes the family (HELP and TYPE even when empty, so dashboards see it).
-    pub fn render(&self, out: &mut String) {
-        push_header(out, self.name, self.help, self.kind);
-        out.push_str(&self.samples);
-    }
-}
-
-/// An escaped `k="v",k="v"` label set, built once and reused.
-#[derive(Clone, Debug, Default)]
-pub struct Labels(String);
-
-impl Labels {
-    pub fn clear(&mut self) {
-        self.0.clear();
-    }
-
-    pub fn push(&mut self, key: &str, value: &str) {
-        if !self.0.is_empty() {
-            self.0.push(',');
-        }
-        self.0.push_str(key);
-        self.0.push_str("=\"");
-        escape_into(&mut self.0, value);
-        self.0.push('"');
-    }
-
-    pub fn push_u64(&mut self, key: &str, value: u64) {
-        self.push(key, itoa::Buffer::new().format(value));
-    }
-
-    /// Writes `{k="v",…}`, or nothing for an empty set.
-    pub(crate) fn push_braced(&self, out: &mut String) {
-        if !self.0.is_empty() {
-            out.push('{');
-            out.push_str(&self.0);
-            out.push('}');
-        }
-    }
-
-    /// Replaces this set with a copy of `other` (keeping the allocation).
-    pub fn copy_from(&mut self, other: &Labels) {
-        self.0.clear();
-        self.0.push_str(&other.0);
-    }
-}
 
 /// `# HELP` and `# TYPE` lines of a family.
 pub(crate) fn push_header(out: &mut String, name: &str, help: &str, kind: &str) {
@@ -196,21 +92,6 @@ fn escape_slow(out: &mut String, value: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn labels_are_escaped_and_values_printed_plainly() {
-        let mut f = Family::gauge("x_bytes", "help text");
-        f.sample(&[("pod", "a\"b\\c\nd"), ("ns", "plain")], 1.5);
-        f.sample(&[], 1073741824.0);
-        f.sample(&[("i", "0")], 0.37);
-        f.sample(&[("big", "1")], 18446744073709551615.0);
-        let mut out = String::new();
-        f.render(&mut out);
-        assert_eq!(
-            out,
-            "# HELP x_bytes help text\n# TYPE x_bytes gauge\nx_bytes{pod=\"a\\\"b\\\\c\\nd\",ns=\"plain\"} 1.5\nx_bytes 1073741824\nx_bytes{i=\"0\"} 0.37\nx_bytes{big=\"1\"} 18446744073709552000\n"
-        );
-    }
 
     fn via_f64(value: f64) -> String {
         let mut s = String::new();

@@ -69,6 +69,10 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> Result<Ru
     cert.watch(shutdown.clone(), settings.tls_reload_fallback)?;
     let metrics = Arc::new(metrics::Metrics::default());
     count_reloads(&cert, metrics.clone(), shutdown.clone());
+    tokio::spawn({
+        let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
+        async move { metrics.upkeep(shutdown).await }
+    });
 
     let listener = TcpListener::bind(settings.listen)
         .await

@@ -7,8 +7,9 @@
 //! `offset` = used − context − module − buffer.
 #![allow(dead_code)]
 
-use kai_exposition::{Family, Labels, Options};
+use kai_exposition::Options;
 use kai_proto::v1::{ContainerUsage, EscapedProcess, HostDevice, IsolationChecks, IsolationState};
+use text::{Family, Labels};
 
 /// A node's physical GPUs.
 pub struct HostDevices<'a> {
@@ -356,5 +357,151 @@ pub fn render_isolation<'a>(
         &checks,
     ] {
         family.render(out);
+    }
+}
+
+/// The accumulate-then-write text helpers the reference was written with
+/// (kai-exposition's `Family` and `Labels` until the services' own series
+/// moved to metrics-exporter-prometheus), kept with it so the reference
+/// stays what it was. Not every helper is used by each test that
+/// includes this file.
+#[allow(dead_code)]
+mod text {
+    use std::fmt::Write;
+
+    /// One metric family, accumulated sample by sample.
+    pub struct Family {
+        name: &'static str,
+        help: &'static str,
+        kind: &'static str,
+        samples: String,
+    }
+
+    impl Family {
+        pub fn gauge(name: &'static str, help: &'static str) -> Self {
+            Self::new(name, help, "gauge")
+        }
+
+        pub fn counter(name: &'static str, help: &'static str) -> Self {
+            Self::new(name, help, "counter")
+        }
+
+        fn new(name: &'static str, help: &'static str, kind: &'static str) -> Self {
+            Self {
+                name,
+                help,
+                kind,
+                samples: String::new(),
+            }
+        }
+
+        /// Reserves room for about `samples` samples of `line_len` bytes.
+        pub fn reserve(&mut self, samples: usize, line_len: usize) {
+            self.samples
+                .reserve(samples.saturating_mul(self.name.len() + line_len));
+        }
+
+        /// Appends one sample with label pairs.
+        pub fn sample(&mut self, labels: &[(&str, &str)], value: f64) {
+            let mut set = Labels::default();
+            for (k, v) in labels {
+                set.push(k, v);
+            }
+            self.sample_with(&set, value);
+        }
+
+        /// Appends one sample with an already-escaped label set.
+        pub fn sample_with(&mut self, labels: &Labels, value: f64) {
+            let s = &mut self.samples;
+            s.push_str(self.name);
+            labels.push_braced(s);
+            s.push(' ');
+            push_value(s, value);
+            s.push('\n');
+        }
+
+        /// Length of the rendered family.
+        pub fn rendered_len(&self) -> usize {
+            self.samples.len() + 2 * self.name.len() + self.help.len() + self.kind.len() + 16
+        }
+
+        /// Writes the family (HELP and TYPE even when empty, so dashboards see it).
+        pub fn render(&self, out: &mut String) {
+            push_header(out, self.name, self.help, self.kind);
+            out.push_str(&self.samples);
+        }
+    }
+
+    /// An escaped `k="v",k="v"` label set, built once and reused.
+    #[derive(Clone, Debug, Default)]
+    pub struct Labels(String);
+
+    impl Labels {
+        pub fn clear(&mut self) {
+            self.0.clear();
+        }
+
+        pub fn push(&mut self, key: &str, value: &str) {
+            if !self.0.is_empty() {
+                self.0.push(',');
+            }
+            self.0.push_str(key);
+            self.0.push_str("=\"");
+            escape_into(&mut self.0, value);
+            self.0.push('"');
+        }
+
+        pub fn push_u64(&mut self, key: &str, value: u64) {
+            self.push(key, kai_exposition::itoa::Buffer::new().format(value));
+        }
+
+        /// Writes `{k="v",…}`, or nothing for an empty set.
+        fn push_braced(&self, out: &mut String) {
+            if !self.0.is_empty() {
+                out.push('{');
+                out.push_str(&self.0);
+                out.push('}');
+            }
+        }
+
+        /// Replaces this set with a copy of `other` (keeping the allocation).
+        pub fn copy_from(&mut self, other: &Labels) {
+            self.0.clear();
+            self.0.push_str(&other.0);
+        }
+    }
+
+    /// `# HELP` and `# TYPE` lines of a family.
+    fn push_header(out: &mut String, name: &str, help: &str, kind: &str) {
+        out.push_str("# HELP ");
+        out.push_str(name);
+        out.push(' ');
+        out.push_str(help);
+        out.push_str("\n# TYPE ");
+        out.push_str(name);
+        out.push(' ');
+        out.push_str(kind);
+        out.push('\n');
+    }
+
+    /// Integers print through `itoa`; others as Rust prints an `f64`.
+    fn push_value(s: &mut String, value: f64) {
+        if value.fract() == 0.0 && value.abs() < 9.0e15 {
+            s.push_str(kai_exposition::itoa::Buffer::new().format(value as i64));
+        } else {
+            let _ = write!(s, "{value}");
+        }
+    }
+
+    /// Label values escape `\`, `"` and newline.
+    fn escape_into(out: &mut String, value: &str) {
+        for c in value.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '"' => out.push_str("\\\""),
+                '\n' => out.push_str("\\n"),
+                c => out.push(c),
+            }
+        }
     }
 }

@@ -1,11 +1,31 @@
 //! The node's Prometheus text: the shared HAMi families (rendered from the
 //! same messages the gRPC API serves) plus the agent's own series.
 
-use kai_exposition::{Family, HostDevices, NodeIsolation, Options};
+use kai_exposition::{HostDevices, NodeIsolation, Options, Recorder};
+
+use super::enforce;
 
 use super::nvml::HostDevice;
 use super::state::NodeState;
 use super::to_pb::{checks_to_pb, escaped_to_pb, filtered, host_to_pb};
+
+/// The agent's own event series, on its own recorder (one per agent, so
+/// agents in one process, as in kai-demo or the tests, keep their counts).
+#[derive(Debug)]
+pub struct Metrics {
+    recorder: Recorder,
+    /// Handed to the enforcement task and the stale-slot reclaim.
+    pub enforce: enforce::Counts,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        // Counters only: nothing to configure, nothing to upkeep.
+        let recorder = Recorder::default();
+        let enforce = enforce::Counts::register(&recorder);
+        Self { recorder, enforce }
+    }
+}
 
 /// Renders host and per-container series. `now_secs` is used for
 /// `hami_container_last_kernel_elapsed_seconds`.
@@ -14,6 +34,7 @@ pub fn render(
     host: &[HostDevice],
     now_secs: u64,
     scans: u64,
+    metrics: &Metrics,
     legacy: bool,
 ) -> String {
     let containers = filtered(state, "", "");
@@ -45,56 +66,45 @@ pub fn render(
         }],
         opts,
     );
-    // The agent's own series.
-    one(
-        &mut out,
-        Family::gauge(
-            "kai_node_agent_containers",
-            "Containers with a readable region.",
-        ),
+    // The agent's own series. Those that describe its state (and the
+    // counts kept in it) are set into a recorder made for this scrape, so
+    // each shows the state as it is now (one `pod_source` status, not every
+    // status it ever had); the events are on the agent's recorder.
+    let view = Recorder::default();
+    view.gauge(
+        "kai_node_agent_containers",
+        "Containers with a readable region.",
         &[],
-        state.containers.len() as u64,
-    );
-    one(
-        &mut out,
-        Family::counter(
-            "kai_node_agent_corrupt_regions_total",
-            "Regions skipped as unreadable since start.",
-        ),
+    )
+    .set(state.containers.len() as f64);
+    view.counter(
+        "kai_node_agent_corrupt_regions_total",
+        "Regions skipped as unreadable since start.",
         &[],
-        state.corrupt_regions,
-    );
-    one(
-        &mut out,
-        Family::gauge(
-            "kai_node_agent_pod_source",
-            "Where the pod join stands (disabled, static, syncing, ready, reconnecting).",
-        ),
+    )
+    .absolute(state.corrupt_regions);
+    view.gauge(
+        "kai_node_agent_pod_source",
+        "Where the pod join stands (disabled, static, syncing, ready, reconnecting).",
         &[("status", state.kube_status.as_str())],
-        1,
-    );
-    one(
-        &mut out,
-        Family::gauge("kai_node_agent_revision", "Revision of the container set."),
+    )
+    .set(1.0);
+    // Revisions stay far below 2^53: exact as f64.
+    view.gauge(
+        "kai_node_agent_revision",
+        "Revision of the container set.",
         &[],
-        state.revision,
-    );
-    one(
-        &mut out,
-        Family::counter(
-            "kai_node_agent_scans_total",
-            "Scans of the containers directory since start (periodic and on directory changes).",
-        ),
+    )
+    .set(state.revision as f64);
+    // Counted by the scanner in an atomic the tests also read.
+    view.counter(
+        "kai_node_agent_scans_total",
+        "Scans of the containers directory since start (periodic and on directory changes).",
         &[],
-        scans,
-    );
-    super::preload_path::render(&mut out);
-    super::enforce::render_metrics(&mut out);
+    )
+    .absolute(scans);
+    super::preload_path::set(&view);
+    view.render_into(&mut out);
+    metrics.recorder.render_into(&mut out);
     out
-}
-
-/// A family of one sample (every value is far below 2^53, so exact as f64).
-fn one(out: &mut String, mut family: Family, labels: &[(&str, &str)], value: u64) {
-    family.sample(labels, value as f64);
-    family.render(out);
 }

@@ -106,6 +106,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     let mut tasks = Vec::new();
     let store = Arc::new(Mutex::new(RegionStore::new(&config.containers_dir)));
     let scans = Arc::new(AtomicU64::new(0));
+    let own_metrics = Arc::new(exposition::Metrics::default());
     tasks.push(tokio::spawn(
         poll(
             Scanner {
@@ -117,10 +118,12 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
                     client.cloned(),
                     notifier.clone(),
                     Default::default(),
+                    own_metrics.enforce.clone(),
                     shutdown.clone(),
                 ),
                 notifier,
                 scans: scans.clone(),
+                counts: own_metrics.enforce.clone(),
             },
             tx,
             config.clone(),
@@ -151,6 +154,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
             rx.clone(),
             devices,
             scans.clone(),
+            own_metrics,
             config.legacy_metrics,
             shutdown,
         )

@@ -125,16 +125,17 @@ pub async fn watch(containers_dir: PathBuf, shutdown: CancellationToken) -> Resu
     }
 }
 
-/// Appends `kai_node_agent_preload_path` (1 for the current state).
-pub fn render(out: &mut String) {
-    let mut family = kai_exposition::Family::gauge(
-        "kai_node_agent_preload_path",
-        "What is at <mount>/ld.so.preload on the host: file, missing, directory (pods mounting it run uncapped), unreadable or unchecked.",
-    );
+/// Sets `kai_node_agent_preload_path` into a scrape's `view`: 1 for the
+/// current state, 0 for the others.
+pub fn set(view: &kai_exposition::Recorder) {
     let now = current();
     for state in PreloadPath::ALL {
         let value = if state == now { 1.0 } else { 0.0 };
-        family.sample(&[("state", state.label())], value);
+        view.gauge(
+            "kai_node_agent_preload_path",
+            "What is at <mount>/ld.so.preload on the host: file, missing, directory (pods mounting it run uncapped), unreadable or unchecked.",
+            &[("state", state.label())],
+        )
+        .set(value);
     }
-    family.render(out);
 }

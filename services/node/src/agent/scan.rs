@@ -28,6 +28,7 @@ pub(super) struct Scanner {
     pub(super) notifier: isolation::events::Notifier,
     pub(super) enforcer: enforce::driver::Enforcer,
     pub(super) scans: Arc<AtomicU64>,
+    pub(super) counts: enforce::Counts,
 }
 
 /// Re-reads regions when a container directory or region file appears,
@@ -48,6 +49,7 @@ pub(super) async fn poll(
         notifier,
         enforcer,
         scans,
+        counts,
     } = scanner;
     let mut dir_watch = DirWatch::new([config.containers_dir.clone()], Depth::RootAndChildren)
         .unwrap_or_else(|error| {
@@ -115,8 +117,11 @@ pub(super) async fn poll(
         ));
         if let (true, Some(host)) = (config.reclaim_stale_slots, host.clone()) {
             let targets = enforce::stale::targets(&containers, &config.containers_dir);
-            let _ =
-                tokio::task::spawn_blocking(move || enforce::stale::reclaim(&targets, &host)).await;
+            let counts = counts.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                enforce::stale::reclaim(&targets, &host, &counts)
+            })
+            .await;
         }
         if kube_status.authoritative() {
             orphans::remove(&orphans.due(&scan.dirs, &lookup, Instant::now(), config.orphan_grace));

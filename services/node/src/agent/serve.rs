@@ -78,6 +78,7 @@ pub(super) async fn serve_http(
     state: watch::Receiver<Arc<NodeState>>,
     devices: Arc<Devices>,
     scans: Arc<AtomicU64>,
+    own: Arc<exposition::Metrics>,
     legacy: bool,
     shutdown: CancellationToken,
 ) -> Result<(), AgentError> {
@@ -86,13 +87,14 @@ pub(super) async fn serve_http(
         let state = metrics_state.borrow().clone();
         let devices = devices.clone();
         let scans = scans.load(Ordering::Relaxed);
+        let own = own.clone();
         async move {
             let host = tokio::task::spawn_blocking(move || devices.list())
                 .await
                 .unwrap_or_default();
             let now = kai_runtime::unix_ms() / 1000;
             warp::reply::with_header(
-                exposition::render(&state, &host, now, scans, legacy),
+                exposition::render(&state, &host, now, scans, &own, legacy),
                 http::header::CONTENT_TYPE,
                 "text/plain; version=0.0.4; charset=utf-8",
             )

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::evict::{self, Outcome};
-use super::{Candidate, Policy, count_dry_run, count_eviction, count_refusal};
+use super::{Candidate, Counts, Policy};
 use crate::agent::isolation::events::Notifier;
 use crate::agent::isolation::{Notice, Subject};
 
@@ -53,6 +53,7 @@ impl Enforcer {
         client: Option<kube::Client>,
         notifier: Notifier,
         backoff: Backoff,
+        counts: Counts,
         shutdown: CancellationToken,
     ) -> Self {
         let client = match (policy, client) {
@@ -71,6 +72,7 @@ impl Enforcer {
             client,
             notifier,
             backoff,
+            counts,
             done: HashSet::new(),
             retry: HashMap::new(),
         };
@@ -92,6 +94,7 @@ struct Task {
     client: Option<kube::Client>,
     notifier: Notifier,
     backoff: Backoff,
+    counts: Counts,
     /// Pods handled (evicted, gone, or counted in dry-run).
     done: HashSet<String>,
     /// Pods to try again: when, and their schedule (dropped on success).
@@ -146,7 +149,7 @@ impl Task {
         let (Policy::Evict, Some(client)) = (self.policy, &self.client) else {
             if self.policy == Policy::DryRun {
                 tracing::warn!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), why = %c.message, "would evict (--enforce dry-run)");
-                count_dry_run(c.reason);
+                self.counts.dry_run(c.reason);
                 self.done.insert(c.uid.clone());
             }
             return;
@@ -154,7 +157,7 @@ impl Task {
         match evict::evict(client, &c.namespace, &c.pod).await {
             Outcome::Evicted => {
                 tracing::warn!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), why = %c.message, "evicted: GPU memory cap does not hold");
-                count_eviction(c.reason);
+                self.counts.eviction(c.reason);
                 self.notifier.send(vec![Notice {
                     subject: Subject::Pod {
                         namespace: c.namespace.clone(),
@@ -177,7 +180,7 @@ impl Task {
                 self.retry.remove(&c.uid);
             }
             Outcome::Refused { message } => {
-                count_refusal(c.reason);
+                self.counts.refusal(c.reason);
                 let delay = self.delay(&c.uid);
                 tracing::warn!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), detail = %message, retry_in = ?delay, "eviction refused for now (PodDisruptionBudget)");
             }

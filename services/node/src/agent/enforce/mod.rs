@@ -15,8 +15,7 @@ pub mod driver;
 pub mod evict;
 pub mod stale;
 
-use kai_exposition::Family;
-use std::sync::atomic::{AtomicU64, Ordering};
+use kai_exposition::{Counter, Recorder};
 
 use kai_proto::v1::IsolationState;
 
@@ -136,75 +135,64 @@ pub fn candidates(
     found
 }
 
-/// Eviction counters of this process (one agent per process), rendered
-/// into the agent's metrics page.
-static EVICTIONS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
-static DRY_RUN: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
-static REFUSED: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
-static RECLAIMED_SLOTS: AtomicU64 = AtomicU64::new(0);
-static RECLAIMED_BYTES: AtomicU64 = AtomicU64::new(0);
-
-pub(crate) fn count_eviction(reason: Reason) {
-    EVICTIONS[reason.index()].fetch_add(1, Ordering::Relaxed);
+/// One agent's enforcement counters, registered on its recorder with every
+/// reason up front (zeros included, so a rate over them is defined from
+/// the start). Cloning shares the counts.
+#[derive(Clone, Debug)]
+pub struct Counts {
+    evictions: [Counter; 4],
+    dry_run: [Counter; 4],
+    refused: [Counter; 4],
+    reclaimed_slots: Counter,
+    reclaimed_bytes: Counter,
 }
 
-pub(crate) fn count_dry_run(reason: Reason) {
-    DRY_RUN[reason.index()].fetch_add(1, Ordering::Relaxed);
-}
-
-pub(crate) fn count_refusal(reason: Reason) {
-    REFUSED[reason.index()].fetch_add(1, Ordering::Relaxed);
-}
-
-pub(crate) fn count_reclaimed(slots: u64, bytes: u64) {
-    RECLAIMED_SLOTS.fetch_add(slots, Ordering::Relaxed);
-    RECLAIMED_BYTES.fetch_add(bytes, Ordering::Relaxed);
-}
-
-/// Appends the enforcement counters (every reason, zeros included, so a
-/// rate over them is defined from the start).
-pub fn render_metrics(out: &mut String) {
-    let families: [(&str, &str, &[AtomicU64; 4]); 3] = [
-        (
-            "kai_isolator_evictions_total",
-            "Pods evicted through the Eviction API because their GPU memory cap did not hold (--enforce evict).",
-            &EVICTIONS,
-        ),
-        (
-            "kai_isolator_evictions_dry_run_total",
-            "Pods that would have been evicted (--enforce dry-run).",
-            &DRY_RUN,
-        ),
-        (
-            "kai_isolator_eviction_refusals_total",
-            "Evictions the API server refused for now (429: a PodDisruptionBudget); retried with backoff.",
-            &REFUSED,
-        ),
-    ];
-    for (name, help, counters) in families {
-        let mut family = Family::counter(name, help);
-        for reason in Reason::ALL {
-            // Counts stay far below 2^53: exact as f64.
-            let count = counters[reason.index()].load(Ordering::Relaxed);
-            family.sample(&[("reason", reason.label())], count as f64);
+impl Counts {
+    pub fn register(recorder: &Recorder) -> Self {
+        let by_reason = |name, help| {
+            Reason::ALL.map(|reason| recorder.counter(name, help, &[("reason", reason.label())]))
+        };
+        Self {
+            evictions: by_reason(
+                "kai_isolator_evictions_total",
+                "Pods evicted through the Eviction API because their GPU memory cap did not hold (--enforce evict).",
+            ),
+            dry_run: by_reason(
+                "kai_isolator_evictions_dry_run_total",
+                "Pods that would have been evicted (--enforce dry-run).",
+            ),
+            refused: by_reason(
+                "kai_isolator_eviction_refusals_total",
+                "Evictions the API server refused for now (429: a PodDisruptionBudget); retried with backoff.",
+            ),
+            reclaimed_slots: recorder.counter(
+                "kai_isolator_reclaimed_slots_total",
+                "Region slots of dead processes cleared (--reclaim-stale-slots).",
+                &[],
+            ),
+            reclaimed_bytes: recorder.counter(
+                "kai_isolator_reclaimed_bytes_total",
+                "GPU memory charge released by clearing dead processes' slots.",
+                &[],
+            ),
         }
-        family.render(out);
     }
-    for (name, help, total) in [
-        (
-            "kai_isolator_reclaimed_slots_total",
-            "Region slots of dead processes cleared (--reclaim-stale-slots).",
-            &RECLAIMED_SLOTS,
-        ),
-        (
-            "kai_isolator_reclaimed_bytes_total",
-            "GPU memory charge released by clearing dead processes' slots.",
-            &RECLAIMED_BYTES,
-        ),
-    ] {
-        let mut family = Family::counter(name, help);
-        family.sample(&[], total.load(Ordering::Relaxed) as f64);
-        family.render(out);
+
+    pub(crate) fn eviction(&self, reason: Reason) {
+        self.evictions[reason.index()].increment(1);
+    }
+
+    pub(crate) fn dry_run(&self, reason: Reason) {
+        self.dry_run[reason.index()].increment(1);
+    }
+
+    pub(crate) fn refusal(&self, reason: Reason) {
+        self.refused[reason.index()].increment(1);
+    }
+
+    pub(crate) fn reclaimed(&self, slots: u64, bytes: u64) {
+        self.reclaimed_slots.increment(slots);
+        self.reclaimed_bytes.increment(bytes);
     }
 }
 

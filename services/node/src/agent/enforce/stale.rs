@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kai_region::discovery::CACHE_FILE;
 
-use super::count_reclaimed;
+use super::Counts;
 use crate::agent::isolation::hostproc::HostProc;
 use crate::agent::state::ContainerView;
 
@@ -40,7 +40,7 @@ pub fn targets(views: &[ContainerView], containers_dir: &Path) -> Vec<Target> {
 /// Clears the dead slots of `targets`. Only host PIDs that `host` shows
 /// gone are cleared (never on doubt). Returns the slots cleared. Blocking
 /// (file I/O, a semaphore wait of at most [`LOCK_TIMEOUT`] per region).
-pub fn reclaim(targets: &[Target], host: &HostProc) -> u64 {
+pub fn reclaim(targets: &[Target], host: &HostProc, counts: &Counts) -> u64 {
     let mut cleared_slots = 0;
     for target in targets {
         match kai_region::reclaim::reclaim_dead_slots(&target.path, LOCK_TIMEOUT, |pid| {
@@ -53,7 +53,7 @@ pub fn reclaim(targets: &[Target], host: &HostProc) -> u64 {
                     .fold(0u64, |sum, slot| sum.saturating_add(slot.total()));
                 let slots = cleared.len() as u64;
                 cleared_slots += slots;
-                count_reclaimed(slots, bytes);
+                counts.reclaimed(slots, bytes);
                 let pids: Vec<i32> = cleared.iter().map(|s| s.hostpid).collect();
                 tracing::info!(pod = %target.pod, container = %target.container, slots, bytes, ?pids, "cleared the region slots of dead processes; libvgpu no longer charges their memory");
             }

@@ -140,9 +140,15 @@ fn created() -> Response<Body> {
     response
 }
 
-fn counter(name: &str, reason: Reason) -> u64 {
-    let mut out = String::new();
-    render_metrics(&mut out);
+/// A fresh recorder with the enforcement counters, as an agent has.
+fn counts() -> (Recorder, Counts) {
+    let recorder = Recorder::default();
+    let counts = Counts::register(&recorder);
+    (recorder, counts)
+}
+
+fn counter(recorder: &Recorder, name: &str, reason: Reason) -> u64 {
+    let out = recorder.render();
     let series = format!("{name}{{reason=\"{}\"}} ", reason.label());
     out.lines()
         .find_map(|l| l.strip_prefix(series.as_str()))
@@ -159,8 +165,7 @@ async fn a_refused_eviction_is_retried_with_backoff_until_accepted() {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     let shutdown = CancellationToken::new();
-    let before = counter("kai_isolator_evictions_total", Reason::OverCap);
-    let refused_before = counter("kai_isolator_eviction_refusals_total", Reason::OverCap);
+    let (recorder, counts) = counts();
     let enforcer = Enforcer::spawn(
         Policy::Evict,
         Some(client),
@@ -169,6 +174,7 @@ async fn a_refused_eviction_is_retried_with_backoff_until_accepted() {
             first: Duration::from_secs(5),
             max: Duration::from_secs(12),
         },
+        counts,
         shutdown.clone(),
     );
     let over = candidate("u-1", "trainer-0", Reason::OverCap);
@@ -222,12 +228,16 @@ async fn a_refused_eviction_is_retried_with_backoff_until_accepted() {
         "no second eviction"
     );
     assert_eq!(
-        counter("kai_isolator_evictions_total", Reason::OverCap),
-        before + 1
+        counter(&recorder, "kai_isolator_evictions_total", Reason::OverCap),
+        1
     );
     assert_eq!(
-        counter("kai_isolator_eviction_refusals_total", Reason::OverCap),
-        refused_before + 3
+        counter(
+            &recorder,
+            "kai_isolator_eviction_refusals_total",
+            Reason::OverCap
+        ),
+        3
     );
     shutdown.cancel();
 }
@@ -242,6 +252,7 @@ async fn a_pod_already_gone_or_no_longer_a_candidate_is_dropped() {
         Some(client),
         Notifier::disabled(),
         Backoff::default(),
+        counts().1,
         shutdown.clone(),
     );
     let gone = candidate("u-gone", "gone-0", Reason::UncappedNoLimit);
@@ -278,12 +289,13 @@ async fn dry_run_counts_once_and_calls_nothing() {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     let shutdown = CancellationToken::new();
-    let before = counter("kai_isolator_evictions_dry_run_total", Reason::NoRegion);
+    let (recorder, counts) = counts();
     let enforcer = Enforcer::spawn(
         Policy::DryRun,
         Some(client),
         Notifier::disabled(),
         Backoff::default(),
+        counts,
         shutdown.clone(),
     );
     let c = candidate("u-nr", "no-region-0", Reason::NoRegion);
@@ -293,8 +305,12 @@ async fn dry_run_counts_once_and_calls_nothing() {
     }
     assert!(futures_util::FutureExt::now_or_never(handle.next_request()).is_none());
     assert_eq!(
-        counter("kai_isolator_evictions_dry_run_total", Reason::NoRegion),
-        before + 1
+        counter(
+            &recorder,
+            "kai_isolator_evictions_dry_run_total",
+            Reason::NoRegion
+        ),
+        1
     );
     shutdown.cancel();
 }
