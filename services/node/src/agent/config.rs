@@ -213,7 +213,7 @@ impl Args {
         let pods = match (&self.static_pods, self.no_kube) {
             (Some(path), _) => PodsConfig::Static(path.clone()),
             (None, true) => PodsConfig::None,
-            (None, false) => match kube::Client::try_default().await {
+            (None, false) => match client().await {
                 Ok(client) => PodsConfig::Kube(client),
                 Err(error) => {
                     // Keep serving what the regions say; pods stay unnamed.
@@ -251,4 +251,18 @@ impl Args {
             }),
         })
     }
+}
+
+/// The in-cluster (or kubeconfig) client, without kube's built-in retry of
+/// 429/503/504. That layer retried an eviction refused by a
+/// PodDisruptionBudget up to 15 times, honouring the API server's
+/// Retry-After, inside one call: the agent's own refusal count and per-pod
+/// backoff never saw the 429, and every other eviction waited behind it
+/// (found against a real kube-apiserver, kind-tests/apiserver.sh). Every
+/// caller here retries on its own terms: the pod watch with the watcher's
+/// backoff, evictions per pod in `enforce::driver`, Events are best effort.
+async fn client() -> Result<kube::Client, kube::Error> {
+    let mut config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
+    config.default_retry = false;
+    kube::Client::try_from(config)
 }
