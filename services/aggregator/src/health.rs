@@ -61,13 +61,7 @@ impl Health {
     /// until `shutdown`, so an aggregator nobody scrapes does not pile up
     /// samples.
     pub async fn upkeep(&self, shutdown: CancellationToken) {
-        let mut every = tokio::time::interval(kai_exposition::UPKEEP_EVERY);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                _ = every.tick() => self.recorder.run_upkeep(),
-            }
-        }
+        self.recorder.keep_up_until(shutdown.cancelled()).await;
     }
 
     /// The counted series, in the text format.

@@ -128,6 +128,20 @@ impl Recorder {
     pub fn run_upkeep(&self) {
         self.handle.run_upkeep();
     }
+
+    /// Runs [`Recorder::run_upkeep`] every [`UPKEEP_EVERY`] until `stop`
+    /// completes (a service passes its shutdown's `cancelled()`), so the
+    /// samples of a server nobody scrapes do not pile up.
+    pub async fn keep_up_until(&self, stop: impl std::future::Future<Output = ()>) {
+        let mut every = tokio::time::interval(UPKEEP_EVERY);
+        let mut stop = std::pin::pin!(stop);
+        loop {
+            tokio::select! {
+                () = &mut stop => break,
+                _ = every.tick() => self.run_upkeep(),
+            }
+        }
+    }
 }
 
 fn key(name: &'static str, labels: &[(&'static str, &str)]) -> Key {

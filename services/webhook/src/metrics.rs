@@ -140,13 +140,7 @@ impl Metrics {
     /// until `shutdown`, so the samples of a webhook nobody scrapes do not
     /// pile up.
     pub async fn upkeep(&self, shutdown: CancellationToken) {
-        let mut every = tokio::time::interval(kai_exposition::UPKEEP_EVERY);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                _ = every.tick() => self.recorder.run_upkeep(),
-            }
-        }
+        self.recorder.keep_up_until(shutdown.cancelled()).await;
     }
 }
 

@@ -262,7 +262,9 @@ impl Args {
 /// caller here retries on its own terms: the pod watch with the watcher's
 /// backoff, evictions per pod in `enforce::driver`, Events are best effort.
 async fn client() -> Result<kube::Client, kube::Error> {
-    let mut config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
+    let mut config = kube::Config::infer()
+        .await
+        .map_err(kube::Error::InferConfig)?;
     config.default_retry = false;
     kube::Client::try_from(config)
 }
