@@ -17,7 +17,6 @@ import re
 import signal
 import socket
 import ssl
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -141,16 +140,6 @@ def http_get(url, timeout=5):
     c.request("GET", "/" + rest)
     r = c.getresponse()
     return r.status, r.read().decode()
-
-
-def metric(url, name, labels=""):
-    """The value of one series in a Prometheus text page (0 when absent)."""
-    _, text = http_get(url)
-    want = f"{name}{{{labels}}}" if labels else name
-    for line in text.splitlines():
-        if line.startswith(want + " "):
-            return float(line.split()[-1])
-    return 0.0
 
 
 def start(name, argv, env=None):
@@ -493,7 +482,6 @@ def start_webhook():
                                (r"^--tls-cert-file=.*", f"--tls-cert-file={tls}/tls.crt"),
                                (r"^--tls-private-key-file=.*", f"--tls-private-key-file={tls}/tls.key"),
                                (r"^--log-format=.*", "--log-format=plain")])
-    WEBHOOK["metrics"] = f"http://{NODE_IP}:{port}"
     start("webhook", [os.path.join(TARGET, "kai-webhook"), *args], env=chart_env(c))
     ctx = ssl.create_default_context(cafile=os.path.join(tls, "ca.crt"))
     ctx.check_hostname = False
@@ -863,7 +851,6 @@ def components():
         eventually("evicted once the PDB is gone (retried)", evicted, timeout=90)
         evicted = series(AGENT["metrics_url"] + "/metrics", "kai_isolator_evictions_total")
         assert sum(evicted.values()) == 1, evicted
-        AGENT["events"] = len(events_for("gpu-job"))
     check("enforce=evict: Warning Event, a PDB makes the Eviction API answer 429 (counted, retried), then evicted", pdb_then_evict)
 
     check("aggregator with its ServiceAccount token discovers the agent pod and serves its containers", aggregator)
