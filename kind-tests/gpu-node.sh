@@ -12,12 +12,14 @@
 # Inputs (environment):
 #   KAI_NODE      release kai-node built elsewhere (default: target/gpu-tier/kai-node,
 #                 else target/release/kai-node)
-#   HAMI_TAR      HAMi-core source (default: target/gpu-tier/hami-core-02279deb.tar.zst,
+#   HAMI_TAR      HAMi-core source, .tar or .tar.zst (default: target/gpu-tier/hami-core-02279deb.tar[.zst],
 #                 else ../shared/hami-core-02279deb.tar.zst)
 #   RESULTS_DIR   where results go (default: $OUT when set, else target/gpu-tier/results)
 #   CUDA_HOME     toolkit with include/cuda.h and include/nvml.h (default: from nvcc)
 #   NVML_LIBRARY  (default libnvidia-ml.so.1)   DEVICE  CUDA ordinal (default 0)
 #   PYTHON        interpreter with torch (default python3)
+#   CUDA_EXTRA_INCLUDE  a folder with cuda.h/nvml.h for a toolkit that lacks them
+#                 (default: target/gpu-tier/cuda-include when it exists)
 #   LIBVGPU       an already built libvgpu.so: skips the build (for a rerun, or
 #                 to rehearse the script without a GPU against kai-node's test fakes)
 # Exit 0 when both selftests pass and PyTorch was refused past the cap (or
@@ -28,10 +30,11 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 pick() { for f in "$@"; do [ -e "$f" ] && { echo "$f"; return; }; done; echo "$1"; }
 KAI_NODE=${KAI_NODE:-$(pick "$ROOT/target/gpu-tier/kai-node" "$ROOT/target/release/kai-node")}
-HAMI_TAR=${HAMI_TAR:-$(pick "$ROOT/target/gpu-tier/hami-core-02279deb.tar.zst" "$ROOT/../shared/hami-core-02279deb.tar.zst")}
+HAMI_TAR=${HAMI_TAR:-$(pick "$ROOT/target/gpu-tier/hami-core-02279deb.tar" "$ROOT/target/gpu-tier/hami-core-02279deb.tar.zst" "$ROOT/../shared/hami-core-02279deb.tar.zst")}
 RESULTS_DIR=${RESULTS_DIR:-${OUT:-$ROOT/target/gpu-tier/results}}
 NVML_LIBRARY=${NVML_LIBRARY:-libnvidia-ml.so.1}
 DEVICE=${DEVICE:-0}
+[ -d "$ROOT/target/gpu-tier/cuda-include" ] && CUDA_EXTRA_INCLUDE=${CUDA_EXTRA_INCLUDE:-$ROOT/target/gpu-tier/cuda-include}
 PYTHON=${PYTHON:-python3}
 WORK=$(mktemp -d /tmp/kai-gpu-tier.XXXXXX)
 MOUNT=$WORK/vgpu            # the CONTAINER_VGPU_MOUNT of the PyTorch "container"
@@ -75,12 +78,28 @@ else
   log "building libvgpu.so from $(basename "$HAMI_TAR")"
   (
     set -e
-    zstd -dc "$HAMI_TAR" | tar x -C "$WORK"
-    for h in cuda.h nvml.h; do [ -f "$CUDA_HOME/include/$h" ] || { echo "missing $CUDA_HOME/include/$h"; exit 1; }; done
+    case $HAMI_TAR in *.zst) zstd -dc "$HAMI_TAR" | tar x -C "$WORK" ;; *) tar xf "$HAMI_TAR" -C "$WORK" ;; esac
+    # Headers: the toolkit's, else CUDA_EXTRA_INCLUDE (cuda.h/nvml.h of the
+    # driver's CUDA major, carried in; an image's toolkit may lack nvml.h).
+    INC=
+    for h in cuda.h nvml.h; do
+      if [ -f "$CUDA_HOME/include/$h" ]; then :
+      elif [ -n "${CUDA_EXTRA_INCLUDE:-}" ] && [ -f "$CUDA_EXTRA_INCLUDE/$h" ]; then INC="-I$CUDA_EXTRA_INCLUDE"; echo "$h from $CUDA_EXTRA_INCLUDE"
+      else echo "missing $CUDA_HOME/include/$h (and no CUDA_EXTRA_INCLUDE holding it)"; exit 1; fi
+    done
     # Only the library is needed; its tests want more of the toolkit.
     sed -i '/add_subdirectory(test)/d' "$SRC/CMakeLists.txt"
-    # Link against the toolkit's stubs: the driver may ship only libcuda.so.1.
-    LDFLAGS="-L$CUDA_HOME/lib64/stubs -L$CUDA_HOME/lib64" cmake -S "$SRC" -B "$BUILD" \
+    # -lcuda -lnvidia-ml: the toolkit's stubs when it has them, else the
+    # driver's own libraries (which ship only as .so.1) through a link folder.
+    LINK=$WORK/link; mkdir -p "$LINK"
+    for l in cuda nvidia-ml; do
+      for d in "$CUDA_HOME/lib64/stubs" "$CUDA_HOME/lib64" "$CUDA_HOME/targets/x86_64-linux/lib/stubs"; do
+        [ -e "$d/lib$l.so" ] && { ln -sf "$d/lib$l.so" "$LINK/lib$l.so"; break; }
+      done
+      [ -e "$LINK/lib$l.so" ] || { so=$(ldconfig -p | awk -v n="lib$l.so.1" '$1==n {print $NF; exit}'); [ -n "$so" ] && ln -sf "$so" "$LINK/lib$l.so"; }
+      echo "lib$l.so -> $(readlink "$LINK/lib$l.so" || echo MISSING)"
+    done
+    CFLAGS="$INC" LDFLAGS="-L$LINK" cmake -S "$SRC" -B "$BUILD" \
       -DDLSYM_HOOK_ENABLE=1 -DMULTIPROCESS_LIMIT_ENABLE=1 -DHOOK_MEMINFO_ENABLE=1 -DHOOK_NVML_ENABLE=1 \
       -DCMAKE_BUILD_TYPE=Debug -DCMAKE_POLICY_VERSION_MINIMUM=3.5
     make -C "$BUILD" -j"$(nproc)" vgpu
@@ -119,7 +138,7 @@ TORCH_RC=0
 if "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   log "PyTorch: 2 GiB then 4 GiB more under a 4 GiB cap"
   mkfifo "$WORK/torch.in"
-  cat > "$WORK/torch.py" <<'PY'
+  cat > "$WORK/tier_torch.py" <<'PY'
 import json, os, sys, torch
 GiB = 1 << 30
 r = {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "pid": os.getpid()}
@@ -140,7 +159,7 @@ print(json.dumps(r), flush=True)
 sys.stdin.readline()  # hold the 2 GiB until the agent has read the region
 PY
   LD_PRELOAD=$LIB CUDA_DEVICE_MEMORY_LIMIT=4096m CONTAINER_VGPU_MOUNT=$MOUNT POD_UID=gpu-tier CONTAINER_NAME=torch \
-  CUDA_VISIBLE_DEVICES=$DEVICE "$PYTHON" "$WORK/torch.py" < "$WORK/torch.in" \
+  CUDA_VISIBLE_DEVICES=$DEVICE "$PYTHON" "$WORK/tier_torch.py" < "$WORK/torch.in" \
     > "$RESULTS_DIR/torch.json" 2> "$RESULTS_DIR/torch.stderr" &
   TORCH_PID=$!
   exec 7> "$WORK/torch.in"   # keeps the child waiting until fd 7 closes

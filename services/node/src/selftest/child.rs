@@ -122,6 +122,8 @@ pub fn run(device: i32, hold: u64, over: u64) -> i32 {
             return 3;
         }
     };
+    // The parent applies the same rule to what it checks (`size::hold_bytes`).
+    let hold = crate::selftest::size::hold_bytes(hold, free);
     emit(&Event::Ready {
         device: DeviceInfo {
             ordinal: device.ordinal,

@@ -11,7 +11,7 @@
 //!    cap's doing); with NVML, that such an uncapped process is visible as
 //!    one the agent would report escaped;
 //! 2. *capped*, with `LD_PRELOAD=<library>` and `CUDA_DEVICE_MEMORY_LIMIT`:
-//!    half the cap must be allocated, `cuMemGetInfo` must show the cap, the
+//!    half the cap (less where the CUDA context leaves less room: `size::hold_bytes`) must be allocated, `cuMemGetInfo` must show the cap, the
 //!    region must hold the cap, the usage and the process's host PID, the
 //!    agent's classification must be "capped", and the cap again on top
 //!    must fail with out-of-memory;

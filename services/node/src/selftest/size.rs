@@ -32,6 +32,16 @@ pub fn parse_cap(text: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+/// What a capped child holds: the amount wanted (half the cap), but never
+/// more than three quarters of what `cuMemGetInfo` leaves free under the cap. libvgpu
+/// counts the CUDA context against the cap, and a context is large on big
+/// devices (518 MiB on an H200 with CUDA 13, docs/gpu-verification.md): under
+/// a 1 GiB cap only about 506 MiB remain, so half the cap would be refused
+/// for a reason that is not the check's. Whole MiB, as the cap.
+pub fn hold_bytes(wanted: u64, free: u64) -> u64 {
+    wanted.min(free / 4 * 3 / MIB * MIB)
+}
+
 /// The value of `CUDA_DEVICE_MEMORY_LIMIT` for `cap` bytes.
 pub fn limit_env(cap: u64) -> String {
     format!("{}m", cap / MIB)
@@ -53,6 +63,16 @@ mod tests {
         assert!(parse_cap("Gi").is_err());
         assert!(parse_cap("1").is_err(), "below 2 MiB");
         assert!(parse_cap("99999999999999999999Gi").is_err());
+    }
+
+    #[test]
+    fn the_hold_leaves_room_for_the_context() {
+        // H200, CUDA 13, 1 GiB cap: 506 MiB free after the context.
+        assert_eq!(hold_bytes(512 << 20, 530_579_456), 379 << 20);
+        // 4 GiB cap: 3.49 GiB free; half the cap fits.
+        assert_eq!(hold_bytes(2 << 30, 3_751_804_928), 2 << 30);
+        assert_eq!(hold_bytes(2 << 30, 8 << 30), 2 << 30);
+        assert_eq!(hold_bytes(2 << 30, 0), 0);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use crate::selftest::checks;
 use crate::selftest::child::{DeviceInfo, Event, Outcome, Step};
 use crate::selftest::probe::Probe;
 use crate::selftest::report::Status;
-use crate::selftest::size::human;
+use crate::selftest::size::{self, human};
 
 impl Run<'_> {
     /// Phase 2: the library preloaded with the cap.
@@ -18,6 +18,9 @@ impl Run<'_> {
             Ok(Event::Ready { free, total, .. }) => {
                 self.report.figure("capped_meminfo_free_bytes", free);
                 self.report.figure("capped_meminfo_total_bytes", total);
+                // The child holds no more than the context leaves room for.
+                self.hold = size::hold_bytes(self.hold, free);
+                self.report.figure("capped_hold_bytes", self.hold);
                 let (s, d) = checks::meminfo_total(total, cap, device.total);
                 self.report.check("meminfo-shows-cap", s, d);
                 None
