@@ -764,35 +764,66 @@ def rbac_lists():
 
 
 AGENT = {}
+# The GPU processes of the node, as the fake NVML reports them and the fake
+# host /proc places them in pods: host PID -> (pod UID, NVML MiB or None).
+# The agent evicts only on NVML's measurement of a pod's own process.
+MY_PID, OTHER_PID = 4100, 4200
+GPU_UUID = "GPU-a0000000-0000-4000-8000-000000000000"
+
+
+def fake_nvml_library():
+    for d in (TARGET, os.path.join(TARGET, "deps")):
+        lib = os.path.join(d, "libkai_fake_nvml.so")
+        if os.path.isfile(lib):
+            return lib
+    raise SystemExit(f"libkai_fake_nvml.so not in {TARGET} or its deps/ (cargo build -p kai-fake-nvml, or run the tests first)")
+
+
+def node_processes(procs):
+    """Writes the fake host /proc and the fake NVML's processes."""
+    for pid, (uid, _) in procs.items():
+        os.makedirs(os.path.join(AGENT["proc"], str(pid)), exist_ok=True)
+        with open(os.path.join(AGENT["proc"], str(pid), "cgroup"), "w") as f:
+            f.write(f"0::/kubepods/burstable/pod{uid}/{'ab' * 32}\n")
+    gpu = {"uuid": GPU_UUID, "name": "NVIDIA H100 80GB HBM3", "total": 80 << 30, "used": 0,
+           "processes": [{"pid": pid, "used": mib << 20} for pid, (_, mib) in procs.items() if mib is not None]}
+    with open(AGENT["nvml_config"] + ".tmp", "w") as f:
+        json.dump({"driver": "550.54.15", "devices": [gpu]}, f)
+    os.replace(AGENT["nvml_config"] + ".tmp", AGENT["nvml_config"])
 
 
 def start_agent(node=NODES[0]):
-    """The chart's node-agent container, run here as its ServiceAccount."""
+    """The chart's node-agent container, run here as its ServiceAccount,
+    with a fake NVML and a fake host /proc (this machine has no GPU)."""
     c = container_of("daemonset", f"{FULL}-node", "agent")
     grpc_port, metrics_port = AGENT.setdefault("grpc", free_port(NODE_IP)), AGENT.setdefault("metrics", free_port())
     containers = os.path.join(HOST, "usr/local/vgpu/containers")
     os.makedirs(containers, exist_ok=True)
+    AGENT["proc"] = os.path.join(HOST, "proc")
+    AGENT["nvml_config"] = os.path.join(HOST, "nvml.json")
+    node_processes({})
     args = rewrite(c["args"], [(r"^--containers-dir=.*", f"--containers-dir={containers}"),
                                (r"^--grpc-listen=.*", f"--grpc-listen={NODE_IP}:{grpc_port}"),
                                (r"^--metrics-listen=.*", f"--metrics-listen=127.0.0.1:{metrics_port}"),
-                               (r"^--host-proc=.*", "--host-proc=/proc"),
+                               (r"^--host-proc=.*", f"--host-proc={AGENT['proc']}"),
+                               (r"^--nvml-library=.*", f"--nvml-library={fake_nvml_library()}"),
                                (r"^--log-format=.*", "--log-format=plain")])
     env = chart_env(c, NODE_NAME=node, POD_NAME=f"{FULL}-node-test")
     env["KUBECONFIG"] = sa_kubeconfig(f"{FULL}-node")
-    env["NO_NVML"] = "true"
+    env["FAKE_NVML_CONFIG"] = AGENT["nvml_config"]
     AGENT["metrics_url"] = f"http://127.0.0.1:{metrics_port}"
     AGENT["containers"] = containers
     start("agent", [os.path.join(TARGET, "kai-node"), *args], env=env)
     eventually("agent ready (pod watch synced)", lambda: http_get(AGENT["metrics_url"] + "/readyz")[0] == 200, timeout=60)
 
 
-def write_region(uid, container, limit_mib, used_mib):
+def write_region(uid, container, limit_mib, used_mib, pid=MY_PID):
     run(os.path.join(TARGET, "kai-node"), "write-region", "--containers-dir", AGENT["containers"], "--pod-uid", uid,
-        "--container", container, "--gpu-uuid", "GPU-a0000000-0000-4000-8000-000000000000",
+        "--container", container, "--gpu-uuid", GPU_UUID,
         "--limit-mib", str(limit_mib), "--used-mib", str(used_mib),
-        # A live host PID (this test's): the slot counts as live usage, not
-        # as the stale charge of a dead process.
-        "--pid", str(os.getpid()))
+        # A live host PID (the fake /proc has it): the slot counts as live
+        # usage, not as the stale charge of a dead process.
+        "--pid", str(pid))
 
 
 def grpc_containers(port=None, namespace=TENANT):
@@ -817,8 +848,9 @@ def components():
         other = create(pod("gpu-job-other-node", {"gpu-memory": "1024"}, node=NODES[1]))
         AGENT["uid"] = mine["metadata"]["uid"]
         kubelet_reports_running("gpu-job", TENANT)
+        node_processes({MY_PID: (mine["metadata"]["uid"], 512), OTHER_PID: (other["metadata"]["uid"], None)})
         write_region(mine["metadata"]["uid"], "main", 1024, 512)
-        write_region(other["metadata"]["uid"], "main", 1024, 512)
+        write_region(other["metadata"]["uid"], "main", 1024, 512, pid=OTHER_PID)
         listed = eventually("the agent names the pod from the API server",
                             lambda: [c for c in grpc_containers() if c["pod"] == "gpu-job"], timeout=60)
         assert listed[0]["isolationState"] == "ISOLATION_STATE_CAPPED", listed
@@ -838,7 +870,10 @@ def components():
         eventually("the PDB counts the running pod and allows no disruption", protecting)
         refusals = lambda: sum(v for k, v in series(AGENT["metrics_url"] + "/metrics", "kai_isolator_eviction_refusals_total").items())
         before = refusals()
-        write_region(AGENT["uid"], "main", 1024, 4096)  # far over cap + margin
+        # Far over cap + margin, in the region and as NVML measures the
+        # pod's own process (the evidence an eviction needs).
+        node_processes({MY_PID: (AGENT["uid"], 4096)})
+        write_region(AGENT["uid"], "main", 1024, 4096)
         eventually("a Warning Event from the agent", lambda: [e for e in events_for("gpu-job") if e["type"] == "Warning"], timeout=60)
         eventually("the Eviction API answered 429 (PDB) and the agent counted it", lambda: refusals() > before, timeout=60)
         assert not kjson("get", "pod", "gpu-job", "-n", TENANT)["metadata"].get("deletionTimestamp"), "evicted through a PDB"

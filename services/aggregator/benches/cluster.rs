@@ -376,7 +376,7 @@ fn floor_page(nodes: &[NodeEntry], health: &Health, now: u64, out: &mut String) 
     header(
         out,
         name,
-        "1 for the container's isolation state: capped, uncapped_no_limit, no_region, over_cap or pending.",
+        "1 for the container's isolation state: capped, uncapped_no_limit, no_region, over_cap, pending, above_grant or forged.",
     );
     for c in containers() {
         out.push_str(name);

@@ -66,6 +66,8 @@ pub enum State {
     NoRegion,
     OverCap,
     Pending,
+    AboveGrant,
+    Forged,
     Unknown,
 }
 
@@ -77,6 +79,8 @@ impl State {
             "ISOLATION_STATE_NO_REGION" => Self::NoRegion,
             "ISOLATION_STATE_OVER_CAP" => Self::OverCap,
             "ISOLATION_STATE_PENDING" => Self::Pending,
+            "ISOLATION_STATE_ABOVE_GRANT" => Self::AboveGrant,
+            "ISOLATION_STATE_FORGED" => Self::Forged,
             _ => Self::Unknown,
         }
     }
@@ -89,13 +93,22 @@ impl State {
             Self::NoRegion => "no_region",
             Self::OverCap => "over_cap",
             Self::Pending => "pending",
+            Self::AboveGrant => "above_grant",
+            Self::Forged => "forged",
             Self::Unknown => "unknown",
         }
     }
 
     /// The cap does not hold (what `why` exits non-zero for).
     pub fn is_breach(self) -> bool {
-        matches!(self, Self::UncappedNoLimit | Self::NoRegion | Self::OverCap)
+        matches!(
+            self,
+            Self::UncappedNoLimit
+                | Self::NoRegion
+                | Self::OverCap
+                | Self::AboveGrant
+                | Self::Forged
+        )
     }
 
     /// What to do, from docs/isolation.md.
@@ -112,6 +125,12 @@ impl State {
                 "the cap does not hold for this workload: find the process in the container's process slots (-o yaml) and report it with the libvgpu version"
             }
             Self::Pending => "nothing: libvgpu is between cuInit and device setup",
+            Self::AboveGrant => {
+                "the container's cap is above its pod's grant: something in the container set its own CUDA_DEVICE_MEMORY_LIMIT. Check the webhook is serving this namespace (it replaces a tenant's value), then recreate the pod"
+            }
+            Self::Forged => {
+                "the region names processes of another pod: a tenant wrote it. The agent ignores it; find the pod that owns the named PIDs (Events on this pod say which)"
+            }
             Self::Unknown => {
                 "upgrade kubectl-vgpu: the aggregator reports a state it does not know"
             }

@@ -68,6 +68,8 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
                 id: support::container_id(SHARING),
                 started_at: Some(support::MAIN_STARTED_AT),
             }],
+            // gpu-memory: 4096 is what KAI granted.
+            grant: Some(kai_vocab::annotations::Grant::MemoryMib(4096)),
         })
     );
     assert!(matches!(

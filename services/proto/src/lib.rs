@@ -8,7 +8,8 @@ pub mod v1 {
 
 impl v1::IsolationState {
     /// Short lower-case name for metric labels and logs: `capped`,
-    /// `uncapped_no_limit`, `no_region`, `over_cap`, `pending`.
+    /// `uncapped_no_limit`, `no_region`, `over_cap`, `pending`,
+    /// `above_grant`, `forged`.
     pub fn label(self) -> &'static str {
         match self {
             Self::Unspecified => "unspecified",
@@ -17,6 +18,8 @@ impl v1::IsolationState {
             Self::NoRegion => "no_region",
             Self::OverCap => "over_cap",
             Self::Pending => "pending",
+            Self::AboveGrant => "above_grant",
+            Self::Forged => "forged",
         }
     }
 }

@@ -16,3 +16,70 @@ pub const ANNOTATION_GPU_CORES: &str = "kai-resource-isolator.io/gpu-cores";
 /// Either marks a KAI GPU-sharing pod: the webhook injects into such pods
 /// and the node agent expects a region from them.
 pub const SHARING_ANNOTATIONS: [&str; 2] = [ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY];
+
+/// What KAI granted a sharing pod, from its annotations: the limit its
+/// binder gives libvgpu is derived from this, so a region whose cap is
+/// above it was raised by someone else (docs/security.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Grant {
+    /// `gpu-memory`: MiB of every device the pod gets.
+    MemoryMib(u64),
+    /// `gpu-fraction`: this share of each device's memory, in millionths
+    /// (0 < f ≤ 1 000 000; an integer so the grant compares exactly).
+    FractionPpm(u32),
+}
+
+impl Grant {
+    /// The grant of a pod with these annotation values; `gpu-memory` wins
+    /// (KAI rejects a pod with both). `None` when neither parses: KAI
+    /// rejects such a pod, and nothing is claimed about it.
+    pub fn of(gpu_memory: Option<&str>, gpu_fraction: Option<&str>) -> Option<Self> {
+        if let Some(mib) = gpu_memory.and_then(|v| v.trim().parse::<u64>().ok()) {
+            return (mib > 0).then_some(Self::MemoryMib(mib));
+        }
+        gpu_fraction
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|f| f.is_finite() && *f > 0.0 && *f <= 1.0)
+            .map(|f| Self::FractionPpm(((f * 1e6).round() as u32).max(1)))
+    }
+
+    /// The bytes granted on a device of `device_total` bytes; `None` for a
+    /// fraction when the device's size is unknown.
+    pub fn bytes(self, device_total: Option<u64>) -> Option<u64> {
+        match self {
+            Self::MemoryMib(mib) => Some(mib.saturating_mul(1 << 20)),
+            Self::FractionPpm(ppm) => {
+                device_total.map(|t| (u128::from(t) * u128::from(ppm) / 1_000_000) as u64)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grants_as_kai_writes_them() {
+        assert_eq!(Grant::of(Some("4096"), None), Some(Grant::MemoryMib(4096)));
+        assert_eq!(
+            Grant::of(None, Some("0.5")),
+            Some(Grant::FractionPpm(500_000))
+        );
+        assert_eq!(
+            Grant::of(Some("2048"), Some("0.5")),
+            Some(Grant::MemoryMib(2048))
+        );
+        assert_eq!(Grant::of(Some("0"), None), None);
+        assert_eq!(Grant::of(Some("lots"), None), None);
+        assert_eq!(Grant::of(None, Some("1.5")), None);
+        assert_eq!(Grant::of(None, Some("NaN")), None);
+        assert_eq!(Grant::of(None, None), None);
+        assert_eq!(Grant::MemoryMib(4096).bytes(None), Some(4 << 30));
+        assert_eq!(
+            Grant::FractionPpm(250_000).bytes(Some(80 << 30)),
+            Some(20 << 30)
+        );
+        assert_eq!(Grant::FractionPpm(250_000).bytes(None), None);
+    }
+}

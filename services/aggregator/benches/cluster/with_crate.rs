@@ -203,7 +203,7 @@ impl Collector for PageCollector {
         gauge(
             e,
             "kai_isolator_container_isolation_state",
-            "1 for the container's isolation state: capped, uncapped_no_limit, no_region, over_cap or pending.",
+            "1 for the container's isolation state: capped, uncapped_no_limit, no_region, over_cap, pending, above_grant or forged.",
             |sample| {
                 for c in nodes.iter().flat_map(|n| n.containers.iter()) {
                     sample(

@@ -184,6 +184,7 @@ pub(crate) mod tests {
                         sharing: true,
                         gpu_container: Some("main".into()),
                         running: Vec::new(),
+                        grant: None,
                     }),
                     snapshot: decode(&bytes).expect("decodes"),
                     observed_at_ms: 1,

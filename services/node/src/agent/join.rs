@@ -61,6 +61,7 @@ mod tests {
             sharing,
             gpu_container: Some("main".into()),
             running: Vec::new(),
+            grant: None,
         }
     }
 

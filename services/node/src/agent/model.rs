@@ -5,6 +5,7 @@
 use kai_proto::v1::IsolationState;
 use kai_region::RegionSnapshot;
 use kai_region::discovery::ContainerKey;
+pub use kai_vocab::annotations::Grant;
 
 /// The pod a region belongs to, as the API server (or a static file) says.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,6 +19,9 @@ pub struct PodMeta {
     pub gpu_container: Option<String>,
     /// Containers that are running, from the pod status.
     pub running: Vec<RunningContainer>,
+    /// What KAI granted the pod (`gpu-memory` / `gpu-fraction`); a region
+    /// cap above it is `above_grant`.
+    pub grant: Option<Grant>,
 }
 
 /// A running container of a pod.
@@ -96,6 +100,10 @@ pub struct Isolation {
     pub near_cap: Vec<String>,
     /// Slots holding usage whose process is gone.
     pub stale_slots: u32,
+    /// NVML's measurement of the pod's own processes that shows the cap
+    /// (or grant) does not hold; `None` when NVML shows no breach or
+    /// cannot say. Evictions need it: region contents alone never evict.
+    pub evidence: Option<String>,
 }
 
 impl Default for Isolation {
@@ -105,6 +113,7 @@ impl Default for Isolation {
             reason: String::new(),
             near_cap: Vec::new(),
             stale_slots: 0,
+            evidence: None,
         }
     }
 }

@@ -115,6 +115,21 @@ impl Devices {
         Ok(out)
     }
 
+    /// Each device's memory in bytes by UUID (what a `gpu-fraction` grant
+    /// is a share of). Empty without NVML; a device that fails is left out.
+    pub fn totals(&self) -> Vec<(String, u64)> {
+        let Ok(nvml) = &self.nvml else {
+            return Vec::new();
+        };
+        let count = nvml.device_count().unwrap_or(0);
+        (0..count)
+            .filter_map(|index| {
+                let device = nvml.device_by_index(index).ok()?;
+                Some((device.uuid().ok()?, device.memory_info().ok()?.total))
+            })
+            .collect()
+    }
+
     /// Reads every device; a device that fails to answer is skipped with a log line.
     pub fn list(&self) -> Vec<HostDevice> {
         let Ok(nvml) = &self.nvml else {

@@ -10,7 +10,10 @@ use std::sync::Arc;
 
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use kai_vocab::annotations::{ANNOTATION_CONTAINER_NAME, SHARING_ANNOTATIONS};
+use kai_vocab::annotations::{
+    ANNOTATION_CONTAINER_NAME, ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY, Grant,
+    SHARING_ANNOTATIONS,
+};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -62,6 +65,11 @@ struct StaticPod {
     gpu_container: Option<String>,
     #[serde(default)]
     running: Vec<RunningContainer>,
+    /// KAI's `gpu-memory` / `gpu-fraction` annotation values.
+    #[serde(default)]
+    gpu_memory: Option<String>,
+    #[serde(default)]
+    gpu_fraction: Option<String>,
 }
 
 fn yes() -> bool {
@@ -87,7 +95,7 @@ pub enum PodSourceError {
 
 impl PodSource {
     /// Loads a JSON array of `{uid, namespace, name[, sharing,
-    /// gpu_container, running: [{name, id, started_at}]]}`.
+    /// gpu_container, gpu_memory, gpu_fraction, running: [{name, id, started_at}]]}`.
     pub fn from_static_file(path: &Path) -> Result<Self, PodSourceError> {
         let text = std::fs::read_to_string(path).map_err(|source| PodSourceError::Read {
             path: path.to_owned(),
@@ -109,6 +117,7 @@ impl PodSource {
                             sharing: p.sharing,
                             gpu_container: p.gpu_container,
                             running: p.running,
+                            grant: Grant::of(p.gpu_memory.as_deref(), p.gpu_fraction.as_deref()),
                         },
                     )
                 })
@@ -260,6 +269,10 @@ fn meta_of(pod: &Pod) -> PodMeta {
             .iter()
             .any(|a| annotations.is_some_and(|m| m.contains_key(*a))),
         gpu_container: annotation(ANNOTATION_CONTAINER_NAME).or(first),
+        grant: Grant::of(
+            annotation(ANNOTATION_GPU_MEMORY).as_deref(),
+            annotation(ANNOTATION_GPU_FRACTION).as_deref(),
+        ),
         running: pod
             .status
             .as_ref()

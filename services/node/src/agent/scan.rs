@@ -59,6 +59,7 @@ pub(super) async fn poll(
     let mut tick = tokio::time::interval(config.scan_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut orphans = Orphans::default();
+    let mut device_totals: Vec<(String, u64)> = Vec::new();
     let mut assessor = isolation::Assessor::new(config.isolation.clone());
     let host = config
         .host_proc
@@ -77,14 +78,25 @@ pub(super) async fn poll(
         let listing = store::Listing::from(dir_watch.changes_since_last_asked());
         let scan_store = store.clone();
         let scan_devices = devices.clone();
-        let (scan, corrupt, gpu_processes) = tokio::task::spawn_blocking(move || {
+        let known_totals = !device_totals.is_empty();
+        let (scan, corrupt, gpu_processes, totals) = tokio::task::spawn_blocking(move || {
             let mut store = scan_store.lock().unwrap_or_else(|p| p.into_inner());
             let scan = store.scan(&listing);
             // NVML blocks too; read the processes right after the regions so
-            // both describe the same moment.
-            (scan, store.corrupt_total(), scan_devices.processes())
+            // both describe the same moment. A device's size never changes:
+            // read once.
+            let totals = (!known_totals).then(|| scan_devices.totals());
+            (
+                scan,
+                store.corrupt_total(),
+                scan_devices.processes(),
+                totals,
+            )
         })
         .await?;
+        if let Some(totals) = totals {
+            device_totals = totals;
+        }
 
         // One reading of the join state per scan, so what is published and
         // whether orphans were swept always agree.
@@ -104,6 +116,12 @@ pub(super) async fn poll(
                 sharing_pods: &sharing_pods,
                 lookup: &lookup,
                 gpu_processes: gpu_processes.as_deref().map_err(String::as_str),
+                device_total: &|uuid| {
+                    device_totals
+                        .iter()
+                        .find(|(u, _)| u == uuid)
+                        .map(|(_, total)| *total)
+                },
                 host: host.as_ref().map(|h| h as &dyn HostPids),
                 now_ms: kai_runtime::unix_ms(),
                 defer_unnamed: kube_status.settling(),

@@ -202,6 +202,7 @@ impl Run<'_> {
             sharing_pods: &[],
             lookup: &lookup,
             gpu_processes: Err("not used by the selftest"),
+            device_total: &|_| None,
             host: Some(&self.host),
             now_ms,
             defer_unnamed: false,

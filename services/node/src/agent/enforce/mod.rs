@@ -39,14 +39,16 @@ pub enum Policy {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Reason {
     OverCap,
+    AboveGrant,
     UncappedNoLimit,
     NoRegion,
     EscapedProcess,
 }
 
 impl Reason {
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 5] = [
         Self::OverCap,
+        Self::AboveGrant,
         Self::UncappedNoLimit,
         Self::NoRegion,
         Self::EscapedProcess,
@@ -56,6 +58,7 @@ impl Reason {
     pub fn label(self) -> &'static str {
         match self {
             Self::OverCap => "over_cap",
+            Self::AboveGrant => "above_grant",
             Self::UncappedNoLimit => "uncapped_no_limit",
             Self::NoRegion => "no_region",
             Self::EscapedProcess => "escaped_process",
@@ -79,11 +82,14 @@ pub struct Candidate {
 }
 
 /// The pods one assessment says should go: sharing containers
-/// `uncapped_no_limit` or `over_cap` (the margin is applied by the
-/// assessment), `no_region` past its grace (only reported past it), and the
-/// pod of an escaped GPU process whose owner was identified. A container
-/// whose pod is not known (yet) is never a candidate. One per pod, the
-/// reason by [`Reason`]'s order; sorted by namespace and name.
+/// `over_cap`, `above_grant` or `uncapped_no_limit` *with NVML's evidence*
+/// (the pod's own processes measured past the cap or grant, or using an
+/// uncapped GPU: a tenant can write any region, so its contents alone never
+/// evict), `no_region` past its grace (only reported past it), and the pod
+/// of an escaped GPU process whose owner was identified. A `forged` region
+/// evicts nobody. A container whose pod is not known (yet) is never a
+/// candidate. One per pod, the reason by [`Reason`]'s order; sorted by
+/// namespace and name.
 pub fn candidates(
     views: &[ContainerView],
     missing: &[MissingRegion],
@@ -94,8 +100,12 @@ pub fn candidates(
         let Some(pod) = &view.pod else { continue };
         let reason = match view.isolation.state {
             IsolationState::OverCap => Reason::OverCap,
+            IsolationState::AboveGrant => Reason::AboveGrant,
             IsolationState::UncappedNoLimit => Reason::UncappedNoLimit,
             _ => continue,
+        };
+        let Some(evidence) = &view.isolation.evidence else {
+            continue;
         };
         found.push(Candidate {
             namespace: pod.namespace.clone(),
@@ -103,7 +113,7 @@ pub fn candidates(
             uid: view.key.pod_uid.clone(),
             reason,
             message: format!(
-                "container {}: {}",
+                "container {}: {} ({evidence})",
                 view.key.container, view.isolation.reason
             ),
         });
@@ -140,9 +150,9 @@ pub fn candidates(
 /// the start). Cloning shares the counts.
 #[derive(Clone, Debug)]
 pub struct Counts {
-    evictions: [Counter; 4],
-    dry_run: [Counter; 4],
-    refused: [Counter; 4],
+    evictions: [Counter; 5],
+    dry_run: [Counter; 5],
+    refused: [Counter; 5],
     reclaimed_slots: Counter,
     reclaimed_bytes: Counter,
 }

@@ -28,15 +28,24 @@ fn view(uid: &str, pod: Option<&str>, state: IsolationState) -> ContainerView {
             sharing: true,
             gpu_container: None,
             running: Vec::new(),
+            grant: None,
         }),
         snapshot,
         observed_at_ms: 0,
         isolation: Isolation {
             state,
             reason: format!("why {uid}"),
+            evidence: Some(format!("NVML says {uid}")),
             ..Isolation::default()
         },
     }
+}
+
+/// A view whose bad state rests on the region alone: no NVML evidence.
+fn unproven(uid: &str, pod: &str, state: IsolationState) -> ContainerView {
+    let mut v = view(uid, Some(pod), state);
+    v.isolation.evidence = None;
+    v
 }
 
 fn missing(uid: &str, pod: &str) -> MissingRegion {
@@ -72,6 +81,21 @@ fn candidates_are_the_pods_whose_cap_does_not_hold() {
         view("u-capped", Some("capped"), IsolationState::Capped),
         view("u-pending", Some("pending"), IsolationState::Pending),
         view("u-over", Some("over"), IsolationState::OverCap),
+        view("u-grant", Some("grant"), IsolationState::AboveGrant),
+        // A tenant can write any region: without NVML's measurement of the
+        // pod's own processes nobody is evicted, and a forged region never.
+        unproven("u-claimed-over", "claimed-over", IsolationState::OverCap),
+        unproven(
+            "u-claimed-uncapped",
+            "claimed-uncapped",
+            IsolationState::UncappedNoLimit,
+        ),
+        unproven(
+            "u-claimed-grant",
+            "claimed-grant",
+            IsolationState::AboveGrant,
+        ),
+        view("u-forged", Some("forged"), IsolationState::Forged),
         view(
             "u-uncapped",
             Some("uncapped"),
@@ -93,17 +117,21 @@ fn candidates_are_the_pods_whose_cap_does_not_hold() {
     assert_eq!(
         got,
         [
+            ("grant", Reason::AboveGrant),
             ("over", Reason::OverCap),
             ("uncapped", Reason::UncappedNoLimit),
             ("missing", Reason::NoRegion),
             ("escaper", Reason::EscapedProcess),
         ]
     );
-    assert_eq!(found[0].message, "container main: why u-over");
+    assert_eq!(
+        found[1].message,
+        "container main: why u-over (NVML says u-over)"
+    );
     assert!(
-        found[3].message.contains("PID 4242"),
+        found[4].message.contains("PID 4242"),
         "{}",
-        found[3].message
+        found[4].message
     );
 }
 

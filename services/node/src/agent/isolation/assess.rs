@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use kai_proto::v1::IsolationState;
 
 use super::classify::{classify, human_bytes, stale_slots};
+use super::trust;
 use super::{Checks, Input, Isolation, MissingRegion, Notice, Output, Settings, Subject};
 use crate::agent::model::ContainerView;
 
@@ -62,9 +63,15 @@ impl Assessor {
                     .retire_slots(|slot| host.alive(slot.hostpid) == Some(false));
             }
             let id = (view.key.pod_uid.clone(), view.key.container.clone());
-            let (state, reason) = classify(&view.snapshot, &self.settings);
+            let (state, reason, evidence) = self.verdict(view, input);
             let announce = view.pod.is_some() || !input.defer_unnamed;
-            let near_cap = self.near_cap(view, &id, announce, &mut seen_near, &mut out.notices);
+            // A forged region's figures are someone else's claim: no
+            // near-cap notices to the pod it names.
+            let near_cap = if state == IsolationState::Forged {
+                Vec::new()
+            } else {
+                self.near_cap(view, &id, announce, &mut seen_near, &mut out.notices)
+            };
             let stale_slots = stale_slots(&view.snapshot);
             if stale_slots != self.stale.get(&id).copied().unwrap_or(0) && stale_slots > 0 {
                 tracing::warn!(pod = %view.pod_name(), container = %view.key.container, stale_slots, "region slots hold usage of processes that are gone; reported as stale, not as live usage");
@@ -91,6 +98,7 @@ impl Assessor {
                 reason,
                 near_cap,
                 stale_slots,
+                evidence,
             };
         }
 
@@ -162,6 +170,46 @@ impl Assessor {
         out
     }
 
+    /// The state of one region weighed against what the tenant cannot
+    /// write (module `trust`): forged first, then the region's own verdict,
+    /// then the grant, then NVML's measurement; with the NVML evidence an
+    /// eviction would need.
+    fn verdict(
+        &self,
+        view: &ContainerView,
+        input: &Input<'_>,
+    ) -> (IsolationState, String, Option<String>) {
+        let ownership = trust::ownership(&view.snapshot, &view.key.pod_uid, input.host);
+        if let Some(why) = trust::forged(&ownership) {
+            return (IsolationState::Forged, why, None);
+        }
+        let (mut state, mut reason) = classify(&view.snapshot, &self.settings);
+        let grant = view.pod.as_ref().and_then(|p| p.grant);
+        if let (IsolationState::Capped | IsolationState::Pending, Some(grant)) = (state, grant)
+            && let Some(why) = trust::above_grant(&view.snapshot, grant, input.device_total)
+        {
+            state = IsolationState::AboveGrant;
+            reason = why;
+        }
+        let Ok(processes) = input.gpu_processes else {
+            return (state, reason, None);
+        };
+        let granted = |uuid: &str| grant.and_then(|g| g.bytes((input.device_total)(uuid)));
+        let measured = trust::measure(
+            view,
+            state,
+            &ownership.own,
+            processes,
+            self.settings.monitor_margin_bytes,
+            &granted,
+        );
+        if let Some(why) = measured.hidden_over_cap {
+            state = IsolationState::OverCap;
+            reason = why;
+        }
+        (state, reason, measured.evidence)
+    }
+
     /// Emits a notice when a container enters a state, and when it returns
     /// to `Capped` from a bad one.
     fn transition(
@@ -183,7 +231,9 @@ impl Assessor {
                     Some(
                         IsolationState::UncappedNoLimit
                         | IsolationState::NoRegion
-                        | IsolationState::OverCap,
+                        | IsolationState::OverCap
+                        | IsolationState::AboveGrant
+                        | IsolationState::Forged,
                     ) if state == IsolationState::Capped => Some((
                         false,
                         "GpuMemoryCapVerified",
@@ -195,6 +245,8 @@ impl Assessor {
             IsolationState::UncappedNoLimit => Some((true, "GpuMemoryUncapped", reason.to_owned())),
             IsolationState::NoRegion => Some((true, "GpuRegionMissing", reason.to_owned())),
             IsolationState::OverCap => Some((true, "GpuMemoryOverCap", reason.to_owned())),
+            IsolationState::AboveGrant => Some((true, "GpuMemoryAboveGrant", reason.to_owned())),
+            IsolationState::Forged => Some((true, "GpuRegionForged", reason.to_owned())),
         };
         if let Some((warning, event_reason, message)) = notice {
             push(notices, subject, warning, event_reason, message);

@@ -23,6 +23,11 @@ impl Assessor {
         // recorded: their processes cannot be told apart, so not escaped.
         let mut unresolved = HashSet::new();
         for view in views {
+            // A forged region covers nothing: its slots may name the very
+            // process it hides.
+            if view.isolation.state == kai_proto::v1::IsolationState::Forged {
+                continue;
+            }
             for device in &view.snapshot.devices {
                 shared_gpus.insert(device.uuid.as_str());
             }

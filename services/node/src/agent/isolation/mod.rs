@@ -13,6 +13,7 @@ mod classify;
 mod escaped;
 pub mod events;
 pub mod hostproc;
+pub mod trust;
 
 use std::time::Duration;
 
@@ -59,6 +60,9 @@ pub struct Input<'a> {
     pub lookup: &'a dyn Fn(&str) -> Lookup,
     /// NVML compute processes, or why they are unavailable.
     pub gpu_processes: Result<&'a [GpuProcess], &'a str>,
+    /// A device's memory in bytes by UUID (for `gpu-fraction` grants);
+    /// `None` when NVML does not know the device.
+    pub device_total: &'a dyn Fn(&str) -> Option<u64>,
     /// The host's `/proc`; `None` when not mounted.
     pub host: Option<&'a dyn HostPids>,
     pub now_ms: u64,

@@ -10,7 +10,7 @@ use kai_region::writer::{ProcSpec, RegionBuilder, UsageSpec};
 
 use super::hostproc::HostProc;
 use super::*;
-use crate::agent::model::{ContainerView, RunningContainer};
+use crate::agent::model::{ContainerView, Grant, RunningContainer};
 use kai_proto::v1::IsolationState;
 
 const GIB: u64 = 1 << 30;
@@ -27,6 +27,7 @@ fn meta(name: &str) -> PodMeta {
         sharing: true,
         gpu_container: Some("main".into()),
         running: Vec::new(),
+        grant: None,
     }
 }
 
@@ -72,6 +73,7 @@ fn input<'a>(now_ms: u64) -> Input<'a> {
         sharing_pods: &[],
         lookup: &no_lookup,
         gpu_processes: Err("NVML disabled (--no-nvml)"),
+        device_total: &|_| None,
         host: None,
         now_ms,
         defer_unnamed: false,
@@ -637,4 +639,202 @@ fn a_process_table_in_memory_retires_the_slots_of_dead_host_pids() {
     assert_eq!((device.used, device.stale_used), (GIB, 256 * MIB));
     assert_eq!(views[0].isolation.stale_slots, 1);
     assert_eq!(views[0].snapshot.live_processes(), 1);
+}
+
+// --- What a region cannot vouch for (module `trust`, docs/security.md) ---
+
+const ATTACKER_UID: &str = "99999999-0000-4000-8000-00000000000a";
+
+fn cgroup_of(uid: &str) -> String {
+    format!(
+        "0::/kubepods/burstable/pod{uid}/3f1c9a2b4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8\n"
+    )
+}
+
+fn nvml(pid: u32, used: u64) -> GpuProcess {
+    GpuProcess {
+        gpu_uuid: GPU.into(),
+        pid,
+        used: Some(used),
+    }
+}
+
+fn granted(view: ContainerView, grant: Grant) -> ContainerView {
+    let mut view = view;
+    if let Some(pod) = view.pod.as_mut() {
+        pod.grant = Some(grant);
+    }
+    view
+}
+
+#[test]
+fn a_region_naming_another_pods_process_is_forged_and_covers_nothing() {
+    // The attacker writes a region into the victim's directory: 64 GiB used
+    // against a 1 MiB cap, with a live slot naming the attacker's own
+    // process (host PID 4000), which runs without libvgpu.
+    let proc_dir = fake_proc(&[(4000, &cgroup_of(ATTACKER_UID))]);
+    let host = HostProc::new(proc_dir.path());
+    let processes = [nvml(4000, 20 * GIB)];
+    let region = using(MIB, 64 * GIB);
+    let lookup = |uid: &str| match uid {
+        ATTACKER_UID => Lookup::Known(meta("attacker-0")),
+        _ => Lookup::Absent,
+    };
+    let mut assessor = Assessor::default();
+    let run = |assessor: &mut Assessor, t: u64| {
+        let mut views = vec![view_of(UID, &region)];
+        let out = assessor.assess(
+            &mut views,
+            &Input {
+                lookup: &lookup,
+                gpu_processes: Ok(&processes),
+                host: Some(&host),
+                ..input(NOW_MS + t)
+            },
+        );
+        (views, out)
+    };
+    let (views, out) = run(&mut assessor, 0);
+    let isolation = &views[0].isolation;
+    assert_eq!(isolation.state, IsolationState::Forged);
+    assert!(
+        isolation.reason.contains("4000") && isolation.reason.contains(ATTACKER_UID),
+        "{}",
+        isolation.reason
+    );
+    assert_eq!(isolation.evidence, None);
+    assert!(
+        isolation.near_cap.is_empty(),
+        "no near-cap notice for a claim"
+    );
+    assert_eq!(reasons(&out.notices), ["GpuRegionForged"]);
+    assert!(
+        crate::agent::enforce::candidates(&views, &out.missing, &out.escaped).is_empty(),
+        "the victim is not evicted"
+    );
+    // The forged slot does not hide the attacker's process.
+    let (views, later) = run(&mut assessor, 11_000);
+    let escaped: Vec<u32> = later.escaped.iter().map(|e| e.pid).collect();
+    assert_eq!(escaped, [4000]);
+    let evict = crate::agent::enforce::candidates(&views, &later.missing, &later.escaped);
+    assert_eq!(evict.len(), 1);
+    assert_eq!(evict[0].pod, "attacker-0", "the one who escaped goes");
+}
+
+#[test]
+fn a_region_claiming_a_breach_evicts_nobody_without_nvmls_measurement() {
+    // The victim's directory holds a claim with no live process: the
+    // region says over the cap (and uncapped on a second run), NVML sees
+    // nothing of the pod.
+    for region in [using(MIB, 64 * GIB), using(0, 64 * GIB)] {
+        let mut views = vec![view_of(UID, &region)];
+        let proc_dir = fake_proc(&[(4000, &cgroup_of(UID))]);
+        let host = HostProc::new(proc_dir.path());
+        let out = Assessor::default().assess(
+            &mut views,
+            &Input {
+                gpu_processes: Ok(&[]),
+                host: Some(&host),
+                ..input(NOW_MS)
+            },
+        );
+        assert!(
+            matches!(
+                views[0].isolation.state,
+                IsolationState::OverCap | IsolationState::UncappedNoLimit
+            ),
+            "{:?}",
+            views[0].isolation
+        );
+        assert_eq!(views[0].isolation.evidence, None);
+        assert!(crate::agent::enforce::candidates(&views, &out.missing, &out.escaped).is_empty());
+    }
+}
+
+#[test]
+fn nvml_measuring_the_pods_own_process_is_the_evidence() {
+    let proc_dir = fake_proc(&[(4000, &cgroup_of(UID))]);
+    let host = HostProc::new(proc_dir.path());
+    let assess = |region: &RegionBuilder, processes: &[GpuProcess]| {
+        let mut views = vec![view_of(UID, region)];
+        let out = Assessor::default().assess(
+            &mut views,
+            &Input {
+                gpu_processes: Ok(processes),
+                host: Some(&host),
+                ..input(NOW_MS)
+            },
+        );
+        let evict = crate::agent::enforce::candidates(&views, &out.missing, &out.escaped);
+        (views.remove(0).isolation, evict)
+    };
+    // Uncapped, and NVML sees the pod's process using the GPU.
+    let (isolation, evict) = assess(&using(0, GIB), &[nvml(4000, 2 * GIB)]);
+    assert_eq!(isolation.state, IsolationState::UncappedNoLimit);
+    assert!(
+        isolation
+            .evidence
+            .as_deref()
+            .is_some_and(|e| e.contains("no cap"))
+    );
+    assert_eq!(evict.len(), 1);
+    // The region says 1 GiB of 4 GiB; NVML measures 10 GiB for the pod's
+    // own process: a breach the region hides.
+    let (isolation, evict) = assess(&using(4 * GIB, GIB), &[nvml(4000, 10 * GIB)]);
+    assert_eq!(isolation.state, IsolationState::OverCap);
+    assert!(
+        isolation.reason.contains("region accounts 1 GiB"),
+        "{}",
+        isolation.reason
+    );
+    assert_eq!(evict.len(), 1);
+    // Within the cap plus the context margin: capped, no evidence.
+    let (isolation, evict) = assess(&using(4 * GIB, GIB), &[nvml(4000, 4 * GIB + 300 * MIB)]);
+    assert_eq!(isolation.state, IsolationState::Capped);
+    assert_eq!(isolation.evidence, None);
+    assert!(evict.is_empty());
+}
+
+#[test]
+fn a_cap_above_the_pods_grant_is_its_own_state() {
+    let proc_dir = fake_proc(&[(4000, &cgroup_of(UID))]);
+    let host = HostProc::new(proc_dir.path());
+    let totals = |uuid: &str| (uuid == GPU).then_some(80 * GIB);
+    let assess = |view: ContainerView, processes: &[GpuProcess]| {
+        let mut views = vec![view];
+        let out = Assessor::default().assess(
+            &mut views,
+            &Input {
+                gpu_processes: Ok(processes),
+                host: Some(&host),
+                device_total: &totals,
+                ..input(NOW_MS)
+            },
+        );
+        let evict = crate::agent::enforce::candidates(&views, &out.missing, &out.escaped);
+        (views.remove(0).isolation, out.notices, evict)
+    };
+    // gpu-memory: 4096, and the container set CUDA_DEVICE_MEMORY_LIMIT=80000m.
+    let four_gib = Grant::MemoryMib(4096);
+    let raised = granted(view_of(UID, &using(80_000 * MIB, GIB)), four_gib);
+    let (isolation, notices, evict) = assess(raised.clone(), &[nvml(4000, GIB + 500 * MIB)]);
+    assert_eq!(isolation.state, IsolationState::AboveGrant);
+    assert!(isolation.reason.contains("4 GiB"), "{}", isolation.reason);
+    assert_eq!(reasons(&notices), ["GpuMemoryAboveGrant"]);
+    assert!(
+        evict.is_empty(),
+        "within the grant as measured: reported, not evicted"
+    );
+    let (_, _, evict) = assess(raised, &[nvml(4000, 6 * GIB)]);
+    assert_eq!(evict.len(), 1);
+    assert_eq!(evict[0].reason, crate::agent::enforce::Reason::AboveGrant);
+    // KAI's own cap is the grant: capped.
+    let kai = granted(view_of(UID, &using(4 * GIB, GIB)), four_gib);
+    assert_eq!(assess(kai, &[]).0.state, IsolationState::Capped);
+    // gpu-fraction: 0.5 of an 80 GiB device.
+    let half = Grant::of(None, Some("0.5")).expect("grant");
+    let fair = granted(view_of(UID, &using(40 * GIB, GIB)), half);
+    assert_eq!(assess(fair, &[]).0.state, IsolationState::Capped);
+    let greedy = granted(view_of(UID, &using(60 * GIB, GIB)), half);
+    assert_eq!(assess(greedy, &[]).0.state, IsolationState::AboveGrant);
 }
