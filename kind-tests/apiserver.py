@@ -14,6 +14,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import ssl
@@ -808,6 +809,8 @@ def start_agent(node=NODES[0]):
                                (r"^--host-proc=.*", f"--host-proc={AGENT['proc']}"),
                                (r"^--nvml-library=.*", f"--nvml-library={fake_nvml_library()}"),
                                (r"^--log-format=.*", "--log-format=plain")])
+    if not any(a.startswith("--nvml-library=") for a in args):
+        args.append(f"--nvml-library={fake_nvml_library()}")
     env = chart_env(c, NODE_NAME=node, POD_NAME=f"{FULL}-node-test")
     env["KUBECONFIG"] = sa_kubeconfig(f"{FULL}-node")
     env["FAKE_NVML_CONFIG"] = AGENT["nvml_config"]
@@ -858,6 +861,22 @@ def components():
         # field selector): its region stays unattributed.
         assert not [c for c in grpc_containers() if c["pod"] == "gpu-job-other-node"]
     check("node agent with its ServiceAccount token: watches its node's pods and names their containers", agent_sees_its_pods)
+
+    def forged_region():
+        # A tenant writes a region into gpu-job's directory naming its own
+        # process (OTHER_PID, the other pod's by its cgroup), claiming far
+        # over the cap: reported as forged, with a Warning Event, and never
+        # evicts gpu-job.
+        write_region(AGENT["uid"], "forged", 1, 65536, pid=OTHER_PID)
+        listed = eventually("the forged region is listed", lambda: [
+            c for c in grpc_containers() if c["pod"] == "gpu-job" and c["container"] == "forged"], timeout=60)
+        assert listed[0]["isolationState"] == "ISOLATION_STATE_FORGED", listed
+        eventually("a GpuRegionForged Event on the pod the region names",
+                   lambda: [e for e in events_for("gpu-job") if e["reason"] == "GpuRegionForged"], timeout=60)
+        evictions = series(AGENT["metrics_url"] + "/metrics", "kai_isolator_evictions_total")
+        assert sum(evictions.values()) == 0, evictions
+        shutil.rmtree(os.path.join(AGENT["containers"], f"{AGENT['uid']}_forged"))
+    check("a region naming another pod's process is reported forged and evicts nobody", forged_region)
 
     def pdb_then_evict():
         apply({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
