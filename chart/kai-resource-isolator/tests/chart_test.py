@@ -211,9 +211,13 @@ def paths_agree(scenario, mount, host=None, agent_extra=()):
             avols = {v["name"]: v for v in pod_spec(ds)["volumes"]}
             assert avols["host-vgpu"]["hostPath"] == {"path": host, "type": "DirectoryOrCreate"}
             assert arg(agent, "--containers-dir") == "/host" + host + "/containers"
-            assert {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}["host-vgpu"] == "/host" + host
-            # The agent's host paths: the vgpu directory, (read-only) /proc, and what the scenario adds.
-            assert sorted(v["hostPath"]["path"] for v in avols.values() if "hostPath" in v) == sorted([host, "/proc", *agent_extra])
+            amounts = {m["name"]: m for m in agent["volumeMounts"]}
+            assert amounts["host-vgpu"] == {"name": "host-vgpu", "mountPath": "/host" + host, "readOnly": True}
+            # Only containers/ is writable to the agent (#25).
+            assert amounts["host-vgpu-containers"] == {"name": "host-vgpu-containers", "mountPath": "/host" + host + "/containers"}
+            assert avols["host-vgpu-containers"]["hostPath"] == {"path": host + "/containers", "type": "DirectoryOrCreate"}
+            # The agent's host paths: the vgpu directory, its containers/, (read-only) /proc, and what the scenario adds.
+            assert sorted(v["hostPath"]["path"] for v in avols.values() if "hostPath" in v) == sorted([host, host + "/containers", "/proc", *agent_extra])
             assert "host-proc" not in {m["name"] for m in libsync["volumeMounts"]}, "libsync does not see /proc"
     return t
 
