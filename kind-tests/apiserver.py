@@ -173,11 +173,14 @@ def cluster(*args):
 
 # --- tokens: each component as its own ServiceAccount ------------------------
 
-def sa_kubeconfig(sa, ns=NS):
-    """A kubeconfig holding a TokenRequest token of the ServiceAccount, bound
-    to nothing else: what a pod of that ServiceAccount would present."""
-    token = kubectl("create", "token", sa, "-n", ns, "--duration=2h").stdout.strip()
-    path = os.path.join(WORK, f"{sa}.kubeconfig")
+def sa_kubeconfig(sa, ns=NS, pod=None):
+    """A kubeconfig holding a TokenRequest token of the ServiceAccount: bound
+    to `pod` (a pod object) as the kubelet binds a pod's projected token, so
+    the API server knows its node; else bound to nothing else."""
+    bound = ["--bound-object-kind", "Pod", "--bound-object-name", pod["metadata"]["name"],
+             "--bound-object-uid", pod["metadata"]["uid"]] if pod else []
+    token = kubectl("create", "token", sa, "-n", ns, "--duration=2h", *bound).stdout.strip()
+    path = os.path.join(WORK, f"{sa}{'-' + pod['metadata']['name'] if pod else ''}.kubeconfig")
     server = f"https://127.0.0.1:{ENV['API_PORT']}"
     with open(path, "w") as f:
         f.write(f"""apiVersion: v1
@@ -317,7 +320,7 @@ def release_objects(release, ns):
     sel = f"app.kubernetes.io/instance={release}"
     names = kubectl("get", "all,secret,configmap,serviceaccount,role,rolebinding,poddisruptionbudget,resourcequota",
                     "-n", ns, "-l", sel, "-o", "name").stdout.split()
-    names += kubectl("get", "clusterrole,clusterrolebinding,mutatingwebhookconfiguration",
+    names += kubectl("get", "clusterrole,clusterrolebinding,mutatingwebhookconfiguration,validatingwebhookconfiguration",
                      "-l", sel, "-o", "name").stdout.split()
     return names
 
@@ -483,7 +486,11 @@ def start_webhook():
                                (r"^--tls-cert-file=.*", f"--tls-cert-file={tls}/tls.crt"),
                                (r"^--tls-private-key-file=.*", f"--tls-private-key-file={tls}/tls.key"),
                                (r"^--log-format=.*", "--log-format=plain")])
-    start("webhook", [os.path.join(TARGET, "kai-webhook"), *args], env=chart_env(c))
+    env = chart_env(c)
+    if env.get("NODE_GUARD") == "true":
+        # The node guard looks pods up with the webhook's own ServiceAccount.
+        env["KUBECONFIG"] = sa_kubeconfig(f"{FULL}-webhook")
+    start("webhook", [os.path.join(TARGET, "kai-webhook"), *args], env=env)
     ctx = ssl.create_default_context(cafile=os.path.join(tls, "ca.crt"))
     ctx.check_hostname = False
 
@@ -793,6 +800,17 @@ def node_processes(procs):
     os.replace(AGENT["nvml_config"] + ".tmp", AGENT["nvml_config"])
 
 
+def agent_pod(node):
+    """The chart's node-agent pod the DaemonSet controller put on `node`."""
+    def on_node():
+        # A rollout's old pod stays terminating until the kubelet confirms.
+        kubelet_confirms_terminations(NS)
+        pods = kjson("get", "pod", "-n", NS, "-l", "app.kubernetes.io/component=node-agent",
+                     "--field-selector", f"spec.nodeName={node}")["items"]
+        return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    return eventually(f"a node-agent pod on {node}", on_node, timeout=60)[0]
+
+
 def start_agent(node=NODES[0]):
     """The chart's node-agent container, run here as its ServiceAccount,
     with a fake NVML and a fake host /proc (this machine has no GPU)."""
@@ -812,7 +830,9 @@ def start_agent(node=NODES[0]):
     if not any(a.startswith("--nvml-library=") for a in args):
         args.append(f"--nvml-library={fake_nvml_library()}")
     env = chart_env(c, NODE_NAME=node, POD_NAME=f"{FULL}-node-test")
-    env["KUBECONFIG"] = sa_kubeconfig(f"{FULL}-node")
+    # The token of the agent's DaemonSet pod on that node, as the kubelet
+    # projects it: it names the node, which the node guard checks.
+    env["KUBECONFIG"] = sa_kubeconfig(f"{FULL}-node", pod=agent_pod(node))
     env["FAKE_NVML_CONFIG"] = AGENT["nvml_config"]
     AGENT["metrics_url"] = f"http://127.0.0.1:{metrics_port}"
     AGENT["containers"] = containers
@@ -907,6 +927,29 @@ def components():
         assert sum(evicted.values()) == 1, evicted
     check("enforce=evict: Warning Event, a PDB makes the Eviction API answer 429 (counted, retried), then evicted", pdb_then_evict)
 
+    def node_guard():
+        # The agent's token from another node may not evict a pod on this
+        # one; the token of this node's agent may.
+        create(pod("guarded", {}, node=NODES[0]))
+        eviction = os.path.join(WORK, "eviction.json")
+        with open(eviction, "w") as f:
+            json.dump({"apiVersion": "policy/v1", "kind": "Eviction",
+                       "metadata": {"name": "guarded", "namespace": TENANT}}, f)
+        path = f"/api/v1/namespaces/{TENANT}/pods/guarded/eviction"
+        # A pod of the release's namespace on the other node holds the
+        # agent's token there (the default values run no agent on it).
+        holder = pod("agent-token-holder", node=NODES[1])
+        holder["spec"]["serviceAccountName"] = f"{FULL}-node"
+        elsewhere = create(holder, ns=NS)
+        other = sa_kubeconfig(f"{FULL}-node", pod=elsewhere)
+        r = kubectl("create", "--raw", path, "-f", eviction, kubeconfig=other, check=False)
+        assert r.returncode != 0 and "may not act on pod" in r.stderr and NODES[0] in r.stderr, r.stderr
+        assert not kjson("get", "pod", "guarded", "-n", TENANT)["metadata"].get("deletionTimestamp")
+        mine = sa_kubeconfig(f"{FULL}-node", pod=agent_pod(NODES[0]))
+        r = kubectl("create", "--raw", path, "-f", eviction, kubeconfig=mine, check=False)
+        assert r.returncode == 0, r.stderr
+    check("node guard: an agent's token evicts pods on its own node only", node_guard)
+
     check("aggregator with its ServiceAccount token discovers the agent pod and serves its containers", aggregator)
 
 
@@ -945,13 +988,7 @@ def kubelet_confirms_terminations(ns):
 def aggregator():
     # The DaemonSet's pod on the first node "runs" here: the kubelet's part
     # (status Running, the pod IP) is written by the test.
-    def current_agent_pod():
-        kubelet_confirms_terminations(NS)
-        pods = [p for p in kjson("get", "pod", "-n", NS, "-l", "app.kubernetes.io/component=node-agent",
-                                 "--field-selector", f"spec.nodeName={NODES[0]}")["items"]
-                if not p["metadata"].get("deletionTimestamp")]
-        return pods if len(pods) == 1 else None
-    pods = eventually("the DaemonSet's current pod on the node", current_agent_pod)
+    pods = [agent_pod(NODES[0])]
     kubelet_reports_running(pods[0]["metadata"]["name"], NS)
     served_pod = create(pod("agg-job", {"gpu-memory": "1024"}, node=NODES[0]))
     write_region(served_pod["metadata"]["uid"], "main", 1024, 256)

@@ -144,6 +144,16 @@ kai-resource-isolator.io/webhook: ignore
 {{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor" -}}true{{- end -}}
 {{- end -}}
 
+{{- /*
+The node guard (docs/security.md): on when asked for, where the agent writes
+Events or evicts, and where ServiceAccount tokens carry the node's name
+(1.30+: ServiceAccountTokenPodNodeInfo) and matchConditions exist.
+*/ -}}
+{{- define "kai.nodeGuard" -}}
+{{- $m := .Values.monitor -}}
+{{- if and $m.enabled $m.isolation.nodeGuard (or $m.isolation.events (eq (toString $m.isolation.enforce) "evict")) (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) -}}true{{- end -}}
+{{- end -}}
+
 {{- /* matchConditions: beta and on by default in 1.28, GA in 1.30. */ -}}
 {{- define "kai.matchConditionsSupported" -}}
 {{- if semverCompare ">=1.28.0-0" .Capabilities.KubeVersion.Version -}}true{{- end -}}

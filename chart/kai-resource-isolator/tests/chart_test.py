@@ -235,6 +235,7 @@ def rbac_least_privilege():
     roles = [d for d in docs if d["kind"] in ("Role", "ClusterRole")]
     assert sorted((r["kind"], r["metadata"]["name"]) for r in roles) == [
         ("ClusterRole", f"{RELEASE}-kai-resource-isolator-node"),
+        ("ClusterRole", f"{RELEASE}-kai-resource-isolator-webhook"),
         ("Role", f"{RELEASE}-kai-resource-isolator-aggregator"),
     ]
     pods = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}
@@ -246,12 +247,17 @@ def rbac_least_privilege():
     bindings = {b["roleRef"]["name"]: b["subjects"] for b in docs if b["kind"] in ("RoleBinding", "ClusterRoleBinding")}
     assert bindings[f"{RELEASE}-kai-resource-isolator-node"] == [{"kind": "ServiceAccount", "name": f"{RELEASE}-kai-resource-isolator-node", "namespace": NS}]
     assert bindings[f"{RELEASE}-kai-resource-isolator-aggregator"] == [{"kind": "ServiceAccount", "name": f"{RELEASE}-kai-resource-isolator-aggregator", "namespace": NS}]
-    # The webhook has no API access at all.
-    assert pod_spec(one(docs, "Deployment", "-webhook"))["automountServiceAccountToken"] is False
-    assert one(docs, "ServiceAccount", "-webhook")["automountServiceAccountToken"] is False
+    # The webhook reads pods for the node guard only (get, no list).
+    assert one(docs, "ClusterRole", "-webhook")["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+    assert pod_spec(one(docs, "Deployment", "-webhook"))["automountServiceAccountToken"] is True
+    # Without the guard it has no API access at all.
+    off = render(extra=("--set", "monitor.isolation.nodeGuard=false"))
+    assert not [d for d in off if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-webhook")]
+    assert pod_spec(one(off, "Deployment", "-webhook"))["automountServiceAccountToken"] is False
+    assert one(off, "ServiceAccount", "-webhook")["automountServiceAccountToken"] is False
 
 
-check("RBAC: pods list/watch (+ Events create/patch for the agent) only", rbac_least_privilege)
+check("RBAC: pods list/watch (+ Events create/patch for the agent, get for the node guard) only", rbac_least_privilege)
 
 
 # --- every container runs with least privilege ----------------------------
@@ -529,7 +535,8 @@ def go_overrides():
         "librarySync.podAnnotations.note=x", "monitor.resources.limits.memory=1Gi"))
     validate_docs(docs)
     for d in docs:
-        if d["kind"] not in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"):
+        if d["kind"] not in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
+                             "ValidatingWebhookConfiguration"):
             assert d["metadata"]["namespace"] == "gpu-system", d["metadata"]
         assert d["metadata"]["name"].startswith(f"{RELEASE}-isolator"), d["metadata"]["name"]
     # rbac.create=false: the ServiceAccounts stay, the user binds them.
@@ -613,6 +620,29 @@ def failure_policy():
     assert webhook("--kube-version", "1.27.3", "--set-json", 'webhook.matchConditions=[{"name":"a","expression":"true"}]') == ("Ignore", None)
 
 
+def node_guard():
+    def guard(*extra):
+        docs = render(extra=extra)
+        hooks = [d for d in docs if d["kind"] == "ValidatingWebhookConfiguration"]
+        webhook = pod_spec(one(docs, "Deployment", "-webhook"))
+        env = {e["name"]: e.get("value") for e in webhook["containers"][0]["env"]}
+        roles = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-webhook")]
+        on = bool(hooks)
+        # The webhook gets a token, the NODE_GUARD switch and `get pods` together.
+        assert on == (env.get("NODE_GUARD") == "true") == webhook["automountServiceAccountToken"] == bool(roles), extra
+        return hooks[0]["webhooks"][0] if on else None
+    w = guard("--kube-version", "1.30.0")
+    assert w["failurePolicy"] == "Fail" and w["clientConfig"]["service"]["path"] == "/validate-node-agent"
+    assert w["matchConditions"] == [{"name": "kai-node-agent",
+                                     "expression": f"request.userInfo.username == 'system:serviceaccount:{NS}:{RELEASE}-kai-resource-isolator-node'"}]
+    assert {tuple(r["resources"]) for r in w["rules"]} == {("pods/eviction",), ("events",)}
+    # No node name in tokens before 1.30; nothing to guard without Events or evictions; off on request.
+    assert guard("--kube-version", "1.29.9") is None
+    assert guard("--set", "monitor.isolation.events=false") is None
+    assert guard("--set", "monitor.isolation.events=false", "--set", "monitor.isolation.enforce=evict") is not None
+    assert guard("--set", "monitor.isolation.nodeGuard=false") is None
+
+
 def gke():
     docs = render("gke-values.yaml")
     host = "/home/kubernetes/bin/nvidia/vgpu"
@@ -657,6 +687,7 @@ check("webhook PDB: maxUnavailable, then minAvailable, then 1 (Go precedence)", 
 check("cert-manager ClusterIssuer; tls.patch accepted", cert_manager_cluster_issuer)
 check("webhook scoping values add to ours, never replace them", webhook_scoping)
 check("failurePolicy: Fail where matchConditions scope it to sharing pods, Ignore where the API lacks them, explicit values win", failure_policy)
+check("node guard: a fail-closed validating webhook for the agent's evictions and Events on 1.30+, with the webhook's token and get pods", node_guard)
 check("GKE: host paths, affinity, ResourceQuota for system-node-critical, NVML from the host", gke)
 check("priority-class ResourceQuota only outside kube-system and only for critical classes", priority_quota_only_where_needed)
 def enforcement():

@@ -42,6 +42,7 @@ fn state(n: usize) -> NodeState {
                     sharing: true,
                     gpu_container: Some("main".into()),
                     running: Vec::new(),
+                    grant: None,
                 }),
                 snapshot: decode(&bytes).expect("decodes"),
                 observed_at_ms: 1,

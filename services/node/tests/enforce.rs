@@ -44,7 +44,6 @@ fn region(dir: &std::path::Path, uid: &str, limit: u64, used: u64) {
 enum Seen {
     Eviction {
         path: String,
-        body: serde_json::Value,
     },
     Event(serde_json::Value),
 }
@@ -98,7 +97,7 @@ async fn a_regions_claim_alone_is_reported_and_evicts_nobody() {
                 ));
                 *reply.status_mut() = http::StatusCode::CREATED;
                 respond.send_response(reply);
-                let _ = seen_tx.send(Seen::Eviction { path, body });
+                let _ = seen_tx.send(Seen::Eviction { path });
             } else if path.starts_with("/apis/events.k8s.io/v1/namespaces/") {
                 let mut reply = Response::new(Body::from(bytes.to_vec()));
                 if method == http::Method::POST {

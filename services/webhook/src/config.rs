@@ -152,6 +152,11 @@ pub struct Args {
     /// limit stays unset is still capped.
     #[arg(long, env = "GPU_MEMORY_LIMIT_FALLBACK", default_value_t = true, action = clap::ArgAction::Set)]
     pub memory_limit_fallback: bool,
+    /// Serve `POST /validate-node-agent`: the node agent may evict, and
+    /// write Events about, pods on its own node only (guard.rs). Needs the
+    /// webhook's ServiceAccount to `get` pods.
+    #[arg(long, env = "NODE_GUARD", default_value_t = false, action = clap::ArgAction::Set)]
+    pub node_guard: bool,
     #[command(flatten)]
     pub log: LogArgs,
 }

@@ -3,9 +3,11 @@
 //! [`pod`] is the part of a Pod that matters, [`inject`] the pure decision
 //! and patch builder, [`review`] wraps it in the AdmissionReview protocol
 //! (kube's admission types), [`server`] serves it over HTTPS (warp on
-//! kai-runtime's TLS accept loop) with hot-reloaded certificates.
+//! kai-runtime's TLS accept loop) with hot-reloaded certificates; [`guard`]
+//! keeps the node agent's evictions and Events on its own node.
 
 pub mod config;
+pub mod guard;
 pub mod inject;
 pub mod metrics;
 pub mod outcome;
@@ -30,6 +32,7 @@ impl Args {
                 })?
                 .with_memory_limit_fallback(self.memory_limit_fallback),
             tls_reload_fallback: self.tls.reload_fallback,
+            node_guard: self.node_guard,
         })
     }
 }

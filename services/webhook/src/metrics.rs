@@ -20,6 +20,9 @@ pub const BAD_REQUESTS_TOTAL: &str = "kai_webhook_bad_requests_total";
 pub const REVIEW_DURATION: &str = "kai_webhook_admission_review_duration_seconds";
 /// Successful certificate reloads.
 pub const CERT_RELOADS_TOTAL: &str = "kai_webhook_certificate_reloads_total";
+/// The node agent's evictions and Events the node guard judged
+/// (`decision`: allowed, denied).
+pub const NODE_GUARD_TOTAL: &str = "kai_webhook_node_guard_reviews_total";
 
 /// Histogram buckets for [`REVIEW_DURATION`]: a review takes tens of µs;
 /// the upper buckets catch a starved runtime long before the API server's
@@ -53,6 +56,8 @@ pub struct Metrics {
     bad_requests: Vec<Counter>,
     duration: Histogram,
     cert_reloads: Counter,
+    /// Allowed, denied.
+    guard: [Counter; 2],
 }
 
 impl Default for Metrics {
@@ -89,12 +94,20 @@ impl Default for Metrics {
         );
         let cert_reloads =
             recorder.counter(CERT_RELOADS_TOTAL, "Serving certificate reloads.", &[]);
+        let guard = ["allowed", "denied"].map(|d| {
+            recorder.counter(
+                NODE_GUARD_TOTAL,
+                "The node agent's evictions and Events judged by the node guard, by decision.",
+                &[("decision", d)],
+            )
+        });
         Self {
             recorder,
             reviews,
             bad_requests,
             duration,
             cert_reloads,
+            guard,
         }
     }
 }
@@ -125,6 +138,11 @@ impl Metrics {
         if let Some(count) = self.reviews.get(index) {
             count.increment(1);
         }
+    }
+
+    /// A node-guard review answered.
+    pub fn record_guard(&self, allowed: bool) {
+        self.guard[usize::from(!allowed)].increment(1);
     }
 
     pub fn record_cert_reload(&self) {

@@ -30,6 +30,8 @@ pub struct Settings {
     pub inject: InjectConfig,
     /// Re-read the certificate this often even without a file event.
     pub tls_reload_fallback: Duration,
+    /// Serve the node guard (`POST /validate-node-agent`, guard.rs).
+    pub node_guard: bool,
 }
 
 /// Failures before the server is serving.
@@ -39,6 +41,8 @@ pub enum StartError {
     Tls(#[from] TlsError),
     #[error("invalid TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
+    #[error("the node guard needs the API server: {0}")]
+    Kube(#[from] kube::Error),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -58,6 +62,8 @@ pub struct Running {
 
 struct State {
     inject: InjectConfig,
+    /// The API server, for the node guard; `None` when it is off.
+    kube: Option<kube::Client>,
     metrics: Arc<metrics::Metrics>,
     shutdown: CancellationToken,
 }
@@ -84,8 +90,13 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> Result<Ru
         addr: settings.listen,
         source,
     })?;
+    let kube = match settings.node_guard {
+        true => Some(kube::Client::try_default().await?),
+        false => None,
+    };
     let state = Arc::new(State {
         inject: settings.inject,
+        kube,
         metrics,
         shutdown: shutdown.clone(),
     });
@@ -114,7 +125,8 @@ fn count_reloads(
     });
 }
 
-/// `POST /mutate`, `GET /healthz`, `GET /readyz`, `GET /metrics` (and
+/// `POST /mutate`, `POST /validate-node-agent` (the node guard),
+/// `GET /healthz`, `GET /readyz`, `GET /metrics` (and
 /// warp's 404/405 for the rest).
 fn routes(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = Rejection> + Clone {
     let draining = state.shutdown.clone();
@@ -137,6 +149,33 @@ fn routes(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = Rejec
                 Err(error) => bad_request(&error, &state.metrics),
             }
         });
+    let guard = warp::path!("validate-node-agent")
+        .and(warp::post())
+        .and(warp::body::stream())
+        .and(with_state.clone())
+        .then(|body, state: Arc<State>| async move {
+            let Some(client) = state.kube.clone() else {
+                return warp::reply::with_status(
+                    "node guard off (--node-guard)",
+                    StatusCode::NOT_FOUND,
+                )
+                .into_response();
+            };
+            let body = match read_limited(body).await {
+                Ok(body) => body,
+                Err(error) => return bad_request(&error, &state.metrics),
+            };
+            match crate::guard::review(&body, &client).await {
+                Ok((answer, allowed)) => {
+                    state.metrics.record_guard(allowed);
+                    json(StatusCode::OK, answer)
+                }
+                Err(why) => {
+                    tracing::warn!(%why, "rejected a malformed node-guard request");
+                    warp::reply::with_status(why, StatusCode::BAD_REQUEST).into_response()
+                }
+            }
+        });
     let metrics =
         warp::path!("metrics")
             .and(warp::get())
@@ -149,7 +188,13 @@ fn routes(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = Rejec
                 )
                 .into_response()
             });
-    mutate.or(health).unify().or(metrics).unify()
+    mutate
+        .or(guard)
+        .unify()
+        .or(health)
+        .unify()
+        .or(metrics)
+        .unify()
 }
 
 /// Reviews a complete body, counts and logs the outcome.
