@@ -69,6 +69,7 @@ async fn main() -> anyhow::Result<()> {
             tls_private_key_file: tls_dir.join("tls.key"),
             inject: InjectConfig::default(),
             tls_reload_fallback: Duration::from_secs(60),
+            limits: kai_webhook::server::Limits::default(),
         },
         shutdown.clone(),
     )

@@ -228,6 +228,7 @@ async fn main() -> anyhow::Result<()> {
             tls_private_key_file: dir.path().join("tls.key"),
             inject: inject.clone(),
             tls_reload_fallback: Duration::from_secs(3600),
+            limits: kai_webhook::server::Limits::default(),
         },
         shutdown.clone(),
     )

@@ -5,10 +5,14 @@ use super::*;
 use crate::config::InjectConfig;
 use crate::pod::Pod;
 
-/// Plans `value` as the webhook sees it: decoded from JSON.
+/// Plans `value` as the webhook sees it on `/mutate`: decoded from JSON.
 fn plan_for(value: &Value, cfg: &InjectConfig) -> Decision {
+    plan_on(value, cfg, OptOut::Ignored)
+}
+
+fn plan_on(value: &Value, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
     let pod: Pod = serde_json::from_value(value.clone()).expect("test pod is valid");
-    plan(&pod, cfg)
+    plan(&pod, cfg, opt_out)
 }
 
 /// Our patch as JSON text, read back as RFC 6902 by `json_patch`, as the
@@ -33,9 +37,12 @@ fn apply(original: &Value) -> (Decision, Value) {
     (decision, doc)
 }
 
+/// The prefix KAI's admission records for the pod's capabilities ConfigMaps.
+const KAI_PREFIX: &str = "p-abc1234-shared-gpu";
+
 fn sharing_pod(containers: Value) -> Value {
     json!({
-        "metadata": {"name": "p", "annotations": {"gpu-memory": "2048"}},
+        "metadata": {"name": "p", "annotations": {"gpu-memory": "2048", ANNOTATION_KAI_CONFIG_MAP: KAI_PREFIX}},
         "spec": {"containers": containers}
     })
 }
@@ -47,6 +54,7 @@ fn paths(decision: &Decision) -> Vec<String> {
             .iter()
             .map(|op| match op {
                 PatchOperation::Add(add) => format!("add {}", add.path),
+                PatchOperation::Remove(remove) => format!("remove {}", remove.path),
                 other => format!("unexpected {other:?}"),
             })
             .collect(),
@@ -213,13 +221,29 @@ fn opt_out_is_case_insensitive() {
             "metadata": {"annotations": {"gpu-memory": "1024", "kai-resource-isolator.io/inject": value}},
             "spec": {"containers": [{"name": "app"}]}
         });
-        assert_eq!(plan_for(&original, &cfg()), Decision::OptedOut, "{value:?}");
+        assert_eq!(
+            plan_on(&original, &cfg(), OptOut::Honoured),
+            Decision::OptedOut,
+            "{value:?}"
+        );
     }
     let kept = json!({
         "metadata": {"annotations": {"gpu-memory": "1024", "kai-resource-isolator.io/inject": "true"}},
         "spec": {"containers": [{"name": "app"}]}
     });
-    assert_eq!(plan_for(&kept, &cfg()).label(), "injected");
+    assert_eq!(
+        plan_on(&kept, &cfg(), OptOut::Honoured).label(),
+        "injected"
+    );
+}
+
+#[test]
+fn the_tenants_opt_out_is_ignored_where_no_administrator_allows_it() {
+    let original = json!({
+        "metadata": {"annotations": {"gpu-memory": "1024", "kai-resource-isolator.io/inject": "false"}},
+        "spec": {"containers": [{"name": "app"}]}
+    });
+    assert_eq!(plan_for(&original, &cfg()).label(), "injected");
 }
 
 #[test]
@@ -235,28 +259,38 @@ fn injected_pod_gets_an_empty_patch_on_reinvocation() {
 }
 
 #[test]
-fn user_env_of_the_same_name_is_kept() {
+fn the_tenants_identity_env_is_replaced_by_ours() {
     let original = sharing_pod(json!([{
         "name": "main",
-        "env": [{"name": "CONTAINER_NAME", "value": "custom"}, {"name": "CONTAINER_VGPU_MOUNT", "value": "/x"}]
+        "env": [
+            {"name": "CONTAINER_NAME", "value": "custom"},
+            {"name": "KEEP", "value": "1"},
+            {"name": "CONTAINER_VGPU_MOUNT", "value": "/x"},
+            {"name": "POD_UID", "value": "9b2c0e5e-another-pods-uid"},
+        ]
     }]));
-    let (_, doc) = apply(&original);
-    let env = doc["spec"]["containers"][0]["env"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let names: Vec<&str> = env.iter().filter_map(|e| e["name"].as_str()).collect();
+    let (decision, doc) = apply(&original);
     assert_eq!(
-        names,
+        paths(&decision)[..3],
         [
-            "CONTAINER_NAME",
-            "CONTAINER_VGPU_MOUNT",
-            "POD_UID",
-            "CUDA_DEVICE_MEMORY_LIMIT"
+            "remove /spec/containers/0/env/3",
+            "remove /spec/containers/0/env/2",
+            "remove /spec/containers/0/env/0",
         ]
     );
-    assert_eq!(env[0]["value"], "custom");
-    assert!(!names.contains(&"CUDA_DEVICE_MEMORY_SHARED_CACHE"));
+    assert_eq!(
+        env_of(&doc),
+        [
+            json!({"name": "KEEP", "value": "1"}),
+            json!({"name": "POD_UID", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.uid"}}}),
+            json!({"name": "CONTAINER_NAME", "value": "main"}),
+            json!({"name": "CONTAINER_VGPU_MOUNT", "value": "/usr/local/vgpu"}),
+            json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "2048m"}),
+        ]
+    );
+    let (again, twice) = apply(&doc);
+    assert!(matches!(again, Decision::AlreadyInjected { .. }), "{again:?}");
+    assert_eq!(doc, twice);
 }
 
 #[test]
@@ -385,10 +419,16 @@ fn env_of(doc: &Value) -> Vec<Value> {
         .unwrap_or_default()
 }
 
-/// KAI's entry: an optional reference to the pod's capabilities ConfigMap.
+/// KAI's entry, as KAI's hamicore admission plugin writes it: an optional
+/// reference to key `CUDA_DEVICE_MEMORY_LIMIT` of the capabilities
+/// ConfigMap `<runai/shared-gpu-configmap>-<container index>`.
 fn kai_memory_ref() -> Value {
-    json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": {"configMapKeyRef": {
-        "name": "p-capabilities", "key": "CUDA_DEVICE_MEMORY_LIMIT", "optional": true}}})
+    kai_ref("CUDA_DEVICE_MEMORY_LIMIT", 0)
+}
+
+fn kai_ref(name: &str, index: usize) -> Value {
+    json!({"name": name, "valueFrom": {"configMapKeyRef": {
+        "name": format!("{KAI_PREFIX}-{index}"), "key": name, "optional": true}}})
 }
 
 #[test]
@@ -447,20 +487,23 @@ fn the_literal_memory_limit_goes_before_the_first_of_several_entries() {
 }
 
 #[test]
-fn a_user_literal_memory_limit_is_left_alone() {
+fn a_tenant_literal_memory_limit_is_replaced_by_ours() {
     let original = sharing_pod(json!([{
         "name": "main",
-        "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "100m"}, kai_memory_ref()]
+        "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "80000m"}, kai_memory_ref()]
     }]));
     let (_, doc) = apply(&original);
     let env = env_of(&doc);
-    let literals: Vec<&Value> = env
+    let limits: Vec<&Value> = env
         .iter()
-        .filter(|e| e["name"] == "CUDA_DEVICE_MEMORY_LIMIT" && e.get("valueFrom").is_none())
+        .filter(|e| e["name"] == "CUDA_DEVICE_MEMORY_LIMIT")
         .collect();
     assert_eq!(
-        literals,
-        [&json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "100m"})]
+        limits,
+        [
+            &json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "2048m"}),
+            &kai_memory_ref()
+        ]
     );
 }
 
@@ -542,7 +585,7 @@ fn gpu_cores_sets_the_sm_limit_on_the_sharing_container() {
 }
 
 #[test]
-fn gpu_cores_keeps_an_sm_limit_the_user_set() {
+fn gpu_cores_replaces_an_sm_limit_the_tenant_set() {
     let mut original = cores_pod(
         "30",
         json!([{"name": "CUDA_DEVICE_SM_LIMIT", "value": "80"}]),
@@ -556,7 +599,7 @@ fn gpu_cores_keeps_an_sm_limit_the_user_set() {
     let sm: Vec<&Value> = env.iter().filter(|e| e["name"] == ENV_SM_LIMIT).collect();
     assert_eq!(
         sm,
-        [&json!({"name": "CUDA_DEVICE_SM_LIMIT", "value": "80"})]
+        [&json!({"name": "CUDA_DEVICE_SM_LIMIT", "value": "30"})]
     );
 }
 

@@ -60,6 +60,7 @@ pub async fn start(dir: &Path, shutdown: &CancellationToken) -> Running {
             tls_private_key_file: dir.join("tls.key"),
             inject: InjectConfig::default(),
             tls_reload_fallback: Duration::from_secs(3600),
+            limits: kai_webhook::server::Limits::default(),
         },
         shutdown.clone(),
     )
