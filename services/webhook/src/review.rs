@@ -263,8 +263,10 @@ pub fn uid_in_prefix(prefix: &[u8]) -> Option<&str> {
     let len = prefix[start..].iter().position(|&b| b == b'"')?;
     let uid = std::str::from_utf8(&prefix[start..start + len]).ok()?;
     // A Kubernetes UID: letters, digits and dashes, never empty.
-    (!uid.is_empty() && uid.len() <= 128 && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
-        .then_some(uid)
+    (!uid.is_empty()
+        && uid.len() <= 128
+        && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+    .then_some(uid)
 }
 
 /// The Pod of a Pod CREATE, from the request's `object`.

@@ -198,11 +198,9 @@ fn routes(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = Rejec
         .and(warp::body::stream())
         .and(with_state.clone())
         .then(|opt_out, body, state: Arc<State>| async move {
-            let read = tokio::time::timeout(
-                state.limits.body_read_timeout,
-                read_limited(body, &state),
-            )
-            .await;
+            let read =
+                tokio::time::timeout(state.limits.body_read_timeout, read_limited(body, &state))
+                    .await;
             match read {
                 Ok(Ok(Body { bytes, permit })) => {
                     let reply = answer(&bytes, permit, &state, opt_out);
@@ -218,7 +216,10 @@ fn routes(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = Rejec
                         timeout = ?state.limits.body_read_timeout,
                         "request body not received in time"
                     );
-                    plain(StatusCode::REQUEST_TIMEOUT, "request body not received in time")
+                    plain(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "request body not received in time",
+                    )
                 }
             }
         });
@@ -241,7 +242,12 @@ fn routes(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = Rejec
 /// the body's bytes of the budget; decoding reserves its estimated cost
 /// on top, for as long as it runs.
 #[tracing::instrument(skip_all, fields(uid, namespace, name))]
-fn answer(body: &[u8], mut permit: OwnedSemaphorePermit, state: &State, opt_out: OptOut) -> Response {
+fn answer(
+    body: &[u8],
+    mut permit: OwnedSemaphorePermit,
+    state: &State,
+    opt_out: OptOut,
+) -> Response {
     let started = Instant::now();
     let cost = decode_cost(body);
     if cost > state.limits.max_in_flight_bytes {
@@ -324,9 +330,8 @@ async fn read_limited(
         None => return Err(Refusal::Overloaded),
     };
     while let Some(chunk) = body.next().await {
-        let mut chunk = chunk.map_err(|e| {
-            Refusal::Broken(BadRequest::NotJson(format!("cannot read body: {e}")))
-        })?;
+        let mut chunk = chunk
+            .map_err(|e| Refusal::Broken(BadRequest::NotJson(format!("cannot read body: {e}"))))?;
         if collected.len() + chunk.remaining() > max {
             // Read on (discarding) up to twice the limit, so the client
             // gets its answer on a connection that stays usable, as Go's
@@ -382,7 +387,8 @@ fn in_flight(state: &State) -> usize {
 fn decode_cost(body: &[u8]) -> usize {
     const PER_OBJECT: usize = 640;
     let objects = body.iter().filter(|&&b| b == b'{').count();
-    body.len().saturating_add(objects.saturating_mul(PER_OBJECT))
+    body.len()
+        .saturating_add(objects.saturating_mul(PER_OBJECT))
 }
 
 /// The answer to a body that was not read whole.
@@ -407,7 +413,11 @@ fn refuse(refusal: Refusal, state: &State) -> Response {
 /// a uid there is no review to answer: HTTP 413, which failurePolicy Fail
 /// rejects.
 fn deny_unread(prefix: &[u8], reason: &'static str, message: &str, state: &State) -> Response {
-    tracing::warn!(reason, message, "denied an admission review without reading it");
+    tracing::warn!(
+        reason,
+        message,
+        "denied an admission review without reading it"
+    );
     let Some(uid) = review::uid_in_prefix(prefix) else {
         state.metrics.record_bad_request(&BadRequest::TooLarge);
         return bad_request_with(StatusCode::PAYLOAD_TOO_LARGE, &BadRequest::TooLarge);

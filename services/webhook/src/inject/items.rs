@@ -87,7 +87,8 @@ pub const PINNED_EMPTY: [&str; 2] = ["CUDA_REDIRECT", "GPU_CORE_UTILIZATION_POLI
 
 /// How many variables get an empty entry when the target has `envFrom`:
 /// the per-device limits and [`PINNED_EMPTY`].
-pub const PIN_COUNT: usize = DEVICE_MEMORY_LIMITS.len() + DEVICE_SM_LIMITS.len() + PINNED_EMPTY.len();
+pub const PIN_COUNT: usize =
+    DEVICE_MEMORY_LIMITS.len() + DEVICE_SM_LIMITS.len() + PINNED_EMPTY.len();
 
 /// The `i`th variable pinned empty (`i < PIN_COUNT`).
 pub fn pin_name(i: usize) -> &'static str {

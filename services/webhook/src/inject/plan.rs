@@ -130,7 +130,10 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
             .or_else(|| env_from.then(String::new)),
         kai_config_map: kai_config_map(pod, &target),
     };
-    let env = container.env.as_deref().map(|env| EnvFound::scan(env, &wanted));
+    let env = container
+        .env
+        .as_deref()
+        .map(|env| EnvFound::scan(env, &wanted));
     if let Some(found) = env.as_ref().filter(|f| !f.foreign.is_empty())
         && cfg.tenant_env == TenantEnv::Deny
     {
@@ -311,7 +314,10 @@ impl EnvFound {
 /// is the tenant's).
 fn classify(entry: &EnvVar, wanted: &Wanted<'_>, found: &EnvFound) -> Entry {
     let name = entry.name.as_str();
-    let literal = entry.value_from.is_none().then(|| entry.value.as_deref().unwrap_or(""));
+    let literal = entry
+        .value_from
+        .is_none()
+        .then(|| entry.value.as_deref().unwrap_or(""));
     if let Some(i) = ENV_NAMES.iter().position(|n| *n == name) {
         let ours = match env_value(i, &wanted.target.name, wanted.cfg) {
             Some(value) => literal == Some(value),

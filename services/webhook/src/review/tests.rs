@@ -91,15 +91,19 @@ fn errors_are_classified() {
 #[test]
 fn the_uid_is_found_in_the_first_bytes_of_the_api_servers_encoding() {
     let review = body("CREATE", "{}");
-    let api_server = String::from_utf8(review)
-        .expect("utf-8")
-        .replace(r#""request":{"uid":"u""#, r#""request":{"uid":"705ab4f5-6393-11e8-b7cc-42010a800002""#);
+    let api_server = String::from_utf8(review).expect("utf-8").replace(
+        r#""request":{"uid":"u""#,
+        r#""request":{"uid":"705ab4f5-6393-11e8-b7cc-42010a800002""#,
+    );
     assert_eq!(
         uid_in_prefix(api_server.as_bytes()),
         Some("705ab4f5-6393-11e8-b7cc-42010a800002")
     );
     // Cut short, as a body read only to its limit is.
-    assert_eq!(uid_in_prefix(&api_server.as_bytes()[..120]), Some("705ab4f5-6393-11e8-b7cc-42010a800002"));
+    assert_eq!(
+        uid_in_prefix(&api_server.as_bytes()[..120]),
+        Some("705ab4f5-6393-11e8-b7cc-42010a800002")
+    );
     for other in [
         &br#"{"request":{"kind":{},"uid":"x"}}"#[..],
         br#"{"request":{"uid":"a b"}}"#,
@@ -107,7 +111,12 @@ fn the_uid_is_found_in_the_first_bytes_of_the_api_servers_encoding() {
         br#"{"request":{"uid":"unterminated"#,
         b"",
     ] {
-        assert_eq!(uid_in_prefix(other), None, "{}", String::from_utf8_lossy(other));
+        assert_eq!(
+            uid_in_prefix(other),
+            None,
+            "{}",
+            String::from_utf8_lossy(other)
+        );
     }
     let denied: Value =
         serde_json::from_slice(&deny_by_uid("abc", "too big").expect("encodes")).expect("JSON");
@@ -197,11 +206,18 @@ fn the_last_of_repeated_keys_wins() {
     let pod = r#"{"metadata": {"annotations": {"gpu-memory": "1",
             "kai-resource-isolator.io/inject": "true", "kai-resource-isolator.io/inject": "false"}},
         "spec": {"containers": [{"name": "m"}]}}"#;
-    let honoured = review_with(&body("CREATE", pod), &InjectConfig::default(), OptOut::Honoured)
-        .expect("reviewed");
+    let honoured = review_with(
+        &body("CREATE", pod),
+        &InjectConfig::default(),
+        OptOut::Honoured,
+    )
+    .expect("reviewed");
     assert_eq!(honoured.decision.label(), "opted_out");
     let ignored = reviewed(&body("CREATE", pod)).expect("reviewed");
-    assert_eq!((ignored.decision.label(), ignored.opt_out_ignored), ("injected", true));
+    assert_eq!(
+        (ignored.decision.label(), ignored.opt_out_ignored),
+        ("injected", true)
+    );
     // The envelope too: the last operation is the one that counts.
     let update = String::from_utf8(body("CREATE", pod))
         .expect("utf-8")
