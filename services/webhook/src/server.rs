@@ -201,12 +201,8 @@ fn routes(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = Rejec
             let read =
                 tokio::time::timeout(state.limits.body_read_timeout, read_limited(body, &state))
                     .await;
-            match read {
-                Ok(Ok(Body { bytes, permit })) => {
-                    let reply = answer(&bytes, permit, &state, opt_out);
-                    state.metrics.set_in_flight_bytes(in_flight(&state));
-                    reply
-                }
+            let reply = match read {
+                Ok(Ok(Body { bytes, permit })) => answer(&bytes, permit, &state, opt_out),
                 Ok(Err(error)) => refuse(error, &state),
                 Err(_) => {
                     // A client that stalls mid-body holds a connection and
@@ -221,7 +217,9 @@ fn routes(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = Rejec
                         "request body not received in time",
                     )
                 }
-            }
+            };
+            state.metrics.set_in_flight_bytes(in_flight(&state));
+            reply
         });
     let metrics =
         warp::path!("metrics")
@@ -352,6 +350,7 @@ async fn read_limited(
             Some(more) => permit.merge(more),
             None => return Err(Refusal::Overloaded),
         }
+        state.metrics.set_in_flight_bytes(in_flight(state));
         while chunk.has_remaining() {
             let part = chunk.chunk();
             collected.extend_from_slice(part);

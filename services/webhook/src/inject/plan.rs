@@ -149,7 +149,7 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
     let found = env.as_ref();
     let pins = if env_from {
         (0..PIN_COUNT)
-            .filter(|&i| !found.is_some_and(|f| f.pinned & (1 << i) != 0))
+            .filter(|&i| found.is_none_or(|f| f.pinned & (1 << i) == 0))
             .fold(0u64, |bits, i| bits | 1 << i)
     } else {
         0

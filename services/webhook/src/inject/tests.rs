@@ -931,10 +931,10 @@ fn env_from_is_masked_by_explicit_entries() {
         .into_iter()
         .flatten()
     {
-        if entry["value"] == "" {
-            if let Some(e) = entry.as_object_mut() {
-                e.remove("value");
-            }
+        if entry["value"] == ""
+            && let Some(e) = entry.as_object_mut()
+        {
+            e.remove("value");
         }
     }
     let (again, twice) = apply(&stored);
