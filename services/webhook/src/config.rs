@@ -197,7 +197,7 @@ pub struct Args {
     pub max_body_bytes: usize,
     /// Bytes of request bodies, and their estimated decoding cost, all
     /// requests together may hold; beyond it requests get 503.
-    #[arg(long, env = "MAX_IN_FLIGHT_BYTES", default_value_t = 64 * 1024 * 1024)]
+    #[arg(long, env = "MAX_IN_FLIGHT_BYTES", default_value_t = 48 * 1024 * 1024)]
     pub max_in_flight_bytes: usize,
     /// Open connections at most; more are closed at once.
     #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 256)]
@@ -218,6 +218,26 @@ pub struct Args {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flags_default_to_the_servers_defaults() {
+        use clap::Parser;
+        let args = Args::parse_from(["kai-webhook"]);
+        let settings = args.settings().expect("valid defaults");
+        assert_eq!(settings.limits, crate::server::Limits::default());
+        assert_eq!(settings.inject.tenant_env, TenantEnv::Replace);
+        let args = Args::parse_from([
+            "kai-webhook",
+            "--tenant-env",
+            "deny",
+            "--max-body-bytes",
+            "1048576",
+        ]);
+        let settings = args.settings().expect("valid");
+        assert_eq!(settings.inject.tenant_env, TenantEnv::Deny);
+        assert_eq!(settings.limits.max_body_bytes, 1_048_576);
+        assert!(Args::try_parse_from(["kai-webhook", "--tenant-env", "keep"]).is_err());
+    }
 
     #[test]
     fn mount_is_validated_and_normalised() {

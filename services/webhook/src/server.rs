@@ -61,10 +61,16 @@ pub struct Limits {
 }
 
 impl Default for Limits {
+    /// 32 MiB of body (above the 18 MiB review a 3 MiB pod of `<` makes);
+    /// 48 MiB in flight, so one review at the body limit fits with its
+    /// decoding (the chart's 192 MiB memory limit holds that twice over);
+    /// 256 connections (the API server keeps a few per replica); 10 s for
+    /// headers and for the body (the API server's own webhook timeout is
+    /// 10 s by default); 32 HTTP/2 streams per connection.
     fn default() -> Self {
         Self {
             max_body_bytes: review::MAX_BODY_BYTES,
-            max_in_flight_bytes: 64 * 1024 * 1024,
+            max_in_flight_bytes: 48 * 1024 * 1024,
             max_connections: 256,
             body_read_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(10),
