@@ -474,7 +474,7 @@ def write_webhook_tls():
     return tls
 
 
-def start_webhook():
+def start_webhook(**env):
     c = container_of("deployment", f"{FULL}-webhook", "webhook")
     tls = write_webhook_tls()
     port = webhook_port()
@@ -482,7 +482,7 @@ def start_webhook():
                                (r"^--tls-cert-file=.*", f"--tls-cert-file={tls}/tls.crt"),
                                (r"^--tls-private-key-file=.*", f"--tls-private-key-file={tls}/tls.key"),
                                (r"^--log-format=.*", "--log-format=plain")])
-    start("webhook", [os.path.join(TARGET, "kai-webhook"), *args], env=chart_env(c))
+    start("webhook", [os.path.join(TARGET, "kai-webhook"), *args], env={**chart_env(c), **env})
     ctx = ssl.create_default_context(cafile=os.path.join(tls, "ca.crt"))
     ctx.check_hostname = False
 
@@ -630,7 +630,7 @@ def admission():
 
     check("hostile tenant: its own CUDA_DEVICE_MEMORY_LIMIT, _0, SM limit and another pod's POD_UID are replaced in the stored pod", hostile_env)
     check("opt-out: the tenant's annotation and pod label count for nothing in a normal namespace, and are honoured in an admin-labelled one", opt_out_gate)
-    check("a 586 KiB env value of '<' (a 3.4 MiB review: the API server escapes < as \\u003c) is reviewed and capped, never admitted unpatched", big_review)
+    check("a 586 KiB env value of '<' (a 3.4 MiB review: the API server escapes < as \\u003c) is reviewed and capped; over the webhook's body limit it is denied, never admitted unpatched", big_review)
 
     def pod_security():
         kubectl("create", "namespace", "baseline-ns", check=False)
@@ -717,15 +717,40 @@ def opt_out_gate():
     assert delta(before, webhook_reviews()) == {"opted_out": 1, "injected": 1}, delta(before, webhook_reviews())
 
 
+def create_raw(obj, ns=TENANT):
+    """POSTs the pod's JSON as written. kubectl create would re-encode it,
+    escaping < as \\u003c (six bytes), past the API server's 3 MiB limit."""
+    path = os.path.join(WORK, f"{obj['metadata']['name']}.json")
+    with open(path, "w") as f:
+        json.dump(obj, f)  # Python leaves < as it is
+    r = kubectl("create", "--raw", f"/api/v1/namespaces/{ns}/pods", "-f", path, check=False)
+    return json.loads(r.stdout) if r.returncode == 0 else r
+
+
 def big_review():
-    p = pod("big", {"gpu-memory": "2048"})
-    p["spec"]["containers"][0]["env"] = [{"name": "PAD", "value": "<" * (586 * 1024)}]
+    def big(name):
+        p = pod(name, {"gpu-memory": "2048"})
+        p["spec"]["containers"][0]["env"] = [{"name": "PAD", "value": "<" * (586 * 1024)}]
+        return p
     before = webhook_reviews()
-    stored = create(p)
+    stored = create_raw(big("big"))
+    assert isinstance(stored, dict), stored.stderr[-400:]
     pod_checks("injected", stored, "main")
     env = {e["name"]: e.get("value") for e in stored["spec"]["containers"][0]["env"]}
     assert env.get("CUDA_DEVICE_MEMORY_LIMIT") == "2048m", sorted(env)
     assert delta(before, webhook_reviews()) == {"injected": 1}, delta(before, webhook_reviews())
+    # Below the review's size, the webhook denies it (by the uid in its
+    # first bytes): never admitted unpatched, whatever the failurePolicy.
+    stop("webhook")
+    try:
+        start_webhook(MAX_BODY_BYTES=str(2 * 1024 * 1024))
+        r = create_raw(big("big-denied"))
+        assert not isinstance(r, dict), "admitted"
+        assert "vgpu.lib.kai-resource-isolator.io" in r.stderr and "exceeds" in r.stderr, r.stderr[-400:]
+        assert kubectl("get", "pod", "big-denied", "-n", TENANT, check=False).returncode != 0, "stored"
+    finally:
+        stop("webhook")
+        start_webhook()
 
 
 def reinvocation():

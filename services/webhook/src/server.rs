@@ -340,7 +340,12 @@ async fn read_limited(
             // Read on (discarding) up to twice the limit, so the client
             // gets its answer on a connection that stays usable, as Go's
             // net/http does; beyond that the connection is closed.
-            let prefix = collected[..collected.len().min(UID_PREFIX_BYTES)].to_vec();
+            // The uid is in the first bytes, which may still be in this
+            // chunk when it is the first.
+            let mut prefix = collected[..collected.len().min(UID_PREFIX_BYTES)].to_vec();
+            let want = UID_PREFIX_BYTES - prefix.len();
+            let part = chunk.chunk();
+            prefix.extend_from_slice(&part[..part.len().min(want)]);
             drop(collected);
             drop(permit);
             let mut read = max;
