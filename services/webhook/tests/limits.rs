@@ -417,3 +417,40 @@ async fn the_tenants_own_limit_is_counted_replaced() {
     );
     server.stop().await;
 }
+
+/// The opt-out annotation over the wire: ignored (and counted) on
+/// `/mutate`, honoured on `/mutate/allow-opt-out`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_opt_out_annotation_counts_only_on_its_own_route() {
+    let server = Server::start(small()).await;
+    let mut c = server.client().await;
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "out", "annotations": {"gpu-memory": "1024", "kai-resource-isolator.io/inject": "false"}},
+        "spec": {"containers": [{"name": "main"}]}
+    });
+    let body =
+        Bytes::from(serde_json::to_vec(&support::review_of("o", "CREATE", &pod)).expect("json"));
+    for (path, patched) in [
+        ("/mutate", true),
+        (kai_webhook::server::ALLOW_OPT_OUT_PATH, false),
+    ] {
+        let (status, reply) = c
+            .send(Method::POST, path, body.clone())
+            .await
+            .expect("answer");
+        assert_eq!(status, StatusCode::OK, "{path}");
+        let answer: Value = serde_json::from_slice(&reply).expect("JSON");
+        assert_eq!(support::patch_of(&answer).is_some(), patched, "{path}");
+    }
+    let page = scrape(&mut c).await;
+    assert_eq!(sample(&page, "kai_webhook_opt_out_ignored_total"), 1.0);
+    assert_eq!(
+        sample(
+            &page,
+            "kai_webhook_admission_reviews_total{decision=\"opted_out\"}"
+        ),
+        1.0
+    );
+    server.stop().await;
+}
