@@ -627,6 +627,11 @@ def webhook_hostile_tenant_settings():
     env = {e["name"]: e.get("value") for e in containers(one(render(extra=(
         "--set", "webhook.tenantEnv=deny", "--set", "webhook.limits.maxBodyBytes=67108864")), "Deployment", "-webhook"))["webhook"]["env"]}
     assert (env["TENANT_ENV"], env["MAX_BODY_BYTES"]) == ("deny", "67108864")
+    docs = render("strict-tenant-values.yaml")
+    env = {e["name"]: e.get("value") for e in containers(one(docs, "Deployment", "-webhook"))["webhook"]["env"]}
+    assert (env["TENANT_ENV"], env["MAX_CONNECTIONS"], env["MAX_CONCURRENT_STREAMS"]) == ("deny", "128", "16")
+    (only,) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    assert only["clientConfig"]["service"]["path"] == "/mutate"
 
 
 
