@@ -478,7 +478,7 @@ def write_webhook_tls():
     return tls
 
 
-def start_webhook():
+def start_webhook(**env):
     c = container_of("deployment", f"{FULL}-webhook", "webhook")
     tls = write_webhook_tls()
     port = webhook_port()
@@ -486,7 +486,7 @@ def start_webhook():
                                (r"^--tls-cert-file=.*", f"--tls-cert-file={tls}/tls.crt"),
                                (r"^--tls-private-key-file=.*", f"--tls-private-key-file={tls}/tls.key"),
                                (r"^--log-format=.*", "--log-format=plain")])
-    env = chart_env(c)
+    env = {**chart_env(c), **env}
     if env.get("NODE_GUARD") == "true":
         # The node guard looks pods up with the webhook's own ServiceAccount.
         env["KUBECONFIG"] = sa_kubeconfig(f"{FULL}-webhook")
@@ -549,7 +549,9 @@ def admission():
         # An owner that does not exist here would have the garbage collector
         # delete the pod before the test reads it back.
         body["metadata"].pop("ownerReferences", None)
-        decision = expect["decision"]
+        # The tenant namespace allows no opting out: an opt-out annotation
+        # there counts for nothing (see opt_out_gate for where it does).
+        decision = "injected" if expect["decision"] == "opted_out" else expect["decision"]
 
         def one_case():
             sa = body["spec"].get("serviceAccountName")
@@ -570,7 +572,7 @@ def admission():
             assert isinstance(r, dict), r.stderr
             stored = kjson("get", "pod", body["metadata"]["name"], "-n", TENANT)
             if decision == "injected":
-                target = stored["spec"][expect["list"]][expect["index"]]["name"]
+                target = stored["spec"][expect.get("list", "containers")][expect.get("index", 0)]["name"]
                 pod_checks("injected", stored, target)
                 assert delta(before, after) == {"injected": 1}, delta(before, after)
             else:
@@ -629,11 +631,14 @@ def admission():
         before = webhook_reviews()
         for ns, p in (("kube-system", pod("ks", {"gpu-memory": "1024"})),
                       (NS, pod("own", {"gpu-memory": "1024"})),
-                      ("opted-out-ns", pod("ns-ignored", {"gpu-memory": "1024"})),
-                      (TENANT, pod("obj-ignored", {"gpu-memory": "1024"}, labels={"kai-resource-isolator.io/webhook": "ignore"}))):
+                      ("opted-out-ns", pod("ns-ignored", {"gpu-memory": "1024"}))):
             pod_checks("untouched", create(p, ns=ns))
         assert delta(before, webhook_reviews()) == {}, delta(before, webhook_reviews())
-    check("kube-system, the release namespace and ignore-labelled namespaces/pods are never sent to the webhook", excluded)
+    check("kube-system, the release namespace and ignore-labelled namespaces are never sent to the webhook", excluded)
+
+    check("hostile tenant: its own CUDA_DEVICE_MEMORY_LIMIT, _0, SM limit and another pod's POD_UID are replaced in the stored pod", hostile_env)
+    check("opt-out: the tenant's annotation and pod label count for nothing in a normal namespace, and are honoured in an admin-labelled one", opt_out_gate)
+    check("a 586 KiB env value of '<' (a 3.4 MiB review: the API server escapes < as \\u003c) is reviewed and capped; over the webhook's body limit it is denied, never admitted unpatched", big_review)
 
     def pod_security():
         kubectl("create", "namespace", "baseline-ns", check=False)
@@ -672,6 +677,88 @@ class SecondWebhook(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *a):
         pass
+
+
+def hostile_env():
+    victim = create(pod("victim", {"gpu-memory": "1024"}))
+    p = pod("greedy", {"gpu-memory": "4096", "kai-resource-isolator.io/gpu-cores": "25"})
+    p["spec"]["containers"][0]["env"] = [
+        {"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "80000m"},
+        {"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "80g"},
+        {"name": "CUDA_DEVICE_SM_LIMIT", "value": "100"},
+        {"name": "POD_UID", "value": victim["metadata"]["uid"]},
+        {"name": "CONTAINER_NAME", "value": "main"},
+        {"name": "CUDA_DEVICE_MEMORY_SHARED_CACHE", "value": "/tmp/hidden.cache"},
+        {"name": "LD_PRELOAD", "value": "/usr/lib/libjemalloc.so"},
+    ]
+    stored = create(p)
+    pod_checks("injected", stored, "main")
+    env = stored["spec"]["containers"][0]["env"]
+    named = lambda n: [e for e in env if e["name"] == n]
+    assert named("CUDA_DEVICE_MEMORY_LIMIT") == [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "4096m"}], env
+    assert named("CUDA_DEVICE_MEMORY_LIMIT_0") == [], env
+    assert named("CUDA_DEVICE_SM_LIMIT") == [{"name": "CUDA_DEVICE_SM_LIMIT", "value": "25"}], env
+    assert named("CUDA_DEVICE_MEMORY_SHARED_CACHE") == [], env
+    (uid,) = named("POD_UID")
+    assert uid.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.uid" and "value" not in uid, uid
+    assert named("CONTAINER_NAME") == [{"name": "CONTAINER_NAME", "value": "main"}], env
+    assert named("LD_PRELOAD") == [{"name": "LD_PRELOAD", "value": "/usr/lib/libjemalloc.so"}], "the tenant's own business"
+
+
+def opt_out_gate():
+    allowed = "opt-out-allowed"
+    kubectl("create", "namespace", allowed, check=False)
+    kubectl("label", "namespace", allowed, "kai-resource-isolator.io/allow-opt-out=true", "--overwrite")
+    annotation = {"gpu-memory": "1024", "kai-resource-isolator.io/inject": "false"}
+    label = {"kai-resource-isolator.io/webhook": "ignore"}
+    before = webhook_reviews()
+    # A normal namespace: both are the tenant's words, and count for nothing.
+    pod_checks("injected", create(pod("annotated-out", annotation)), "main")
+    pod_checks("injected", create(pod("labelled-out", {"gpu-memory": "1024"}, labels=label)), "main")
+    assert delta(before, webhook_reviews()) == {"injected": 2}, delta(before, webhook_reviews())
+    # A namespace the administrator labelled: both are honoured (the label
+    # keeps the pod from the webhook; the annotation is answered opted_out).
+    before = webhook_reviews()
+    pod_checks("untouched", create(pod("annotated-out", annotation), ns=allowed))
+    pod_checks("untouched", create(pod("labelled-out", {"gpu-memory": "1024"}, labels=label), ns=allowed))
+    pod_checks("injected", create(pod("not-out", {"gpu-memory": "1024"}), ns=allowed), "main")
+    assert delta(before, webhook_reviews()) == {"opted_out": 1, "injected": 1}, delta(before, webhook_reviews())
+
+
+def create_raw(obj, ns=TENANT):
+    """POSTs the pod's JSON as written. kubectl create would re-encode it,
+    escaping < as \\u003c (six bytes), past the API server's 3 MiB limit."""
+    path = os.path.join(WORK, f"{obj['metadata']['name']}.json")
+    with open(path, "w") as f:
+        json.dump(obj, f)  # Python leaves < as it is
+    r = kubectl("create", "--raw", f"/api/v1/namespaces/{ns}/pods", "-f", path, check=False)
+    return json.loads(r.stdout) if r.returncode == 0 else r
+
+
+def big_review():
+    def big(name):
+        p = pod(name, {"gpu-memory": "2048"})
+        p["spec"]["containers"][0]["env"] = [{"name": "PAD", "value": "<" * (586 * 1024)}]
+        return p
+    before = webhook_reviews()
+    stored = create_raw(big("big"))
+    assert isinstance(stored, dict), stored.stderr[-400:]
+    pod_checks("injected", stored, "main")
+    env = {e["name"]: e.get("value") for e in stored["spec"]["containers"][0]["env"]}
+    assert env.get("CUDA_DEVICE_MEMORY_LIMIT") == "2048m", sorted(env)
+    assert delta(before, webhook_reviews()) == {"injected": 1}, delta(before, webhook_reviews())
+    # Below the review's size, the webhook denies it (by the uid in its
+    # first bytes): never admitted unpatched, whatever the failurePolicy.
+    stop("webhook")
+    try:
+        start_webhook(MAX_BODY_BYTES=str(2 * 1024 * 1024))
+        r = create_raw(big("big-denied"))
+        assert not isinstance(r, dict), "admitted"
+        assert "vgpu.lib.kai-resource-isolator.io" in r.stderr and "exceeds" in r.stderr, r.stderr[-400:]
+        assert kubectl("get", "pod", "big-denied", "-n", TENANT, check=False).returncode != 0, "stored"
+    finally:
+        stop("webhook")
+        start_webhook()
 
 
 def reinvocation():

@@ -70,7 +70,9 @@ print(json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"
              "spec": {"containers": [{"name": "main", "image": "cuda"}]}}}}))
 PY
 }
-mutate() { curl -fsS --cacert "$work/tls.crt" -H 'Content-Type: application/json' --data "$1" "https://localhost:$wh_port/mutate"; }
+# mutate BODY [PATH]: /mutate, or /mutate/allow-opt-out (where the chart
+# sends pods of namespaces that may opt out).
+mutate() { curl -fsS --cacert "$work/tls.crt" -H 'Content-Type: application/json' --data "$1" "https://localhost:$wh_port${2:-/mutate}"; }
 gpu=$(mutate "$(review e2e-gpu '{"gpu-memory":"1024"}')")
 echo "$gpu" | python3 -c '
 import base64, json, sys
@@ -120,7 +122,7 @@ json.dump({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "requ
   "resource": {"group": "", "version": "v1", "resource": "pods"}, "name": name, "namespace": "e2e",
   "operation": "CREATE", "userInfo": {"username": "e2e"}, "object": pod}}, open(f"{work}/{name}.review.json", "w"))
 PY
-  mutate "@$work/$1.review.json" > "$work/$1.response.json"
+  mutate "@$work/$1.review.json" "${4:-/mutate}" > "$work/$1.response.json"
   python3 "$checks" apply "$work/$1.pod.json" "$work/$1.response.json" > "$work/$1.patched.json"
 }
 two='{"containers":[{"name":"main","image":"ubuntu:24.04"},{"name":"sidecar","image":"ubuntu:24.04"}]}'
@@ -140,7 +142,10 @@ assert spec["volumes"][0] == {"name": "data", "emptyDir": {}}, spec["volumes"]
 assert main["env"][0] == {"name": "FOO", "value": "bar"} and main["volumeMounts"][0]["mountPath"] == "/data", main
 ' "$work/e2e-append.patched.json" \
   && ok "a pod with volumes, env and mounts of its own keeps them and gains ours" || bad "appending to existing arrays"
-admit e2e-optout '{"gpu-memory":"1024","kai-resource-isolator.io/inject":"false"}' "$two"
+admit e2e-optout-ignored '{"gpu-memory":"1024","kai-resource-isolator.io/inject":"false"}' "$two"
+python3 "$checks" injected "$work/e2e-optout-ignored.patched.json" main \
+  && ok "on /mutate the tenant's opt-out annotation counts for nothing" || bad "opt-out honoured on /mutate"
+admit e2e-optout '{"gpu-memory":"1024","kai-resource-isolator.io/inject":"false"}' "$two" /mutate/allow-opt-out
 python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))["response"]; assert r["allowed"] and "patch" not in r, r' \
     "$work/e2e-optout.response.json" \
   && python3 "$checks" untouched "$work/e2e-optout.patched.json" \

@@ -172,6 +172,9 @@ k -n "$test_ns" exec e2e-gpu -- sh -c 'mkdir -m 0777 "$CONTAINER_VGPU_MOUNT/cont
   && ok "uid 1000 creates $mount/containers/<podUID>_main, seen on the node" || bad "cache directory of e2e-gpu"
 
 echo "== opt-out and gpu-fraction pods"
+# The opt-out annotation counts only in namespaces an administrator labels
+# (webhook.optOutNamespaceLabel; docs/webhook.md "Opting out").
+k label namespace "$test_ns" kai-resource-isolator.io/allow-opt-out=true --overwrite >/dev/null
 pod_yaml e2e-optout 'gpu-memory: "1024", kai-resource-isolator.io/inject: "false"' | k apply -f -
 ready_no_restarts e2e-optout && python3 "$checks" untouched "$(pod_json e2e-optout)" \
   && ok "an opted-out pod runs untouched" || bad "opted-out pod"

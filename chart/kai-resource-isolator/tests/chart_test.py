@@ -117,7 +117,7 @@ def webhook_selection():
     docs = render()
     mwc = one(docs, "MutatingWebhookConfiguration")
     assert mwc["metadata"]["name"] == f"{RELEASE}-kai-resource-isolator-mutating"
-    (w,) = mwc["webhooks"]
+    (w, _opt_out) = mwc["webhooks"]
     assert w["name"] == "vgpu.lib.kai-resource-isolator.io"
     assert w["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}]
     # Fail closed by default, scoped by the chart's own CEL condition so only
@@ -125,7 +125,8 @@ def webhook_selection():
     assert (w["failurePolicy"], w["sideEffects"], w["reinvocationPolicy"], w["timeoutSeconds"]) == ("Fail", "None", "IfNeeded", 10)
     assert w["matchConditions"] == [SHARING_PODS]
     assert w["admissionReviewVersions"] == ["v1"]
-    assert {"key": "kai-resource-isolator.io/webhook", "operator": "NotIn", "values": ["ignore"]} in w["objectSelector"]["matchExpressions"]
+    # The tenant's own pod label opts nothing out here (webhook_opt_out_gate).
+    assert w["objectSelector"] == {}
     ns = w["namespaceSelector"]["matchExpressions"]
     assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", NS]} in ns
     assert {"key": "kai-resource-isolator.io/webhook", "operator": "NotIn", "values": ["ignore"]} in ns
@@ -145,8 +146,8 @@ def ca_bundle_matches_secret():
     docs = render()
     secret = one(docs, "Secret", "-webhook-tls")
     assert secret["type"] == "kubernetes.io/tls" and set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
-    (w,) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
-    assert w["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    for w in one(docs, "MutatingWebhookConfiguration")["webhooks"]:
+        assert w["clientConfig"]["caBundle"] == secret["data"]["ca.crt"], w["name"]
     vol = {v["name"]: v for v in pod_spec(one(docs, "Deployment", "-webhook"))["volumes"]}["tls"]
     assert vol["secret"]["secretName"] == secret["metadata"]["name"]
 
@@ -302,7 +303,7 @@ def ha_webhook():
     pdb = one(docs, "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 1
     assert pdb["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
-    (w,) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    w = one(docs, "MutatingWebhookConfiguration")["webhooks"][0]
     assert (w["failurePolicy"], w["timeoutSeconds"]) == ("Fail", 5)
     single = render()
     assert "PodDisruptionBudget" not in kinds(single)
@@ -550,7 +551,7 @@ def go_overrides():
         assert containers(w)[list(containers(w))[0]]["image"].startswith("quay.example.com/ghcr.io/")
     assert one(docs, "DaemonSet", "-libsync")["spec"]["template"]["metadata"]["annotations"]["note"] == "x"
     assert containers(one(docs, "DaemonSet", "-node"))["agent"]["resources"]["limits"]["memory"] == "1Gi"
-    (w,) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    w = one(docs, "MutatingWebhookConfiguration")["webhooks"][0]
     assert w["clientConfig"]["service"]["namespace"] == "gpu-system" and w["clientConfig"]["service"]["port"] == 8443
     assert one(docs, "Service", "-webhook")["spec"]["ports"][0]["port"] == 8443
     assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "gpu-system"]} in w["namespaceSelector"]["matchExpressions"]
@@ -582,7 +583,7 @@ def cert_manager_cluster_issuer():
     assert one(docs, "Certificate")["spec"]["issuerRef"] == {"name": issuer["metadata"]["name"], "kind": "ClusterIssuer"}
     # tls.patch.enabled=false with cert-manager off: the chart's own certificate.
     docs = render(extra=sets("tls.patch.enabled=false"))
-    (w,) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    w = one(docs, "MutatingWebhookConfiguration")["webhooks"][0]
     assert w["clientConfig"]["caBundle"] == one(docs, "Secret", "-webhook-tls")["data"]["ca.crt"]
 
 
@@ -592,20 +593,62 @@ def webhook_scoping():
         "--set-json", 'webhook.objectSelector.matchExpressions=[{"key":"team","operator":"In","values":["ml"]}]',
         "--set-json", 'webhook.matchConditions=[{"name":"kai-only","expression":"object.spec.schedulerName == \'kai-scheduler\'"}]'))
     validate_docs(docs)
-    (w,) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
-    assert w["namespaceSelector"]["matchLabels"] == {"gpu": "shared"}
-    ns = w["namespaceSelector"]["matchExpressions"]
-    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", NS]} in ns, "ours stay"
-    obj = w["objectSelector"]["matchExpressions"]
-    assert {"key": "kai-resource-isolator.io/webhook", "operator": "NotIn", "values": ["ignore"]} in obj, "ours stay"
-    assert {"key": "team", "operator": "In", "values": ["ml"]} in obj
-    assert w["matchConditions"] == [SHARING_PODS, {"name": "kai-only", "expression": "object.spec.schedulerName == 'kai-scheduler'"}]
+    (w, opt_out) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    for entry in (w, opt_out):
+        assert entry["namespaceSelector"]["matchLabels"] == {"gpu": "shared"}
+        ns = entry["namespaceSelector"]["matchExpressions"]
+        assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", NS]} in ns, "ours stay"
+        obj = entry["objectSelector"]["matchExpressions"]
+        assert {"key": "team", "operator": "In", "values": ["ml"]} in obj
+        assert entry["matchConditions"] == [SHARING_PODS, {"name": "kai-only", "expression": "object.spec.schedulerName == 'kai-scheduler'"}]
+    ignore = {"key": "kai-resource-isolator.io/webhook", "operator": "NotIn", "values": ["ignore"]}
+    assert ignore in opt_out["objectSelector"]["matchExpressions"], "ours stay where opting out is allowed"
+    assert ignore not in w["objectSelector"]["matchExpressions"], "and only there"
+
+
+def webhook_opt_out_gate():
+    ignore = {"key": "kai-resource-isolator.io/webhook", "operator": "NotIn", "values": ["ignore"]}
+    docs = render()
+    validate_docs(docs)
+    (w, opt_out) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    assert (w["name"], w["clientConfig"]["service"]["path"]) == ("vgpu.lib.kai-resource-isolator.io", "/mutate")
+    assert (opt_out["name"], opt_out["clientConfig"]["service"]["path"]) == ("opt-out.vgpu.lib.kai-resource-isolator.io", "/mutate/allow-opt-out")
+    # Complementary on the admin-only namespace label: a namespace matches one.
+    gate = "kai-resource-isolator.io/allow-opt-out"
+    assert {"key": gate, "operator": "NotIn", "values": ["true"]} in w["namespaceSelector"]["matchExpressions"]
+    assert {"key": gate, "operator": "In", "values": ["true"]} in opt_out["namespaceSelector"]["matchExpressions"]
+    assert w["objectSelector"] == {} and ignore in opt_out["objectSelector"]["matchExpressions"]
+    for key in ("failurePolicy", "matchConditions", "rules", "timeoutSeconds", "reinvocationPolicy"):
+        assert w[key] == opt_out[key], key
+    # Another label; or none at all: then nobody opts out.
+    (w, opt_out) = one(render(extra=("--set", "webhook.optOutNamespaceLabel=team/gpu-admin=yes")), "MutatingWebhookConfiguration")["webhooks"]
+    assert {"key": "team/gpu-admin", "operator": "In", "values": ["yes"]} in opt_out["namespaceSelector"]["matchExpressions"]
+    (only,) = one(render(extra=("--set", "webhook.optOutNamespaceLabel=")), "MutatingWebhookConfiguration")["webhooks"]
+    assert only["clientConfig"]["service"]["path"] == "/mutate" and only["objectSelector"] == {}
+    assert all(e["key"] != gate for e in only["namespaceSelector"]["matchExpressions"])
+
+
+def webhook_hostile_tenant_settings():
+    env = {e["name"]: e.get("value") for e in containers(one(render(), "Deployment", "-webhook"))["webhook"]["env"]}
+    assert env["TENANT_ENV"] == "replace"
+    assert (env["MAX_BODY_BYTES"], env["MAX_IN_FLIGHT_BYTES"], env["MAX_CONNECTIONS"]) == ("33554432", "50331648", "256")
+    assert (env["BODY_READ_TIMEOUT_SECONDS"], env["HEADER_READ_TIMEOUT_SECONDS"], env["MAX_CONCURRENT_STREAMS"]) == ("10", "10", "32")
+    # Above 6x the API server's 3 MiB request limit (its reviews escape < as \u003c).
+    assert int(env["MAX_BODY_BYTES"]) > 6 * 3 * 1024 * 1024
+    env = {e["name"]: e.get("value") for e in containers(one(render(extra=(
+        "--set", "webhook.tenantEnv=deny", "--set", "webhook.limits.maxBodyBytes=67108864")), "Deployment", "-webhook"))["webhook"]["env"]}
+    assert (env["TENANT_ENV"], env["MAX_BODY_BYTES"]) == ("deny", "67108864")
+    docs = render("strict-tenant-values.yaml")
+    env = {e["name"]: e.get("value") for e in containers(one(docs, "Deployment", "-webhook"))["webhook"]["env"]}
+    assert (env["TENANT_ENV"], env["MAX_CONNECTIONS"], env["MAX_CONCURRENT_STREAMS"]) == ("deny", "128", "16")
+    (only,) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    assert only["clientConfig"]["service"]["path"] == "/mutate"
 
 
 
 def failure_policy():
     def webhook(*extra):
-        (w,) = one(render(extra=extra), "MutatingWebhookConfiguration")["webhooks"]
+        w = one(render(extra=extra), "MutatingWebhookConfiguration")["webhooks"][0]
         return w["failurePolicy"], w.get("matchConditions")
     # An API server without matchConditions (< 1.28) would send every pod the
     # selectors match: the default falls back to fail-open there.
@@ -686,6 +729,8 @@ check("Go keys: name/namespace overrides, pull secrets, registry precedence, rba
 check("webhook PDB: maxUnavailable, then minAvailable, then 1 (Go precedence)", pdb_precedence)
 check("cert-manager ClusterIssuer; tls.patch accepted", cert_manager_cluster_issuer)
 check("webhook scoping values add to ours, never replace them", webhook_scoping)
+check("opt-out only in admin-labelled namespaces: two webhooks, complementary on the label; none without it", webhook_opt_out_gate)
+check("hostile-tenant settings reach the webhook: tenantEnv and the size/load limits", webhook_hostile_tenant_settings)
 check("failurePolicy: Fail where matchConditions scope it to sharing pods, Ignore where the API lacks them, explicit values win", failure_policy)
 check("node guard: a fail-closed validating webhook for the agent's evictions and Events on 1.30+, with the webhook's token and get pods", node_guard)
 check("GKE: host paths, affinity, ResourceQuota for system-node-critical, NVML from the host", gke)
@@ -727,6 +772,10 @@ def rejects(*sets):
 check("schema rejects an unknown top-level key", rejects("replicas=2"))
 check("schema rejects a wrong type", rejects("webhook.replicaCount=two"))
 check("schema rejects an unknown failurePolicy", rejects("webhook.failurePolicy=Maybe"))
+check("schema rejects keeping the tenant's env", rejects("webhook.tenantEnv=keep"))
+check("schema rejects an opt-out label that is no key=value", rejects("webhook.optOutNamespaceLabel=allow-opt-out"))
+check("schema rejects a body limit under 1 MiB", rejects("webhook.limits.maxBodyBytes=1024"))
+check("schema rejects an unknown key under webhook.limits", rejects("webhook.limits.maxBody=1"))
 check("schema rejects a relative containerVgpuMount", rejects("paths.containerVgpuMount=usr/local/vgpu"))
 check("schema rejects an unknown key under monitor", rejects("monitor.enable=true"))
 check("schema rejects an unknown monitor.isolation.enforce mode", rejects("monitor.isolation.enforce=kill"))

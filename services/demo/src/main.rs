@@ -70,6 +70,7 @@ async fn main() -> anyhow::Result<()> {
             inject: InjectConfig::default(),
             tls_reload_fallback: Duration::from_secs(60),
             node_guard: false,
+            limits: kai_webhook::server::Limits::default(),
         },
         shutdown.clone(),
     )

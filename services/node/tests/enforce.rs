@@ -42,9 +42,7 @@ fn region(dir: &std::path::Path, uid: &str, limit: u64, used: u64) {
 /// What the mock API server saw, in order.
 #[derive(Debug)]
 enum Seen {
-    Eviction {
-        path: String,
-    },
+    Eviction { path: String },
     Event(serde_json::Value),
 }
 

@@ -26,6 +26,32 @@ pub struct InjectConfig {
     /// Add a literal `CUDA_DEVICE_MEMORY_LIMIT` from `gpu-memory`, placed
     /// before KAI's reference so KAI's value wins whenever it exists.
     pub memory_limit_fallback: bool,
+    /// What becomes of isolation env the tenant set on a sharing container.
+    pub tenant_env: TenantEnv,
+}
+
+/// What the webhook does with isolation env (libvgpu's limits, the region's
+/// identity, the variables that switch libvgpu off) that the pod itself
+/// sets on its GPU-sharing container. Keeping it is never an option: it
+/// would let the tenant choose their own cap (docs/webhook.md, "Hostile
+/// tenants").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum TenantEnv {
+    /// Remove the tenant's entries and write ours: the pod starts, capped.
+    #[default]
+    Replace,
+    /// Deny the pod, naming the variables to remove.
+    Deny,
+}
+
+impl TenantEnv {
+    /// The flag's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Replace => "replace",
+            Self::Deny => "deny",
+        }
+    }
 }
 
 impl Default for InjectConfig {
@@ -38,6 +64,7 @@ impl Default for InjectConfig {
                 .map(str::to_owned)
                 .collect(),
             memory_limit_fallback: true,
+            tenant_env: TenantEnv::Replace,
         }
     }
 }
@@ -66,6 +93,7 @@ impl InjectConfig {
                 .filter(|r| !r.is_empty())
                 .collect(),
             memory_limit_fallback: true,
+            tenant_env: TenantEnv::Replace,
         })
     }
 
@@ -80,6 +108,13 @@ impl InjectConfig {
     #[must_use]
     pub fn with_memory_limit_fallback(mut self, on: bool) -> Self {
         self.memory_limit_fallback = on;
+        self
+    }
+
+    /// Sets what becomes of isolation env the tenant set.
+    #[must_use]
+    pub fn with_tenant_env(mut self, policy: TenantEnv) -> Self {
+        self.tenant_env = policy;
         self
     }
 
@@ -157,6 +192,30 @@ pub struct Args {
     /// webhook's ServiceAccount to `get` pods.
     #[arg(long, env = "NODE_GUARD", default_value_t = false, action = clap::ArgAction::Set)]
     pub node_guard: bool,
+    /// Isolation env a GPU-sharing container sets itself (its own
+    /// CUDA_DEVICE_MEMORY_LIMIT, POD_UID, …): `replace` removes it and
+    /// writes ours, `deny` rejects the pod naming it.
+    #[arg(long, env = "TENANT_ENV", value_enum, default_value_t = TenantEnv::Replace)]
+    pub tenant_env: TenantEnv,
+    /// Largest AdmissionReview reviewed; a larger one is denied by its uid.
+    #[arg(long, env = "MAX_BODY_BYTES", default_value_t = crate::review::MAX_BODY_BYTES, value_parser = clap::value_parser!(usize))]
+    pub max_body_bytes: usize,
+    /// Bytes of request bodies, and their estimated decoding cost, all
+    /// requests together may hold; beyond it requests get 503.
+    #[arg(long, env = "MAX_IN_FLIGHT_BYTES", default_value_t = 48 * 1024 * 1024)]
+    pub max_in_flight_bytes: usize,
+    /// Open connections at most; more are closed at once.
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 256)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a whole request body (408 after).
+    #[arg(long, env = "BODY_READ_TIMEOUT_SECONDS", default_value_t = 10)]
+    pub body_read_timeout_seconds: u64,
+    /// Seconds a client has to send a request's headers.
+    #[arg(long, env = "HEADER_READ_TIMEOUT_SECONDS", default_value_t = 10)]
+    pub header_read_timeout_seconds: u64,
+    /// Concurrent HTTP/2 streams per connection.
+    #[arg(long, env = "MAX_CONCURRENT_STREAMS", default_value_t = 32)]
+    pub max_concurrent_streams: u32,
     #[command(flatten)]
     pub log: LogArgs,
 }
@@ -164,6 +223,26 @@ pub struct Args {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flags_default_to_the_servers_defaults() {
+        use clap::Parser;
+        let args = Args::parse_from(["kai-webhook"]);
+        let settings = args.settings().expect("valid defaults");
+        assert_eq!(settings.limits, crate::server::Limits::default());
+        assert_eq!(settings.inject.tenant_env, TenantEnv::Replace);
+        let args = Args::parse_from([
+            "kai-webhook",
+            "--tenant-env",
+            "deny",
+            "--max-body-bytes",
+            "1048576",
+        ]);
+        let settings = args.settings().expect("valid");
+        assert_eq!(settings.inject.tenant_env, TenantEnv::Deny);
+        assert_eq!(settings.limits.max_body_bytes, 1_048_576);
+        assert!(Args::try_parse_from(["kai-webhook", "--tenant-env", "keep"]).is_err());
+    }
 
     #[test]
     fn mount_is_validated_and_normalised() {
@@ -175,6 +254,7 @@ mod tests {
                 host_vgpu_dir: "/opt/vgpu".into(),
                 share_resources: vec!["a".into()],
                 memory_limit_fallback: true,
+                tenant_env: TenantEnv::Replace,
             })
         );
         assert!(InjectConfig::new("relative/dir", vec![]).is_err());

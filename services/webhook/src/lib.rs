@@ -15,8 +15,10 @@ pub mod pod;
 pub mod review;
 pub mod server;
 
-pub use config::{Args, InjectConfig};
-pub use server::{Running, Settings, StartError, start};
+use std::time::Duration;
+
+pub use config::{Args, InjectConfig, TenantEnv};
+pub use server::{Limits, Running, Settings, StartError, start};
 
 impl Args {
     /// Turns validated flags into server settings.
@@ -30,9 +32,18 @@ impl Args {
                     Some(dir) => cfg.with_host_vgpu_dir(dir),
                     None => Ok(cfg),
                 })?
-                .with_memory_limit_fallback(self.memory_limit_fallback),
+                .with_memory_limit_fallback(self.memory_limit_fallback)
+                .with_tenant_env(self.tenant_env),
             tls_reload_fallback: self.tls.reload_fallback,
             node_guard: self.node_guard,
+            limits: server::Limits {
+                max_body_bytes: self.max_body_bytes,
+                max_in_flight_bytes: self.max_in_flight_bytes,
+                max_connections: self.max_connections,
+                body_read_timeout: Duration::from_secs(self.body_read_timeout_seconds),
+                header_read_timeout: Duration::from_secs(self.header_read_timeout_seconds),
+                max_concurrent_streams: self.max_concurrent_streams,
+            },
         })
     }
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use kai_exposition::{Counter, Histogram, Recorder, Unit};
+use kai_exposition::{Counter, Gauge, Histogram, Recorder, Unit};
 use tokio_util::sync::CancellationToken;
 
 use crate::outcome::Outcome;
@@ -23,6 +23,26 @@ pub const CERT_RELOADS_TOTAL: &str = "kai_webhook_certificate_reloads_total";
 /// The node agent's evictions and Events the node guard judged
 /// (`decision`: allowed, denied).
 pub const NODE_GUARD_TOTAL: &str = "kai_webhook_node_guard_reviews_total";
+/// Sharing containers that set isolation env themselves, by `action`
+/// (`replaced`, `denied`).
+pub const TENANT_ENV_TOTAL: &str = "kai_webhook_tenant_env_total";
+/// Pods that asked to opt out where no administrator allows it.
+pub const OPT_OUT_IGNORED_TOTAL: &str = "kai_webhook_opt_out_ignored_total";
+/// Pod CREATEs denied because the webhook could not read the pod, by
+/// `reason` ([`UNREADABLE`]).
+pub const UNREADABLE_DENIED_TOTAL: &str = "kai_webhook_unreadable_denied_total";
+/// Requests and connections refused to bound memory and time, by
+/// `reason` ([`SHED`]); the API server applies failurePolicy to them.
+pub const SHED_TOTAL: &str = "kai_webhook_shed_total";
+/// Bytes of request bodies held (and reserved for decoding) right now.
+pub const IN_FLIGHT_BYTES: &str = "kai_webhook_in_flight_bytes";
+
+/// The `action` values of [`TENANT_ENV_TOTAL`].
+pub const TENANT_ENV_ACTIONS: [&str; 2] = ["replaced", "denied"];
+/// The `reason` values of [`UNREADABLE_DENIED_TOTAL`].
+pub const UNREADABLE: [&str; 4] = ["invalid_pod", "no_object", "too_large", "too_complex"];
+/// The `reason` values of [`SHED_TOTAL`].
+pub const SHED: [&str; 3] = ["in_flight_bytes", "body_timeout", "connections"];
 
 /// Histogram buckets for [`REVIEW_DURATION`]: a review takes tens of µs;
 /// the upper buckets catch a starved runtime long before the API server's
@@ -58,6 +78,14 @@ pub struct Metrics {
     cert_reloads: Counter,
     /// Allowed, denied.
     guard: [Counter; 2],
+    /// By [`TENANT_ENV_ACTIONS`] index.
+    tenant_env: Vec<Counter>,
+    opt_out_ignored: Counter,
+    /// By [`UNREADABLE`] index.
+    unreadable: Vec<Counter>,
+    /// By [`SHED`] index.
+    shed: Vec<Counter>,
+    in_flight_bytes: Gauge,
 }
 
 impl Default for Metrics {
@@ -101,6 +129,44 @@ impl Default for Metrics {
                 &[("decision", d)],
             )
         });
+        let labelled = |name: &'static str,
+                        help: &'static str,
+                        label: &'static str,
+                        values: &[&str]|
+         -> Vec<Counter> {
+            values
+                .iter()
+                .map(|v| recorder.counter(name, help, &[(label, v)]))
+                .collect()
+        };
+        let tenant_env = labelled(
+            TENANT_ENV_TOTAL,
+            "GPU-sharing containers that set isolation env themselves, by what the webhook did.",
+            "action",
+            &TENANT_ENV_ACTIONS,
+        );
+        let unreadable = labelled(
+            UNREADABLE_DENIED_TOTAL,
+            "Pod CREATEs denied because the webhook could not read the pod, by reason.",
+            "reason",
+            &UNREADABLE,
+        );
+        let shed = labelled(
+            SHED_TOTAL,
+            "Requests and connections refused to bound the webhook's memory and time, by reason.",
+            "reason",
+            &SHED,
+        );
+        let opt_out_ignored = recorder.counter(
+            OPT_OUT_IGNORED_TOTAL,
+            "GPU-sharing pods that asked to opt out in a namespace that does not allow it.",
+            &[],
+        );
+        let in_flight_bytes = recorder.gauge(
+            IN_FLIGHT_BYTES,
+            "Bytes of request bodies held, and reserved for decoding them, now.",
+            &[],
+        );
         Self {
             recorder,
             reviews,
@@ -108,6 +174,11 @@ impl Default for Metrics {
             duration,
             cert_reloads,
             guard,
+            tenant_env,
+            opt_out_ignored,
+            unreadable,
+            shed,
+            in_flight_bytes,
         }
     }
 }
@@ -145,6 +216,31 @@ impl Metrics {
         self.guard[usize::from(!allowed)].increment(1);
     }
 
+    /// A sharing container's own isolation env was `action`ed.
+    pub fn record_tenant_env(&self, action: &str) {
+        count(&self.tenant_env, &TENANT_ENV_ACTIONS, action);
+    }
+
+    pub fn record_opt_out_ignored(&self) {
+        self.opt_out_ignored.increment(1);
+    }
+
+    /// A Pod CREATE denied unread, for `reason` (one of [`UNREADABLE`]).
+    pub fn record_unreadable(&self, reason: &str) {
+        self.review(Outcome::Denied as usize);
+        count(&self.unreadable, &UNREADABLE, reason);
+    }
+
+    /// A request or connection refused, for `reason` (one of [`SHED`]).
+    pub fn record_shed(&self, reason: &str) {
+        count(&self.shed, &SHED, reason);
+    }
+
+    /// The bytes held for requests now.
+    pub fn set_in_flight_bytes(&self, bytes: usize) {
+        self.in_flight_bytes.set(bytes as f64);
+    }
+
     pub fn record_cert_reload(&self) {
         self.cert_reloads.increment(1);
     }
@@ -162,6 +258,15 @@ impl Metrics {
     }
 }
 
+/// Adds one to the counter of `label` among `labels`.
+fn count(counters: &[Counter], labels: &[&str], label: &str) {
+    match labels.iter().position(|l| *l == label) {
+        Some(i) => counters[i].increment(1),
+        // A caller passed an unlisted label: a bug, not input.
+        None => tracing::warn!(label, "not a listed metric label; not counted"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,9 +278,14 @@ mod tests {
         m.record(Outcome::Injected, Duration::from_millis(2));
         m.record_bad_request(&BadRequest::TooLarge);
         m.record_cert_reload();
+        m.record_tenant_env("replaced");
+        m.record_opt_out_ignored();
+        m.record_unreadable("too_large");
+        m.record_shed("connections");
+        m.set_in_flight_bytes(4096);
         let page = m.render();
         for line in [
-            "kai_webhook_admission_reviews_total{decision=\"denied\"} 1\n",
+            "kai_webhook_admission_reviews_total{decision=\"denied\"} 2\n",
             "kai_webhook_admission_reviews_total{decision=\"injected\"} 1\n",
             "kai_webhook_admission_reviews_total{decision=\"pass_through\"} 0\n",
             "kai_webhook_admission_reviews_total{decision=\"bad_request\"} 1\n",
@@ -186,6 +296,14 @@ mod tests {
             "kai_webhook_admission_review_duration_seconds_bucket{le=\"0.0025\"} 2\n",
             "kai_webhook_admission_review_duration_seconds_count 2\n",
             "kai_webhook_certificate_reloads_total 1\n",
+            "kai_webhook_tenant_env_total{action=\"replaced\"} 1\n",
+            "kai_webhook_tenant_env_total{action=\"denied\"} 0\n",
+            "kai_webhook_opt_out_ignored_total 1\n",
+            "kai_webhook_unreadable_denied_total{reason=\"too_large\"} 1\n",
+            "kai_webhook_unreadable_denied_total{reason=\"invalid_pod\"} 0\n",
+            "kai_webhook_shed_total{reason=\"connections\"} 1\n",
+            "kai_webhook_shed_total{reason=\"body_timeout\"} 0\n",
+            "kai_webhook_in_flight_bytes 4096\n",
         ] {
             assert!(page.contains(line), "{line} in\n{page}");
         }

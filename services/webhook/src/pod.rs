@@ -6,7 +6,9 @@
 //! it adds are k8s-openapi's own types. `null` reads as absent, as the API
 //! server's decoder reads it.
 
-use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, Volume, VolumeMount};
+use k8s_openapi::api::core::v1::{
+    EnvFromSource, EnvVar, ResourceRequirements, Volume, VolumeMount,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer};
 
@@ -40,6 +42,9 @@ pub struct Container {
     #[serde(default, deserialize_with = "null_is_default")]
     pub name: String,
     pub env: Option<Vec<EnvVar>>,
+    /// Read only for whether there is any: its ConfigMaps and Secrets may
+    /// set libvgpu's variables, which explicit `env` entries then mask.
+    pub env_from: Option<Vec<EnvFromSource>>,
     pub volume_mounts: Option<Vec<VolumeMount>>,
     /// Read only to explain, in the log, why a pod asking for a sharing
     /// resource without KAI's annotations was left alone.

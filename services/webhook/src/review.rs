@@ -2,7 +2,8 @@
 //!
 //! Malformed input is a [`BadRequest`] (HTTP 400 with an invalid review;
 //! the API server then applies the webhook's failurePolicy). A well-formed
-//! review always gets a well-formed response echoing its uid.
+//! review always gets a well-formed response echoing its uid; a Pod CREATE
+//! whose pod cannot be read is denied, never admitted unpatched.
 
 use base64::Engine;
 use kube::core::DynamicObject;
@@ -13,18 +14,24 @@ use kube::core::admission::{
 use serde_json::Value;
 
 use crate::config::InjectConfig;
-use crate::inject::{self, Decision};
+use crate::inject::{self, Decision, OptOut};
 use crate::outcome::Outcome;
 use crate::pod::Pod;
 
-/// Largest body accepted; a Pod is far smaller, and the API server itself
-/// caps objects at ~1.5 MiB.
-pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+/// Largest body reviewed by default (`--max-body-bytes`). The API server
+/// takes requests of up to 3 MiB of JSON and stores objects of up to
+/// 1.5 MiB, but its review re-encodes the object, escaping `<`, `>` and `&`
+/// as `\u003c` (six bytes for one): a 3 MiB pod can make an 18 MiB review.
+/// 32 MiB holds that with room to spare.
+pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+/// How far into a body [`uid_in_prefix`] looks.
+pub const UID_PREFIX_BYTES: usize = 4096;
 
 /// Why a body could not be reviewed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BadRequest {
-    #[error("request body exceeds {MAX_BODY_BYTES} bytes")]
+    #[error("request body exceeds the webhook's limit")]
     TooLarge,
     #[error("request body is not an AdmissionReview: {0}")]
     NotJson(String),
@@ -106,13 +113,29 @@ pub struct Reviewed {
     pub container: Option<String>,
     /// Denial message, or the sharing resource of an unannotated pod.
     pub detail: Option<String>,
+    /// The pod asked to opt out where opting out is not allowed.
+    pub opt_out_ignored: bool,
+    /// The sharing container set isolation env itself: `replaced` or
+    /// `denied` (the `action` of the tenant-env metric).
+    pub tenant_env: Option<&'static str>,
+    /// A Pod CREATE denied because its pod could not be read: the reason
+    /// (`invalid_pod`, `no_object`).
+    pub unreadable: Option<&'static str>,
 }
 
-/// Reviews one AdmissionReview body.
+/// Reviews one AdmissionReview body arriving on `/mutate`, where the
+/// tenant's opt-out annotation is not honoured.
 pub fn review(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, ReviewError> {
-    if body.len() > MAX_BODY_BYTES {
-        return Err(BadRequest::TooLarge.into());
-    }
+    review_with(body, cfg, OptOut::Ignored)
+}
+
+/// Reviews one AdmissionReview body; `opt_out` says whether the route
+/// honours `kai-resource-isolator.io/inject: "false"`.
+pub fn review_with(
+    body: &[u8],
+    cfg: &InjectConfig,
+    opt_out: OptOut,
+) -> Result<Reviewed, ReviewError> {
     let not_json = |e: serde_json::Error| BadRequest::NotJson(e.to_string());
     // Read as a Value first, to follow the API server's JSON rules: its map
     // keeps the last of repeated keys (serde's derive would refuse them)
@@ -145,23 +168,47 @@ pub fn review(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, ReviewError> 
         pod: request.name.clone(),
         container: None,
         detail: None,
+        opt_out_ignored: false,
+        tenant_env: None,
+        unreadable: None,
     };
 
     // Only a Pod CREATE is ours; UPDATE/DELETE/CONNECT and subresources
     // (binding, ephemeralcontainers, …) pass through untouched.
     let main_resource = request.sub_resource.as_deref().is_none_or(str::is_empty);
     if request.operation == Operation::Create && main_resource {
-        let pod = pod_of(&request, object)?;
+        let pod = match pod_of(&request, object) {
+            Ok(pod) => pod,
+            // The API server sent a Pod CREATE we cannot read. Passing it
+            // would admit a pod we never looked at (uncapped, if it shares
+            // a GPU), and an HTTP 400 does the same under failurePolicy
+            // Ignore: deny it, saying why.
+            Err(error @ (BadRequest::InvalidPod(_) | BadRequest::NoObject)) => {
+                let message = format!("kai-resource-isolator cannot read this pod: {error}");
+                reviewed.decision = Outcome::Denied;
+                reviewed.unreadable = Some(error.label());
+                reviewed.body = encode(deny(response, &message))?;
+                reviewed.detail = Some(message);
+                return Ok(reviewed);
+            }
+            Err(error) => return Err(error.into()),
+        };
         if reviewed.pod.is_empty() {
             reviewed.pod = display_name(&pod);
         }
         if reviewed.namespace.is_empty() {
             reviewed.namespace = pod.metadata.namespace.clone().unwrap_or_default();
         }
-        let decision = inject::plan(&pod, cfg);
+        let decision = inject::plan(&pod, cfg, opt_out);
         reviewed.decision = decision.outcome();
+        reviewed.opt_out_ignored = opt_out == OptOut::Ignored
+            && inject::asks_to_opt_out(&pod)
+            && !matches!(decision, Decision::NotSharing { .. });
         match decision {
             Decision::Inject { target, patch } => {
+                if !patch.remove_env.is_empty() {
+                    reviewed.tenant_env = Some("replaced");
+                }
                 response = response.with_patch(patch.operations(&target, cfg)?)?;
                 reviewed.container = Some(target.name);
             }
@@ -169,17 +216,57 @@ pub fn review(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, ReviewError> 
             Decision::NotSharing { share_resource } => reviewed.detail = share_resource,
             Decision::OptedOut | Decision::NoContainers => {}
             Decision::Deny { message } => {
-                response = response.deny(&message);
-                // As the Go webhook we replace answered: the API server
-                // shows code and reason to the client.
-                response.result.code = 400;
-                response.result.reason = "BadRequest".to_owned();
+                response = deny(response, &message);
+                reviewed.detail = Some(message);
+            }
+            Decision::DenyTenantEnv { message } => {
+                response = deny(response, &message);
+                reviewed.tenant_env = Some("denied");
                 reviewed.detail = Some(message);
             }
         }
     }
     reviewed.body = encode(response)?;
     Ok(reviewed)
+}
+
+/// `response` turned into a denial with `message`. As the Go webhook we
+/// replace answered, with code 400: the API server shows code and reason
+/// to the client.
+fn deny(response: AdmissionResponse, message: &str) -> AdmissionResponse {
+    let mut response = response.deny(message);
+    response.result.code = 400;
+    response.result.reason = "BadRequest".to_owned();
+    response
+}
+
+/// A denial of the request `uid`, for a body that was not (or could not
+/// be) read whole: too large, or too costly to decode.
+pub fn deny_by_uid(uid: &str, message: &str) -> Result<Vec<u8>, ReviewError> {
+    let mut response = AdmissionResponse::invalid(message);
+    response.uid = uid.to_owned();
+    encode(deny(response, message))
+}
+
+/// The request uid of an AdmissionReview from its first bytes.
+///
+/// The API server encodes the review from Go structs, whose fields come
+/// out in declaration order: `kind`, `apiVersion`, then `request`, whose
+/// first field is `uid`. So a body too large to read whole still says,
+/// within its first few hundred bytes, which request to deny. Anything
+/// else (another order, an escaped key) finds nothing; the caller then
+/// answers with an HTTP error, which failurePolicy Fail also rejects.
+pub fn uid_in_prefix(prefix: &[u8]) -> Option<&str> {
+    const KEY: &[u8] = br#""request":{"uid":""#;
+    let prefix = &prefix[..prefix.len().min(UID_PREFIX_BYTES)];
+    let start = prefix.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+    let len = prefix[start..].iter().position(|&b| b == b'"')?;
+    let uid = std::str::from_utf8(&prefix[start..start + len]).ok()?;
+    // A Kubernetes UID: letters, digits and dashes, never empty.
+    (!uid.is_empty()
+        && uid.len() <= 128
+        && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+    .then_some(uid)
 }
 
 /// The Pod of a Pod CREATE, from the request's `object`.

@@ -10,6 +10,7 @@ use futures_util::{Stream, StreamExt};
 use kai_runtime::tls::{ReloadingCert, TlsError};
 use kube::core::admission::AdmissionResponse;
 use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use warp::http::StatusCode;
@@ -17,9 +18,14 @@ use warp::reply::{Reply, Response};
 use warp::{Filter, Rejection};
 
 use crate::config::InjectConfig;
+use crate::inject::OptOut;
 use crate::metrics;
 use crate::outcome::Outcome;
-use crate::review::{self, BadRequest, MAX_BODY_BYTES, ReviewError};
+use crate::review::{self, BadRequest, ReviewError, UID_PREFIX_BYTES};
+
+/// The route whose reviews honour the tenant's opt-out annotation. The
+/// chart sends it only pods of namespaces an administrator labelled.
+pub const ALLOW_OPT_OUT_PATH: &str = "/mutate/allow-opt-out";
 
 /// Everything needed to start the webhook.
 #[derive(Clone, Debug)]
@@ -32,6 +38,47 @@ pub struct Settings {
     pub tls_reload_fallback: Duration,
     /// Serve the node guard (`POST /validate-node-agent`, guard.rs).
     pub node_guard: bool,
+    /// Bounds on memory and time per request and in all.
+    pub limits: Limits,
+}
+
+/// What a client (the API server, or anything that reaches the port) may
+/// hold of the webhook. Defaults in [`Limits::default`], reasons in
+/// docs/webhook.md ("Size and load").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest body reviewed; a larger one is denied by its uid.
+    pub max_body_bytes: usize,
+    /// Bytes of bodies (and the estimated cost of decoding them) all
+    /// requests together may hold; a request that finds no room gets 503.
+    pub max_in_flight_bytes: usize,
+    /// Open connections at most.
+    pub max_connections: usize,
+    /// Time to receive a whole request body.
+    pub body_read_timeout: Duration,
+    /// Time to receive a request's headers.
+    pub header_read_timeout: Duration,
+    /// Concurrent HTTP/2 streams per connection.
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for Limits {
+    /// 32 MiB of body (above the 18 MiB review a 3 MiB pod of `<` makes);
+    /// 48 MiB in flight, so one review at the body limit fits with its
+    /// decoding (the chart's 192 MiB memory limit holds that twice over);
+    /// 256 connections (the API server keeps a few per replica); 10 s for
+    /// headers and for the body (the API server's own webhook timeout is
+    /// 10 s by default); 32 HTTP/2 streams per connection.
+    fn default() -> Self {
+        Self {
+            max_body_bytes: review::MAX_BODY_BYTES,
+            max_in_flight_bytes: 48 * 1024 * 1024,
+            max_connections: 256,
+            body_read_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
+            max_concurrent_streams: 32,
+        }
+    }
 }
 
 /// Failures before the server is serving.
@@ -66,6 +113,9 @@ struct State {
     kube: Option<kube::Client>,
     metrics: Arc<metrics::Metrics>,
     shutdown: CancellationToken,
+    limits: Limits,
+    /// One permit per byte of [`Limits::max_in_flight_bytes`].
+    budget: Arc<Semaphore>,
 }
 
 /// Loads the certificate (failing fast), binds, and serves until `shutdown`.
@@ -94,15 +144,33 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> Result<Ru
         true => Some(kube::Client::try_default().await?),
         false => None,
     };
+    let limits = settings.limits;
+    let serve_limits = kai_runtime::https::ServeLimits {
+        max_connections: limits.max_connections,
+        header_read_timeout: limits.header_read_timeout,
+        max_concurrent_streams: limits.max_concurrent_streams,
+        on_refused: Some(Arc::new({
+            let metrics = metrics.clone();
+            move || metrics.record_shed("connections")
+        })),
+    };
     let state = Arc::new(State {
         inject: settings.inject,
         kube,
         metrics,
         shutdown: shutdown.clone(),
+        budget: Arc::new(Semaphore::new(limits.max_in_flight_bytes)),
+        limits,
     });
     let service = warp::service(routes(state));
     tracing::info!(%addr, cert = %settings.tls_cert_file.display(), "webhook serving HTTPS");
-    let task = tokio::spawn(kai_runtime::https::serve(listener, tls, service, shutdown));
+    let task = tokio::spawn(kai_runtime::https::serve(
+        listener,
+        tls,
+        service,
+        serve_limits,
+        shutdown,
+    ));
     Ok(Running { addr, cert, task })
 }
 
@@ -125,8 +193,8 @@ fn count_reloads(
     });
 }
 
-/// `POST /mutate`, `POST /validate-node-agent` (the node guard),
-/// `GET /healthz`, `GET /readyz`, `GET /metrics` (and
+/// `POST /mutate`, `POST /mutate/allow-opt-out`, `POST /validate-node-agent`
+/// (the node guard), `GET /healthz`, `GET /readyz`, `GET /metrics` (and
 /// warp's 404/405 for the rest).
 fn routes(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = Rejection> + Clone {
     let draining = state.shutdown.clone();
@@ -139,15 +207,37 @@ fn routes(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = Rejec
         }
     });
     let with_state = warp::any().map(move || state.clone());
-    let mutate = warp::path!("mutate")
+    let opt_out = warp::path!("mutate")
+        .map(|| OptOut::Ignored)
+        .or(warp::path!("mutate" / "allow-opt-out").map(|| OptOut::Honoured))
+        .unify();
+    let mutate = opt_out
         .and(warp::post())
         .and(warp::body::stream())
         .and(with_state.clone())
-        .then(|body, state: Arc<State>| async move {
-            match read_limited(body).await {
-                Ok(body) => answer(&body, &state),
-                Err(error) => bad_request(&error, &state.metrics),
-            }
+        .then(|opt_out, body, state: Arc<State>| async move {
+            let read =
+                tokio::time::timeout(state.limits.body_read_timeout, read_limited(body, &state))
+                    .await;
+            let reply = match read {
+                Ok(Ok(Body { bytes, permit })) => answer(&bytes, permit, &state, opt_out),
+                Ok(Err(error)) => refuse(error, &state),
+                Err(_) => {
+                    // A client that stalls mid-body holds a connection and
+                    // its bytes; the API server never does.
+                    state.metrics.record_shed("body_timeout");
+                    tracing::warn!(
+                        timeout = ?state.limits.body_read_timeout,
+                        "request body not received in time"
+                    );
+                    plain(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "request body not received in time",
+                    )
+                }
+            };
+            state.metrics.set_in_flight_bytes(in_flight(&state));
+            reply
         });
     let guard = warp::path!("validate-node-agent")
         .and(warp::post())
@@ -161,11 +251,26 @@ fn routes(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = Rejec
                 )
                 .into_response();
             };
-            let body = match read_limited(body).await {
-                Ok(body) => body,
-                Err(error) => return bad_request(&error, &state.metrics),
+            // The same budget and deadline as a review: an Eviction or an
+            // Event is small, and anything else is refused the same way
+            // (the guard fails closed, so a refusal only stops the agent).
+            let read =
+                tokio::time::timeout(state.limits.body_read_timeout, read_limited(body, &state))
+                    .await;
+            let Body { bytes, permit } = match read {
+                Ok(Ok(body)) => body,
+                Ok(Err(refusal)) => return refuse(refusal, &state),
+                Err(_) => {
+                    state.metrics.record_shed("body_timeout");
+                    return plain(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "request body not received in time",
+                    );
+                }
             };
-            match crate::guard::review(&body, &client).await {
+            let answered = crate::guard::review(&bytes, &client).await;
+            drop(permit);
+            match answered {
                 Ok((answer, allowed)) => {
                     state.metrics.record_guard(allowed);
                     json(StatusCode::OK, answer)
@@ -197,13 +302,52 @@ fn routes(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = Rejec
         .unify()
 }
 
-/// Reviews a complete body, counts and logs the outcome.
+/// Reviews a complete body, counts and logs the outcome. `permit` holds
+/// the body's bytes of the budget; decoding reserves its estimated cost
+/// on top, for as long as it runs.
 #[tracing::instrument(skip_all, fields(uid, namespace, name))]
-fn answer(body: &[u8], state: &State) -> Response {
+fn answer(
+    body: &[u8],
+    mut permit: OwnedSemaphorePermit,
+    state: &State,
+    opt_out: OptOut,
+) -> Response {
     let started = Instant::now();
-    match review::review(body, &state.inject) {
+    let cost = decode_cost(body);
+    if cost > state.limits.max_in_flight_bytes {
+        // It would never fit: deny instead of failing it forever.
+        return deny_unread(
+            body,
+            "too_complex",
+            &format!(
+                "the admission review is too complex for kai-resource-isolator to decode (estimated {cost} bytes, limit {}): the pod has too many fields",
+                state.limits.max_in_flight_bytes
+            ),
+            state,
+        );
+    }
+    let extra = cost.saturating_sub(permit.num_permits());
+    match acquire(&state.budget, extra) {
+        Some(more) => permit.merge(more),
+        None => return overloaded(state),
+    }
+    state.metrics.set_in_flight_bytes(in_flight(state));
+    let result = review::review_with(body, &state.inject, opt_out);
+    drop(permit);
+    match result {
         Ok(reviewed) => {
-            state.metrics.record(reviewed.decision, started.elapsed());
+            if reviewed.unreadable.is_none() {
+                state.metrics.record(reviewed.decision, started.elapsed());
+            }
+            if let Some(action) = reviewed.tenant_env {
+                state.metrics.record_tenant_env(action);
+            }
+            if reviewed.opt_out_ignored {
+                state.metrics.record_opt_out_ignored();
+            }
+            if let Some(reason) = reviewed.unreadable {
+                state.metrics.record_unreadable(reason);
+            }
             let span = tracing::Span::current();
             span.record("uid", reviewed.uid.as_str());
             span.record("namespace", reviewed.namespace.as_str());
@@ -220,29 +364,64 @@ fn answer(body: &[u8], state: &State) -> Response {
     }
 }
 
-/// An oversized body up to this size is read and discarded so the client
-/// gets its 400 on a connection that stays usable (as Go's net/http does);
-/// reading stops beyond it, and the connection is closed.
-const DRAIN_LIMIT: usize = 2 * MAX_BODY_BYTES;
+/// A body read whole, with its bytes of the in-flight budget.
+struct Body {
+    bytes: Vec<u8>,
+    permit: OwnedSemaphorePermit,
+}
 
-/// Collects the body, refusing it when it is too big.
+/// Why a body was not read whole.
+enum Refusal {
+    /// Bigger than [`Limits::max_body_bytes`]; its first bytes (for the uid).
+    TooLarge { prefix: Vec<u8> },
+    /// No room left in the in-flight budget.
+    Overloaded,
+    /// The connection failed mid-body.
+    Broken(BadRequest),
+}
+
+/// Collects the body, holding a permit per byte from the shared budget;
+/// refuses it when it is too big or the budget is spent.
 async fn read_limited(
     body: impl Stream<Item = Result<impl Buf, warp::Error>>,
-) -> Result<Vec<u8>, BadRequest> {
+    state: &State,
+) -> Result<Body, Refusal> {
+    let max = state.limits.max_body_bytes;
     let mut body = std::pin::pin!(body);
     let mut collected = Vec::new();
+    let mut permit = match acquire(&state.budget, 0) {
+        Some(permit) => permit,
+        None => return Err(Refusal::Overloaded),
+    };
     while let Some(chunk) = body.next().await {
-        let mut chunk = chunk.map_err(|e| BadRequest::NotJson(format!("cannot read body: {e}")))?;
-        if collected.len() + chunk.remaining() > MAX_BODY_BYTES {
-            let mut read = collected.len() + chunk.remaining();
-            while read <= DRAIN_LIMIT {
+        let mut chunk = chunk
+            .map_err(|e| Refusal::Broken(BadRequest::NotJson(format!("cannot read body: {e}"))))?;
+        if collected.len() + chunk.remaining() > max {
+            // Read on (discarding) up to twice the limit, so the client
+            // gets its answer on a connection that stays usable, as Go's
+            // net/http does; beyond that the connection is closed.
+            // The uid is in the first bytes, which may still be in this
+            // chunk when it is the first.
+            let mut prefix = collected[..collected.len().min(UID_PREFIX_BYTES)].to_vec();
+            let want = UID_PREFIX_BYTES - prefix.len();
+            let part = chunk.chunk();
+            prefix.extend_from_slice(&part[..part.len().min(want)]);
+            drop(collected);
+            drop(permit);
+            let mut read = max;
+            while read <= max.saturating_mul(2) {
                 match body.next().await {
                     Some(Ok(chunk)) => read += chunk.remaining(),
                     _ => break,
                 }
             }
-            return Err(BadRequest::TooLarge);
+            return Err(Refusal::TooLarge { prefix });
         }
+        match acquire(&state.budget, chunk.remaining()) {
+            Some(more) => permit.merge(more),
+            None => return Err(Refusal::Overloaded),
+        }
+        state.metrics.set_in_flight_bytes(in_flight(state));
         while chunk.has_remaining() {
             let part = chunk.chunk();
             collected.extend_from_slice(part);
@@ -250,7 +429,100 @@ async fn read_limited(
             chunk.advance(n);
         }
     }
-    Ok(collected)
+    Ok(Body {
+        bytes: collected,
+        permit,
+    })
+}
+
+/// `bytes` permits of `budget`, now or never: waiting would let stalled
+/// requests hold everyone else up.
+fn acquire(budget: &Arc<Semaphore>, bytes: usize) -> Option<OwnedSemaphorePermit> {
+    let bytes = u32::try_from(bytes).ok()?;
+    budget.clone().try_acquire_many_owned(bytes).ok()
+}
+
+/// Bytes of the budget in use.
+fn in_flight(state: &State) -> usize {
+    state
+        .limits
+        .max_in_flight_bytes
+        .saturating_sub(state.budget.available_permits())
+}
+
+/// What decoding `body` may cost in memory, estimated from its bytes: the
+/// body itself, and a JSON object's map node (~640 bytes in serde_json's
+/// BTreeMap, more than the object's text for small ones) per `{`. A `{`
+/// inside a string is counted too, which only over-estimates.
+fn decode_cost(body: &[u8]) -> usize {
+    const PER_OBJECT: usize = 640;
+    let objects = body.iter().filter(|&&b| b == b'{').count();
+    body.len()
+        .saturating_add(objects.saturating_mul(PER_OBJECT))
+}
+
+/// The answer to a body that was not read whole.
+fn refuse(refusal: Refusal, state: &State) -> Response {
+    match refusal {
+        Refusal::TooLarge { prefix } => deny_unread(
+            &prefix,
+            "too_large",
+            &format!(
+                "the admission review exceeds kai-resource-isolator's limit of {} bytes; the pod is too large to check",
+                state.limits.max_body_bytes
+            ),
+            state,
+        ),
+        Refusal::Overloaded => overloaded(state),
+        Refusal::Broken(error) => bad_request(&error, &state.metrics),
+    }
+}
+
+/// Denies the request whose uid the body's first bytes give, for
+/// `reason`: a pod the webhook could not check is never admitted. Without
+/// a uid there is no review to answer: HTTP 413, which failurePolicy Fail
+/// rejects.
+fn deny_unread(prefix: &[u8], reason: &'static str, message: &str, state: &State) -> Response {
+    tracing::warn!(
+        reason,
+        message,
+        "denied an admission review without reading it"
+    );
+    let Some(uid) = review::uid_in_prefix(prefix) else {
+        state.metrics.record_bad_request(&BadRequest::TooLarge);
+        return bad_request_with(StatusCode::PAYLOAD_TOO_LARGE, &BadRequest::TooLarge);
+    };
+    match review::deny_by_uid(uid, message) {
+        Ok(body) => {
+            state.metrics.record_unreadable(reason);
+            json(StatusCode::OK, body)
+        }
+        Err(error) => {
+            tracing::error!(%error, "cannot answer an admission review");
+            plain(StatusCode::INTERNAL_SERVER_ERROR, &error.to_string())
+        }
+    }
+}
+
+/// 503: the in-flight budget is spent. failurePolicy Fail rejects the pod
+/// (the API server's client retries); it never passes unpatched there.
+fn overloaded(state: &State) -> Response {
+    state.metrics.record_shed("in_flight_bytes");
+    tracing::warn!(
+        limit = state.limits.max_in_flight_bytes,
+        "in-flight byte budget spent; refused a review"
+    );
+    let reply = plain(StatusCode::SERVICE_UNAVAILABLE, "webhook busy, retry");
+    let mut reply = reply;
+    reply.headers_mut().insert(
+        warp::http::header::RETRY_AFTER,
+        warp::http::HeaderValue::from_static("1"),
+    );
+    reply
+}
+
+fn plain(status: StatusCode, text: &str) -> Response {
+    warp::reply::with_status(text.to_owned(), status).into_response()
 }
 
 fn json(status: StatusCode, body: Vec<u8>) -> Response {
@@ -263,9 +535,13 @@ fn json(status: StatusCode, body: Vec<u8>) -> Response {
 fn bad_request(error: &BadRequest, metrics: &metrics::Metrics) -> Response {
     metrics.record_bad_request(error);
     tracing::warn!(reason = error.label(), %error, "rejected a malformed admission request");
+    bad_request_with(StatusCode::BAD_REQUEST, error)
+}
+
+fn bad_request_with(status: StatusCode, error: &BadRequest) -> Response {
     let invalid = AdmissionResponse::invalid(error).into_review();
     json(
-        StatusCode::BAD_REQUEST,
+        status,
         serde_json::to_vec(&invalid).unwrap_or_else(|_| error.to_string().into_bytes()),
     )
 }

@@ -8,7 +8,8 @@ use std::collections::HashSet;
 
 use k8s_openapi::api::core::v1::Pod;
 use kai_webhook::InjectConfig;
-use kai_webhook::review::review;
+use kai_webhook::inject::OptOut;
+use kai_webhook::review::{review, review_with};
 use serde_json::Value;
 
 const OURS: [&str; 3] = [
@@ -17,9 +18,13 @@ const OURS: [&str; 3] = [
     "kai-resource-isolator-vgpulock",
 ];
 
+/// Reviewed on `/mutate/allow-opt-out`, where the fixtures' expectations
+/// (an opted-out pod among them) hold; [`opt_out_is_honoured_only_where_allowed`]
+/// checks `/mutate`.
 fn reviewed(pod: &Value, uid: &str) -> (Value, &'static str) {
     let body = serde_json::to_vec(&support::review_of(uid, "CREATE", pod)).expect("encodes");
-    let out = review(&body, &InjectConfig::default()).expect("well-formed review");
+    let out =
+        review_with(&body, &InjectConfig::default(), OptOut::Honoured).expect("well-formed review");
     (
         serde_json::from_slice(&out.body).expect("response is JSON"),
         out.decision.label(),
@@ -175,6 +180,18 @@ fn check_injected(name: &str, expect: &Value, before: &Value, after: &Value) {
         value_of("CUDA_DEVICE_MEMORY_SHARED_CACHE").is_empty(),
         "{name}"
     );
+    // KAI's own entries (its capabilities ConfigMap reference among them)
+    // survive, the memory limit's still the last of its name.
+    let stored = &after["spec"][list][index]["env"];
+    for kept in expect["kept_env"].as_array().into_iter().flatten() {
+        let mut entries = stored.as_array().into_iter().flatten();
+        let last = entries.rfind(|e| e["name"] == kept["name"]);
+        assert_eq!(
+            last,
+            Some(kept),
+            "{name}: KAI's entry must stay last of its name"
+        );
+    }
 
     // Nothing but the target container and the volume list changed.
     for field in ["containers", "initContainers"] {
@@ -222,6 +239,21 @@ fn check_injected(name: &str, expect: &Value, before: &Value, after: &Value) {
         Some(kept),
         "{name}"
     );
+}
+
+/// On `/mutate` the tenant's opt-out annotation is ignored; every other
+/// answer is the same as where opting out is allowed.
+#[test]
+fn opt_out_is_honoured_only_where_allowed() {
+    for (name, expect, pod) in support::corpus() {
+        let body = serde_json::to_vec(&support::review_of("u", "CREATE", &pod)).expect("encodes");
+        let out = review(&body, &InjectConfig::default()).expect("well-formed review");
+        let expected = match expect["decision"].as_str().unwrap_or_default() {
+            "opted_out" => "injected",
+            other => other,
+        };
+        assert_eq!(out.decision.label(), expected, "{name}");
+    }
 }
 
 /// The API server's field order (the request's `kind` and `operation`

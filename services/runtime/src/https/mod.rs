@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::AsyncWriteExt;
@@ -28,14 +28,52 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
 /// First byte of every TLS record carrying a handshake.
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
+/// Bounds on what clients may hold of a server: connections, time to send
+/// request headers, and HTTP/2 streams per connection.
+#[derive(Clone)]
+pub struct ServeLimits {
+    /// Open connections at most; a connection accepted beyond it is closed
+    /// at once (the client sees a reset, not a hang).
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers (HTTP/1.1), from the
+    /// start of the connection or the end of the previous response.
+    pub header_read_timeout: Duration,
+    /// Concurrent HTTP/2 streams per connection.
+    pub max_concurrent_streams: u32,
+    /// Called for each connection closed because of `max_connections`.
+    pub on_refused: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for ServeLimits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeLimits")
+            .field("max_connections", &self.max_connections)
+            .field("header_read_timeout", &self.header_read_timeout)
+            .field("max_concurrent_streams", &self.max_concurrent_streams)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            header_read_timeout: Duration::from_secs(10),
+            max_concurrent_streams: 100,
+            on_refused: None,
+        }
+    }
+}
+
 const PLAIN_HTTP_REPLY: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: 48\r\n\r\nClient sent an HTTP request to an HTTPS server.\n";
 
-/// Serves `service` over TLS on `listener` until `shutdown`, then drains
-/// open connections for up to 15 s.
+/// Serves `service` over TLS on `listener` within `limits` until
+/// `shutdown`, then drains open connections for up to 15 s.
 pub async fn serve<S, B>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     service: S,
+    limits: ServeLimits,
     shutdown: CancellationToken,
 ) where
     S: tower_service::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
@@ -47,18 +85,39 @@ pub async fn serve<S, B>(
 {
     let acceptor = TlsAcceptor::from(tls);
     let graceful = GracefulShutdown::new();
+    let connections = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_concurrent_streams);
     loop {
         let Some((stream, peer)) = crate::net::accept(&listener, &shutdown).await else {
             break;
         };
+        // Counted from accept, handshake included: a slow handshake holds
+        // memory too.
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            drop(stream);
+            tracing::debug!(%peer, "connection limit reached; closed a new connection");
+            if let Some(on_refused) = &limits.on_refused {
+                on_refused();
+            }
+            continue;
+        };
         let acceptor = acceptor.clone();
         let service = service.clone();
         let watcher = graceful.watcher();
+        let builder = builder.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let Some(tls) = handshake(&acceptor, stream, peer).await else {
                 return;
             };
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             let conn =
                 builder.serve_connection(TokioIo::new(tls), TowerToHyperService::new(service));
             if let Err(error) = watcher.watch(conn.into_owned()).await {

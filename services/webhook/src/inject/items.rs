@@ -18,6 +18,89 @@ pub(super) const VOLUME_DIRS: [Dir; 3] = [
 /// Our env vars (their values: [`super::env_value`]).
 pub const ENV_NAMES: [&str; 3] = [ENV_POD_UID, ENV_CONTAINER_NAME, ENV_VGPU_MOUNT];
 
+/// libvgpu's per-device memory caps, `CUDA_DEVICE_MEMORY_LIMIT_<i>` for
+/// each of HAMi-core's 16 device slots (`CUDA_DEVICE_MAX_COUNT`). A set one
+/// wins over `CUDA_DEVICE_MEMORY_LIMIT` for its device, so a tenant's would
+/// lift the cap; an empty one reads as unset.
+pub const DEVICE_MEMORY_LIMITS: [&str; 16] = [
+    "CUDA_DEVICE_MEMORY_LIMIT_0",
+    "CUDA_DEVICE_MEMORY_LIMIT_1",
+    "CUDA_DEVICE_MEMORY_LIMIT_2",
+    "CUDA_DEVICE_MEMORY_LIMIT_3",
+    "CUDA_DEVICE_MEMORY_LIMIT_4",
+    "CUDA_DEVICE_MEMORY_LIMIT_5",
+    "CUDA_DEVICE_MEMORY_LIMIT_6",
+    "CUDA_DEVICE_MEMORY_LIMIT_7",
+    "CUDA_DEVICE_MEMORY_LIMIT_8",
+    "CUDA_DEVICE_MEMORY_LIMIT_9",
+    "CUDA_DEVICE_MEMORY_LIMIT_10",
+    "CUDA_DEVICE_MEMORY_LIMIT_11",
+    "CUDA_DEVICE_MEMORY_LIMIT_12",
+    "CUDA_DEVICE_MEMORY_LIMIT_13",
+    "CUDA_DEVICE_MEMORY_LIMIT_14",
+    "CUDA_DEVICE_MEMORY_LIMIT_15",
+];
+
+/// libvgpu's per-device SM limits, as [`DEVICE_MEMORY_LIMITS`].
+pub const DEVICE_SM_LIMITS: [&str; 16] = [
+    "CUDA_DEVICE_SM_LIMIT_0",
+    "CUDA_DEVICE_SM_LIMIT_1",
+    "CUDA_DEVICE_SM_LIMIT_2",
+    "CUDA_DEVICE_SM_LIMIT_3",
+    "CUDA_DEVICE_SM_LIMIT_4",
+    "CUDA_DEVICE_SM_LIMIT_5",
+    "CUDA_DEVICE_SM_LIMIT_6",
+    "CUDA_DEVICE_SM_LIMIT_7",
+    "CUDA_DEVICE_SM_LIMIT_8",
+    "CUDA_DEVICE_SM_LIMIT_9",
+    "CUDA_DEVICE_SM_LIMIT_10",
+    "CUDA_DEVICE_SM_LIMIT_11",
+    "CUDA_DEVICE_SM_LIMIT_12",
+    "CUDA_DEVICE_SM_LIMIT_13",
+    "CUDA_DEVICE_SM_LIMIT_14",
+    "CUDA_DEVICE_SM_LIMIT_15",
+];
+
+/// Variables a tenant may never set on a sharing container and that we
+/// never set either: each weakens the cap or hides the container's usage
+/// (docs/webhook.md, "Hostile tenants").
+///
+/// - `CUDA_DEVICE_MEMORY_SHARED_CACHE`: moves the region out of
+///   `<mount>/containers`, so the node agent never sees the container;
+/// - `CUDA_REDIRECT`: the library libvgpu's `dlsym` hook resolves CUDA
+///   symbols from, i.e. a way around the hooks;
+/// - `GPU_CORE_UTILIZATION_POLICY`: `DISABLE` turns the SM limiter off;
+/// - `CUDA_DISABLE_CONTROL`: not read by HAMi-core 02279deb, named by
+///   builds that skip limiting when it is set; removing it costs nothing.
+pub const FORBIDDEN_ENV: [&str; 4] = [
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+    "CUDA_REDIRECT",
+    "GPU_CORE_UTILIZATION_POLICY",
+    "CUDA_DISABLE_CONTROL",
+];
+
+/// Of [`FORBIDDEN_ENV`], those whose empty value libvgpu reads as unset,
+/// so an explicit empty entry masks what `envFrom` might set. An empty
+/// `CUDA_DEVICE_MEMORY_SHARED_CACHE` makes libvgpu exit at `cuInit`, and
+/// `CUDA_DISABLE_CONTROL` may count as set when empty: neither is pinned.
+pub const PINNED_EMPTY: [&str; 2] = ["CUDA_REDIRECT", "GPU_CORE_UTILIZATION_POLICY"];
+
+/// How many variables get an empty entry when the target has `envFrom`:
+/// the per-device limits and [`PINNED_EMPTY`].
+pub const PIN_COUNT: usize =
+    DEVICE_MEMORY_LIMITS.len() + DEVICE_SM_LIMITS.len() + PINNED_EMPTY.len();
+
+/// The `i`th variable pinned empty (`i < PIN_COUNT`).
+pub fn pin_name(i: usize) -> &'static str {
+    let sm = DEVICE_MEMORY_LIMITS.len();
+    let other = sm + DEVICE_SM_LIMITS.len();
+    match i {
+        i if i < sm => DEVICE_MEMORY_LIMITS[i],
+        i if i < other => DEVICE_SM_LIMITS[i - sm],
+        i => PINNED_EMPTY[(i - other) % PINNED_EMPTY.len()],
+    }
+}
+
 /// A mount we add.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MountSpec {

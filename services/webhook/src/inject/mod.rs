@@ -12,15 +12,22 @@ mod items;
 mod patch;
 mod plan;
 
-pub use self::items::{Dir, ENV_NAMES, MOUNTS, MountSpec, VOLUME_NAMES};
-pub use self::patch::{Limits, MemoryLimit, Missing, Patch, env_value};
-pub use self::plan::plan;
+pub use self::items::{
+    DEVICE_MEMORY_LIMITS, DEVICE_SM_LIMITS, Dir, ENV_NAMES, FORBIDDEN_ENV, MOUNTS, MountSpec,
+    PIN_COUNT, PINNED_EMPTY, VOLUME_NAMES, pin_name,
+};
+pub use self::patch::{Insert, Limits, Missing, Patch, env_value};
+pub use self::plan::{OptOut, asks_to_opt_out, plan};
 
 // Shared with the node agent, which recognises the same pods.
 pub use kai_vocab::annotations::{
     ANNOTATION_CONTAINER_NAME, ANNOTATION_GPU_CORES, ANNOTATION_GPU_FRACTION,
     ANNOTATION_GPU_MEMORY, ANNOTATION_INJECT,
 };
+
+/// Where KAI's admission records the prefix of the pod's per-container
+/// capabilities ConfigMaps (KAI-Scheduler `gpusharingconfigmap`).
+pub const ANNOTATION_KAI_CONFIG_MAP: &str = "runai/shared-gpu-configmap";
 
 pub const VOLUME_VGPU: &str = "kai-resource-isolator-vgpu";
 pub const VOLUME_CONTAINERS: &str = "kai-resource-isolator-containers";
@@ -80,6 +87,9 @@ pub enum Decision {
     /// The pod cannot be admitted as asked (named container missing, or a
     /// path we must mount is already taken by something else).
     Deny { message: String },
+    /// The sharing container sets isolation env itself and the policy is
+    /// [`crate::config::TenantEnv::Deny`].
+    DenyTenantEnv { message: String },
 }
 
 impl Decision {
@@ -91,7 +101,7 @@ impl Decision {
             Self::NotSharing { .. } => Outcome::NotGpuSharing,
             Self::OptedOut => Outcome::OptedOut,
             Self::NoContainers => Outcome::NoContainers,
-            Self::Deny { .. } => Outcome::Denied,
+            Self::Deny { .. } | Self::DenyTenantEnv { .. } => Outcome::Denied,
         }
     }
 

@@ -1,22 +1,26 @@
 //! What a patch adds ([`Patch`]) and its RFC 6902 operations.
 
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, PatchOperation};
+use json_patch::{AddOperation, PatchOperation, RemoveOperation};
 use k8s_openapi::api::core::v1::{
     EnvVar, EnvVarSource, HostPathVolumeSource, ObjectFieldSelector, Volume, VolumeMount,
 };
 use serde::Serialize;
 use serde_json::Value;
 
-use super::items::{ENV_NAMES, MOUNTS, MountSpec, VOLUME_DIRS, VOLUME_NAMES};
+use super::items::{ENV_NAMES, MOUNTS, MountSpec, PIN_COUNT, VOLUME_DIRS, VOLUME_NAMES, pin_name};
 use super::{ENV_CONTAINER_NAME, ENV_MEMORY_LIMIT, ENV_SM_LIMIT, ENV_VGPU_MOUNT, Target};
 use crate::config::InjectConfig;
 
-/// What the patch adds: which of our volumes, mounts and env vars are
-/// missing. [`Patch::operations`] turns it into RFC 6902 operations; the
-/// plan stays a small value that tests can compare.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What the patch changes: the tenant's isolation env it removes, and which
+/// of our volumes, mounts and env vars it adds. [`Patch::operations`] turns
+/// it into RFC 6902 operations; the plan stays a small value that tests
+/// can compare.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Patch {
+    /// Indices (ascending) of the target's env entries that set isolation
+    /// env of the tenant's; removed first, so ours is what libvgpu reads.
+    pub remove_env: Vec<usize>,
     /// `spec.volumes`, items as in [`VOLUME_NAMES`].
     pub volumes: Missing,
     /// The target's `volumeMounts`, items as in [`MOUNTS`].
@@ -25,29 +29,34 @@ pub struct Patch {
     pub env: Missing,
     /// Limits with a value of this pod's, added after the fixed items.
     pub limits: Limits,
+    /// Bit `i`: an empty [`pin_name`]`(i)` is appended, masking what the
+    /// target's `envFrom` may set.
+    pub pins: u64,
 }
 
 /// The limit variables a patch adds to the target's env, each by its own
 /// `add` after those of [`Patch::env`] (so the list exists by then).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Limits {
-    /// A literal `CUDA_DEVICE_MEMORY_LIMIT`, from `gpu-memory`.
-    pub memory: Option<MemoryLimit>,
-    /// `CUDA_DEVICE_SM_LIMIT`, from [`super::ANNOTATION_GPU_CORES`].
-    pub sm_percent: Option<u8>,
+    /// A literal `CUDA_DEVICE_MEMORY_LIMIT`: `<MiB>m` from `gpu-memory`,
+    /// or empty to mask `envFrom`.
+    pub memory: Option<Insert>,
+    /// A literal `CUDA_DEVICE_SM_LIMIT`: the percentage of
+    /// [`super::ANNOTATION_GPU_CORES`], or empty to mask `envFrom`.
+    pub sm: Option<Insert>,
 }
 
-/// A literal `CUDA_DEVICE_MEMORY_LIMIT=<mib>m`.
+/// A literal limit, placed before KAI's reference of the same name.
 ///
 /// Kubelet resolves env entries in order, a later entry of a name
 /// replacing an earlier one, and skips an optional reference whose
 /// ConfigMap or key is missing. Placed before KAI's reference, ours is the
 /// value only when KAI's is missing (docs/webhook.md).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MemoryLimit {
-    pub mib: u64,
-    /// Inserted at this index of the env list (before the first entry of
-    /// the name); appended when `None`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Insert {
+    pub value: String,
+    /// Inserted at this index of the env list once the tenant's entries
+    /// are removed (before KAI's entry of the name); appended when `None`.
     pub before: Option<usize>,
 }
 
@@ -83,15 +92,20 @@ impl Missing {
 impl Patch {
     /// Nothing to add.
     pub fn is_empty(&self) -> bool {
-        self.volumes.items == 0
+        self.remove_env.is_empty()
+            && self.volumes.items == 0
             && self.mounts.items == 0
             && self.env.items == 0
             && self.limits.memory.is_none()
-            && self.limits.sm_percent.is_none()
+            && self.limits.sm.is_none()
+            && self.pins == 0
     }
 
     /// The RFC 6902 operations of this patch for `target` under `cfg`:
-    /// volumes, mounts, env, then the limits.
+    /// the tenant's entries removed (last first, so each index still
+    /// points at its entry), volumes, mounts, env, the pins, then the
+    /// limits (the higher index first, so one insert does not move the
+    /// other's place).
     pub fn operations(
         &self,
         target: &Target,
@@ -106,6 +120,11 @@ impl Patch {
             ])
         };
         let mut ops = Vec::new();
+        for &index in self.remove_env.iter().rev() {
+            let mut path = container("env");
+            path.push_back(index);
+            ops.push(PatchOperation::Remove(RemoveOperation { path }));
+        }
         list(
             &mut ops,
             PointerBuf::from_tokens(["spec", "volumes"]),
@@ -123,17 +142,25 @@ impl Patch {
         list(&mut ops, container("env"), self.env, ENV_NAMES.len(), |i| {
             env(i, &target.name, cfg)
         })?;
-        let memory = self.limits.memory.map(|limit| {
-            (
-                limit.before,
-                literal(ENV_MEMORY_LIMIT, format!("{}m", limit.mib)),
-            )
-        });
-        let sm = self
-            .limits
-            .sm_percent
-            .map(|percent| (None, literal(ENV_SM_LIMIT, percent.to_string())));
-        for (before, var) in memory.into_iter().chain(sm) {
+        for i in (0..PIN_COUNT).filter(|&i| self.pins & (1 << i) != 0) {
+            let mut path = container("env");
+            path.push_back("-");
+            add(&mut ops, path, &literal(pin_name(i), String::new()))?;
+        }
+        let mut limits: Vec<(Option<usize>, EnvVar)> = [
+            (ENV_MEMORY_LIMIT, &self.limits.memory),
+            (ENV_SM_LIMIT, &self.limits.sm),
+        ]
+        .into_iter()
+        .filter_map(|(name, insert)| {
+            insert
+                .as_ref()
+                .map(|i| (i.before, literal(name, i.value.clone())))
+        })
+        .collect();
+        // Appends (None) first, then inserts from the highest index down.
+        limits.sort_by_key(|(before, _)| std::cmp::Reverse(before.map_or(usize::MAX, |b| b)));
+        for (before, var) in limits {
             let mut path = container("env");
             match before {
                 Some(index) => path.push_back(index),

@@ -2,18 +2,40 @@
 
 use k8s_openapi::api::core::v1::{EnvVar, VolumeMount};
 
-use super::items::{ENV_NAMES, MOUNTS, MountSpec, VOLUME_NAMES};
-use super::patch::{Limits, MemoryLimit, Missing, Patch};
+use super::items::{
+    ENV_NAMES, FORBIDDEN_ENV, MOUNTS, MountSpec, PIN_COUNT, VOLUME_NAMES, pin_name,
+};
+use super::patch::{Insert, Limits, Missing, Patch, env_value};
 use super::{
     ANNOTATION_CONTAINER_NAME, ANNOTATION_GPU_CORES, ANNOTATION_GPU_FRACTION,
-    ANNOTATION_GPU_MEMORY, ANNOTATION_INJECT, ContainerList, Decision, ENV_MEMORY_LIMIT,
-    ENV_SM_LIMIT, Target,
+    ANNOTATION_GPU_MEMORY, ANNOTATION_INJECT, ANNOTATION_KAI_CONFIG_MAP, ContainerList, Decision,
+    ENV_MEMORY_LIMIT, ENV_SM_LIMIT, Target,
 };
-use crate::config::InjectConfig;
+use crate::config::{InjectConfig, TenantEnv};
 use crate::pod::{Container, Pod};
 
+/// Whether the request may opt out with `kai-resource-isolator.io/inject:
+/// "false"`. The annotation is the tenant's, so only an administrator can
+/// allow it: the chart sends pods of namespaces carrying the opt-out label
+/// to `/mutate/allow-opt-out` and every other pod to `/mutate`
+/// (docs/webhook.md, "Opting out").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptOut {
+    /// The namespace allows opting out: the annotation is honoured.
+    Honoured,
+    /// The annotation is ignored; the pod is injected as any other.
+    Ignored,
+}
+
+/// Whether the pod carries `kai-resource-isolator.io/inject: "false"` (any
+/// case): what [`plan`] honours under [`OptOut::Honoured`].
+pub fn asks_to_opt_out(pod: &Pod) -> bool {
+    pod.annotation(ANNOTATION_INJECT)
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"))
+}
+
 /// Plans the mutation of `pod` under `cfg`.
-pub fn plan(pod: &Pod, cfg: &InjectConfig) -> Decision {
+pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
     let annotation = |key: &str| pod.annotation(key);
     if annotation(ANNOTATION_GPU_FRACTION).is_none() && annotation(ANNOTATION_GPU_MEMORY).is_none()
     {
@@ -21,7 +43,7 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig) -> Decision {
             share_resource: requested_share_resource(pod, cfg),
         };
     }
-    if annotation(ANNOTATION_INJECT).is_some_and(|v| v.trim().eq_ignore_ascii_case("false")) {
+    if opt_out == OptOut::Honoured && asks_to_opt_out(pod) {
         return Decision::OptedOut;
     }
     let sm_percent = match annotation(ANNOTATION_GPU_CORES).map(|v| (v, parse_percent(v))) {
@@ -75,7 +97,6 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig) -> Decision {
         return Decision::NoContainers;
     };
     let mounts = container.volume_mounts.as_deref();
-    let env = container.env.as_deref().map(EnvFound::scan);
     let volumes = spec.volumes.as_deref();
     for want in &MOUNTS {
         if let Some(clash) = mounts
@@ -94,7 +115,47 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig) -> Decision {
         }
     }
 
+    // `envFrom` (a ConfigMap or Secret whose keys we cannot see) may set
+    // any of libvgpu's variables; an explicit `env` entry wins over it, so
+    // with `envFrom` every variable we cannot leave to chance gets one.
+    let env_from = container.env_from.as_ref().is_some_and(|e| !e.is_empty());
+    let wanted = Wanted {
+        target: &target,
+        cfg,
+        memory: memory_mib
+            .map(|mib| format!("{mib}m"))
+            .or_else(|| env_from.then(String::new)),
+        sm: sm_percent
+            .map(|percent| percent.to_string())
+            .or_else(|| env_from.then(String::new)),
+        kai_config_map: kai_config_map(pod, &target),
+    };
+    let env = container
+        .env
+        .as_deref()
+        .map(|env| EnvFound::scan(env, &wanted));
+    if let Some(found) = env.as_ref().filter(|f| !f.foreign.is_empty())
+        && cfg.tenant_env == TenantEnv::Deny
+    {
+        return Decision::DenyTenantEnv {
+            message: format!(
+                "container {:?} sets {} itself; on a GPU-sharing container these are kai-resource-isolator's (they decide libvgpu's memory and compute caps and where it accounts usage): remove them",
+                container.name,
+                found.foreign_names().join(", ")
+            ),
+        };
+    }
+
+    let found = env.as_ref();
+    let pins = if env_from {
+        (0..PIN_COUNT)
+            .filter(|&i| found.is_none_or(|f| f.pinned & (1 << i) == 0))
+            .fold(0u64, |bits, i| bits | 1 << i)
+    } else {
+        0
+    };
     let patch = Patch {
+        remove_env: found.map(|f| f.foreign.clone()).unwrap_or_default(),
         volumes: Missing::of(volumes.is_some(), VOLUME_NAMES.len(), |i| {
             volumes.is_some_and(|found| found.iter().any(|v| v.name == VOLUME_NAMES[i]))
         }),
@@ -104,20 +165,26 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig) -> Decision {
                 .flatten()
                 .any(|have| same_mount(have, &MOUNTS[i], cfg))
         }),
-        env: Missing::of(env.is_some(), ENV_NAMES.len(), |i| {
-            env.is_some_and(|found| found.ours[i])
+        env: Missing::of(found.is_some(), ENV_NAMES.len(), |i| {
+            found.is_some_and(|found| found.ours[i])
         }),
         limits: Limits {
-            // Never a second literal: one there (ours on a reinvocation, or
-            // the user's) already defines the variable.
-            memory: memory_mib
-                .filter(|_| !env.is_some_and(|found| found.memory_limit_literal))
-                .map(|mib| MemoryLimit {
-                    mib,
-                    before: env.and_then(|found| found.memory_limit_at),
+            memory: wanted
+                .memory
+                .filter(|_| !found.is_some_and(|f| f.memory_ours))
+                .map(|value| Insert {
+                    value,
+                    before: found.and_then(|f| f.memory_kai_at),
                 }),
-            sm_percent: sm_percent.filter(|_| !env.is_some_and(|found| found.sm_limit)),
+            sm: wanted
+                .sm
+                .filter(|_| !found.is_some_and(|f| f.sm_ours))
+                .map(|value| Insert {
+                    value,
+                    before: found.and_then(|f| f.sm_kai_at),
+                }),
         },
+        pins,
     };
     if patch.is_empty() {
         Decision::AlreadyInjected { target }
@@ -126,31 +193,199 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig) -> Decision {
     }
 }
 
+/// What the target's env should hold, to tell ours and KAI's entries from
+/// the tenant's.
+struct Wanted<'a> {
+    target: &'a Target,
+    cfg: &'a InjectConfig,
+    /// Our `CUDA_DEVICE_MEMORY_LIMIT` literal (`<MiB>m`, or empty to mask
+    /// `envFrom`), if we write one.
+    memory: Option<String>,
+    /// Our `CUDA_DEVICE_SM_LIMIT` literal, as `memory`.
+    sm: Option<String>,
+    /// The ConfigMap KAI's entries read, when the pod names one.
+    kai_config_map: Option<String>,
+}
+
+/// KAI's capabilities ConfigMap for `target`: the prefix KAI's admission
+/// records in `runai/shared-gpu-configmap`, then `-<index>` (`-i<index>`
+/// for an init container), as KAI-Scheduler's
+/// `gpusharingconfigmap.ExtractCapabilitiesConfigMapName` derives it.
+fn kai_config_map(pod: &Pod, target: &Target) -> Option<String> {
+    let prefix = pod.annotation(ANNOTATION_KAI_CONFIG_MAP)?;
+    let init = if target.list == ContainerList::Init {
+        "i"
+    } else {
+        ""
+    };
+    Some(format!("{prefix}-{init}{}", target.index))
+}
+
+/// How one env entry of the target is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Entry {
+    /// Not one of libvgpu's variables: the tenant's business.
+    Unrelated,
+    /// Ours, exactly as we write it (a reinvocation, or the same value).
+    Ours,
+    /// KAI's optional reference to its capabilities ConfigMap.
+    Kai,
+    /// An empty value for a variable whose empty value libvgpu reads as
+    /// unset: harmless (and what we pin with).
+    Empty,
+    /// The tenant's: replaced or denied.
+    Foreign,
+}
+
 /// What a container's env list holds that the plan needs.
-#[derive(Clone, Copy, Default)]
+#[derive(Default)]
 struct EnvFound {
-    /// Which of [`ENV_NAMES`] are set.
+    /// Which of [`ENV_NAMES`] are set by an entry of ours.
     ours: [bool; ENV_NAMES.len()],
-    /// The index of the first `CUDA_DEVICE_MEMORY_LIMIT` entry, of any kind.
-    memory_limit_at: Option<usize>,
-    /// Some `CUDA_DEVICE_MEMORY_LIMIT` entry is a literal (has no
-    /// `valueFrom`), so the variable is always defined: ours (on a
-    /// reinvocation) or the user's.
-    memory_limit_literal: bool,
-    /// `CUDA_DEVICE_SM_LIMIT` is set (in any way).
-    sm_limit: bool,
+    /// Indices of the tenant's entries to remove, ascending.
+    foreign: Vec<usize>,
+    /// Their names, in order (repeats possible).
+    foreign_names: Vec<String>,
+    /// Our `CUDA_DEVICE_MEMORY_LIMIT` literal is there, before KAI's.
+    memory_ours: bool,
+    /// KAI's first `CUDA_DEVICE_MEMORY_LIMIT` reference, as an index of
+    /// the list once the foreign entries are gone.
+    memory_kai_at: Option<usize>,
+    sm_ours: bool,
+    sm_kai_at: Option<usize>,
+    /// Bit `i`: [`pin_name`]`(i)` already has an empty entry.
+    pinned: u64,
 }
 
 impl EnvFound {
-    fn scan(env: &[EnvVar]) -> Self {
-        let named = |name: &'static str| env.iter().filter(move |e| e.name == name);
-        Self {
-            ours: ENV_NAMES.map(|name| named(name).next().is_some()),
-            memory_limit_at: env.iter().position(|e| e.name == ENV_MEMORY_LIMIT),
-            memory_limit_literal: named(ENV_MEMORY_LIMIT).any(|e| e.value_from.is_none()),
-            sm_limit: named(ENV_SM_LIMIT).next().is_some(),
+    fn scan(env: &[EnvVar], wanted: &Wanted<'_>) -> Self {
+        let mut found = Self::default();
+        let mut kept = 0;
+        for (index, entry) in env.iter().enumerate() {
+            let name = entry.name.as_str();
+            let kind = classify(entry, wanted, &found);
+            match kind {
+                Entry::Foreign => {
+                    found.foreign.push(index);
+                    found.foreign_names.push(name.to_owned());
+                    continue;
+                }
+                Entry::Ours => {
+                    if let Some(i) = ENV_NAMES.iter().position(|n| *n == name) {
+                        found.ours[i] = true;
+                    } else if name == ENV_MEMORY_LIMIT {
+                        found.memory_ours = true;
+                    } else if name == ENV_SM_LIMIT {
+                        found.sm_ours = true;
+                    }
+                }
+                Entry::Kai if name == ENV_MEMORY_LIMIT => {
+                    found.memory_kai_at.get_or_insert(kept);
+                }
+                Entry::Kai => {
+                    found.sm_kai_at.get_or_insert(kept);
+                }
+                Entry::Empty => {
+                    if let Some(i) = (0..PIN_COUNT).find(|&i| pin_name(i) == name) {
+                        found.pinned |= 1 << i;
+                    }
+                }
+                Entry::Unrelated => {}
+            }
+            kept += 1;
         }
+        found
     }
+
+    /// The tenant's variables, each named once, in order.
+    fn foreign_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = Vec::new();
+        for name in &self.foreign_names {
+            if !names.contains(&name.as_str()) {
+                names.push(name);
+            }
+        }
+        names
+    }
+}
+
+/// Reads one entry; `found` is what the entries before it held (an entry
+/// of ours after KAI's reference would override KAI's value, so there it
+/// is the tenant's).
+fn classify(entry: &EnvVar, wanted: &Wanted<'_>, found: &EnvFound) -> Entry {
+    let name = entry.name.as_str();
+    let literal = entry
+        .value_from
+        .is_none()
+        .then(|| entry.value.as_deref().unwrap_or(""));
+    if let Some(i) = ENV_NAMES.iter().position(|n| *n == name) {
+        let ours = match env_value(i, &wanted.target.name, wanted.cfg) {
+            Some(value) => literal == Some(value),
+            None => is_pod_uid(entry),
+        };
+        return if ours { Entry::Ours } else { Entry::Foreign };
+    }
+    let limit = |want: Option<&String>, kai_at: Option<usize>| {
+        if is_kai_ref(entry, name, wanted.kai_config_map.as_deref()) {
+            Entry::Kai
+        } else if literal.is_some() && literal == want.map(String::as_str) && kai_at.is_none() {
+            Entry::Ours
+        } else {
+            Entry::Foreign
+        }
+    };
+    if name == ENV_MEMORY_LIMIT {
+        return limit(wanted.memory.as_ref(), found.memory_kai_at);
+    }
+    if name == ENV_SM_LIMIT {
+        return limit(wanted.sm.as_ref(), found.sm_kai_at);
+    }
+    let pinnable = (0..PIN_COUNT).any(|i| pin_name(i) == name);
+    if pinnable {
+        return if literal == Some("") {
+            Entry::Empty
+        } else {
+            Entry::Foreign
+        };
+    }
+    if FORBIDDEN_ENV.contains(&name) {
+        return Entry::Foreign;
+    }
+    Entry::Unrelated
+}
+
+/// `POD_UID` from the downward API's `metadata.uid`, as we write it (the
+/// API server defaults the fieldRef's apiVersion to v1).
+fn is_pod_uid(entry: &EnvVar) -> bool {
+    entry.value.as_deref().unwrap_or("").is_empty()
+        && entry.value_from.as_ref().is_some_and(|from| {
+            from.config_map_key_ref.is_none()
+                && from.secret_key_ref.is_none()
+                && from.resource_field_ref.is_none()
+                && from.field_ref.as_ref().is_some_and(|field| {
+                    field.field_path == "metadata.uid"
+                        && field.api_version.as_deref().is_none_or(|v| v == "v1")
+                })
+        })
+}
+
+/// KAI's entry for `name`: an optional `configMapKeyRef` to key `name` of
+/// the pod's capabilities ConfigMap, exactly as KAI's admission writes it.
+/// A reference to any other ConfigMap, a required one, or another key is
+/// the tenant's.
+fn is_kai_ref(entry: &EnvVar, name: &str, config_map: Option<&str>) -> bool {
+    let Some(config_map) = config_map else {
+        return false;
+    };
+    entry.value.as_deref().unwrap_or("").is_empty()
+        && entry.value_from.as_ref().is_some_and(|from| {
+            from.field_ref.is_none()
+                && from.secret_key_ref.is_none()
+                && from.resource_field_ref.is_none()
+                && from.config_map_key_ref.as_ref().is_some_and(|r| {
+                    r.key == name && r.name == config_map && r.optional == Some(true)
+                })
+        })
 }
 
 /// `gpu-memory`: a positive whole number of MiB.

@@ -5,10 +5,14 @@ use super::*;
 use crate::config::InjectConfig;
 use crate::pod::Pod;
 
-/// Plans `value` as the webhook sees it: decoded from JSON.
+/// Plans `value` as the webhook sees it on `/mutate`: decoded from JSON.
 fn plan_for(value: &Value, cfg: &InjectConfig) -> Decision {
+    plan_on(value, cfg, OptOut::Ignored)
+}
+
+fn plan_on(value: &Value, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
     let pod: Pod = serde_json::from_value(value.clone()).expect("test pod is valid");
-    plan(&pod, cfg)
+    plan(&pod, cfg, opt_out)
 }
 
 /// Our patch as JSON text, read back as RFC 6902 by `json_patch`, as the
@@ -33,9 +37,12 @@ fn apply(original: &Value) -> (Decision, Value) {
     (decision, doc)
 }
 
+/// The prefix KAI's admission records for the pod's capabilities ConfigMaps.
+const KAI_PREFIX: &str = "p-abc1234-shared-gpu";
+
 fn sharing_pod(containers: Value) -> Value {
     json!({
-        "metadata": {"name": "p", "annotations": {"gpu-memory": "2048"}},
+        "metadata": {"name": "p", "annotations": {"gpu-memory": "2048", ANNOTATION_KAI_CONFIG_MAP: KAI_PREFIX}},
         "spec": {"containers": containers}
     })
 }
@@ -47,6 +54,7 @@ fn paths(decision: &Decision) -> Vec<String> {
             .iter()
             .map(|op| match op {
                 PatchOperation::Add(add) => format!("add {}", add.path),
+                PatchOperation::Remove(remove) => format!("remove {}", remove.path),
                 other => format!("unexpected {other:?}"),
             })
             .collect(),
@@ -213,13 +221,26 @@ fn opt_out_is_case_insensitive() {
             "metadata": {"annotations": {"gpu-memory": "1024", "kai-resource-isolator.io/inject": value}},
             "spec": {"containers": [{"name": "app"}]}
         });
-        assert_eq!(plan_for(&original, &cfg()), Decision::OptedOut, "{value:?}");
+        assert_eq!(
+            plan_on(&original, &cfg(), OptOut::Honoured),
+            Decision::OptedOut,
+            "{value:?}"
+        );
     }
     let kept = json!({
         "metadata": {"annotations": {"gpu-memory": "1024", "kai-resource-isolator.io/inject": "true"}},
         "spec": {"containers": [{"name": "app"}]}
     });
-    assert_eq!(plan_for(&kept, &cfg()).label(), "injected");
+    assert_eq!(plan_on(&kept, &cfg(), OptOut::Honoured).label(), "injected");
+}
+
+#[test]
+fn the_tenants_opt_out_is_ignored_where_no_administrator_allows_it() {
+    let original = json!({
+        "metadata": {"annotations": {"gpu-memory": "1024", "kai-resource-isolator.io/inject": "false"}},
+        "spec": {"containers": [{"name": "app"}]}
+    });
+    assert_eq!(plan_for(&original, &cfg()).label(), "injected");
 }
 
 #[test]
@@ -235,28 +256,41 @@ fn injected_pod_gets_an_empty_patch_on_reinvocation() {
 }
 
 #[test]
-fn user_env_of_the_same_name_is_kept() {
+fn the_tenants_identity_env_is_replaced_by_ours() {
     let original = sharing_pod(json!([{
         "name": "main",
-        "env": [{"name": "CONTAINER_NAME", "value": "custom"}, {"name": "CONTAINER_VGPU_MOUNT", "value": "/x"}]
+        "env": [
+            {"name": "CONTAINER_NAME", "value": "custom"},
+            {"name": "KEEP", "value": "1"},
+            {"name": "CONTAINER_VGPU_MOUNT", "value": "/x"},
+            {"name": "POD_UID", "value": "9b2c0e5e-another-pods-uid"},
+        ]
     }]));
-    let (_, doc) = apply(&original);
-    let env = doc["spec"]["containers"][0]["env"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let names: Vec<&str> = env.iter().filter_map(|e| e["name"].as_str()).collect();
+    let (decision, doc) = apply(&original);
     assert_eq!(
-        names,
+        paths(&decision)[..3],
         [
-            "CONTAINER_NAME",
-            "CONTAINER_VGPU_MOUNT",
-            "POD_UID",
-            "CUDA_DEVICE_MEMORY_LIMIT"
+            "remove /spec/containers/0/env/3",
+            "remove /spec/containers/0/env/2",
+            "remove /spec/containers/0/env/0",
         ]
     );
-    assert_eq!(env[0]["value"], "custom");
-    assert!(!names.contains(&"CUDA_DEVICE_MEMORY_SHARED_CACHE"));
+    assert_eq!(
+        env_of(&doc),
+        [
+            json!({"name": "KEEP", "value": "1"}),
+            json!({"name": "POD_UID", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.uid"}}}),
+            json!({"name": "CONTAINER_NAME", "value": "main"}),
+            json!({"name": "CONTAINER_VGPU_MOUNT", "value": "/usr/local/vgpu"}),
+            json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "2048m"}),
+        ]
+    );
+    let (again, twice) = apply(&doc);
+    assert!(
+        matches!(again, Decision::AlreadyInjected { .. }),
+        "{again:?}"
+    );
+    assert_eq!(doc, twice);
 }
 
 #[test]
@@ -385,10 +419,16 @@ fn env_of(doc: &Value) -> Vec<Value> {
         .unwrap_or_default()
 }
 
-/// KAI's entry: an optional reference to the pod's capabilities ConfigMap.
+/// KAI's entry, as KAI's hamicore admission plugin writes it: an optional
+/// reference to key `CUDA_DEVICE_MEMORY_LIMIT` of the capabilities
+/// ConfigMap `<runai/shared-gpu-configmap>-<container index>`.
 fn kai_memory_ref() -> Value {
-    json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": {"configMapKeyRef": {
-        "name": "p-capabilities", "key": "CUDA_DEVICE_MEMORY_LIMIT", "optional": true}}})
+    kai_ref("CUDA_DEVICE_MEMORY_LIMIT", 0)
+}
+
+fn kai_ref(name: &str, index: usize) -> Value {
+    json!({"name": name, "valueFrom": {"configMapKeyRef": {
+        "name": format!("{KAI_PREFIX}-{index}"), "key": name, "optional": true}}})
 }
 
 #[test]
@@ -447,20 +487,23 @@ fn the_literal_memory_limit_goes_before_the_first_of_several_entries() {
 }
 
 #[test]
-fn a_user_literal_memory_limit_is_left_alone() {
+fn a_tenant_literal_memory_limit_is_replaced_by_ours() {
     let original = sharing_pod(json!([{
         "name": "main",
-        "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "100m"}, kai_memory_ref()]
+        "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "80000m"}, kai_memory_ref()]
     }]));
     let (_, doc) = apply(&original);
     let env = env_of(&doc);
-    let literals: Vec<&Value> = env
+    let limits: Vec<&Value> = env
         .iter()
-        .filter(|e| e["name"] == "CUDA_DEVICE_MEMORY_LIMIT" && e.get("valueFrom").is_none())
+        .filter(|e| e["name"] == "CUDA_DEVICE_MEMORY_LIMIT")
         .collect();
     assert_eq!(
-        literals,
-        [&json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "100m"})]
+        limits,
+        [
+            &json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "2048m"}),
+            &kai_memory_ref()
+        ]
     );
 }
 
@@ -542,7 +585,7 @@ fn gpu_cores_sets_the_sm_limit_on_the_sharing_container() {
 }
 
 #[test]
-fn gpu_cores_keeps_an_sm_limit_the_user_set() {
+fn gpu_cores_replaces_an_sm_limit_the_tenant_set() {
     let mut original = cores_pod(
         "30",
         json!([{"name": "CUDA_DEVICE_SM_LIMIT", "value": "80"}]),
@@ -556,7 +599,7 @@ fn gpu_cores_keeps_an_sm_limit_the_user_set() {
     let sm: Vec<&Value> = env.iter().filter(|e| e["name"] == ENV_SM_LIMIT).collect();
     assert_eq!(
         sm,
-        [&json!({"name": "CUDA_DEVICE_SM_LIMIT", "value": "80"})]
+        [&json!({"name": "CUDA_DEVICE_SM_LIMIT", "value": "30"})]
     );
 }
 
@@ -608,4 +651,305 @@ fn a_pod_injected_with_the_old_writable_mount_is_not_patched_again() {
         matches!(again, Decision::AlreadyInjected { .. }),
         "{again:?}"
     );
+}
+
+// === Hostile tenants: the isolation env is ours ===
+
+/// Every variable libvgpu reads that sets a cap, names the region, or turns
+/// the hooks off, with a value a tenant would pick.
+fn hostile_env() -> Vec<(String, Value)> {
+    let mut env: Vec<(String, Value)> = vec![
+        ("CUDA_DEVICE_MEMORY_LIMIT".into(), json!("80000m")),
+        ("CUDA_DEVICE_SM_LIMIT".into(), json!("100")),
+        ("POD_UID".into(), json!("another-pods-uid")),
+        ("CONTAINER_NAME".into(), json!("victim")),
+        ("CONTAINER_VGPU_MOUNT".into(), json!("/tmp/fake")),
+    ];
+    for name in DEVICE_MEMORY_LIMITS {
+        env.push((name.into(), json!("80g")));
+    }
+    for name in DEVICE_SM_LIMITS {
+        env.push((name.into(), json!("100")));
+    }
+    for (name, value) in FORBIDDEN_ENV.into_iter().zip([
+        "/tmp/elsewhere.cache",
+        "/tmp/fake-libvgpu.so",
+        "DISABLE",
+        "true",
+    ]) {
+        env.push((name.into(), json!(value)));
+    }
+    env
+}
+
+fn literal_env(name: &str, value: &Value) -> Value {
+    json!({"name": name, "value": value})
+}
+
+#[test]
+fn every_isolation_variable_a_tenant_sets_is_replaced_or_removed() {
+    for (name, value) in hostile_env() {
+        for entry in [
+            literal_env(&name, &value),
+            json!({"name": name, "valueFrom": {"secretKeyRef": {"name": "mine", "key": "k"}}}),
+            json!({"name": name, "valueFrom": {"configMapKeyRef": {"name": "mine", "key": name, "optional": true}}}),
+        ] {
+            let mut original = cores_pod("30", json!([{"name": "A", "value": "1"}, entry.clone()]));
+            original["metadata"]["annotations"][ANNOTATION_CONTAINER_NAME] = json!("main");
+            original["metadata"]["annotations"]["gpu-memory"] = json!("2048");
+            let (decision, doc) = apply(&original);
+            let Decision::Inject { patch, .. } = &decision else {
+                panic!("{name}: {decision:?}");
+            };
+            assert_eq!(patch.remove_env, [1], "{name}");
+            let env = doc["spec"]["containers"][1]["env"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            assert!(
+                !env.contains(&entry),
+                "{name}: the tenant's entry stays: {env:?}"
+            );
+            let of_name: Vec<&Value> = env.iter().filter(|e| e["name"] == name).collect();
+            let expected: Vec<Value> = match name.as_str() {
+                "CUDA_DEVICE_MEMORY_LIMIT" => vec![literal_env(&name, &json!("2048m"))],
+                "CUDA_DEVICE_SM_LIMIT" => vec![literal_env(&name, &json!("30"))],
+                "POD_UID" => vec![
+                    json!({"name": "POD_UID", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.uid"}}}),
+                ],
+                "CONTAINER_NAME" => vec![literal_env(&name, &json!("main"))],
+                "CONTAINER_VGPU_MOUNT" => vec![literal_env(&name, &json!("/usr/local/vgpu"))],
+                _ => vec![],
+            };
+            assert_eq!(
+                of_name,
+                expected.iter().collect::<Vec<_>>(),
+                "{name}: {entry}"
+            );
+            let (again, _) = apply(&doc);
+            assert!(
+                matches!(again, Decision::AlreadyInjected { .. }),
+                "{name}: {again:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn under_the_deny_policy_the_pod_is_denied_naming_the_variables() {
+    let cfg = cfg().with_tenant_env(crate::config::TenantEnv::Deny);
+    for (name, value) in hostile_env() {
+        let original = sharing_pod(json!([{"name": "main", "env": [literal_env(&name, &value)]}]));
+        match plan_for(&original, &cfg) {
+            Decision::DenyTenantEnv { message } => {
+                assert!(message.contains(&name), "{message}");
+                assert!(message.contains("\"main\""), "{message}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    // Several, each named once.
+    let original = sharing_pod(json!([{"name": "main", "env": [
+        {"name": "POD_UID", "value": "x"}, {"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "1g"},
+        {"name": "POD_UID", "value": "y"},
+    ]}]));
+    match plan_for(&original, &cfg) {
+        Decision::DenyTenantEnv { message } => assert!(
+            message.contains("sets POD_UID, CUDA_DEVICE_MEMORY_LIMIT_0 itself"),
+            "{message}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // An honest pod, or one mutated already, is not denied.
+    let honest = sharing_pod(json!([{"name": "main", "env": [kai_memory_ref()]}]));
+    let (_, injected) = apply(&honest);
+    assert_eq!(plan_for(&honest, &cfg).label(), "injected");
+    assert_eq!(plan_for(&injected, &cfg).label(), "already_injected");
+}
+
+#[test]
+fn names_are_exact_and_unrelated_variables_are_the_tenants() {
+    let kept = [
+        ("cuda_device_memory_limit", "80g"),
+        ("CUDA_DEVICE_MEMORY_LIMIT_16", "80g"),
+        ("CUDA_DEVICE_MEMORY_LIMIT_00", "80g"),
+        ("CUDA_DEVICE_MEMORY_LIMIT ", "80g"),
+        ("Pod_Uid", "x"),
+        // ld.so reads /etc/ld.so.preload whatever LD_PRELOAD says: a
+        // preloaded allocator (jemalloc) is common and harmless to the cap.
+        ("LD_PRELOAD", "/usr/lib/libjemalloc.so"),
+        ("LD_AUDIT", "/opt/audit.so"),
+        ("CUDA_VISIBLE_DEVICES", "0"),
+        ("ACTIVE_OOM_KILLER", "false"),
+        ("CUDA_TASK_PRIORITY", "0"),
+        ("LIBCUDA_LOG_LEVEL", "4"),
+    ];
+    let env: Vec<Value> = kept
+        .iter()
+        .map(|(n, v)| literal_env(n, &json!(v)))
+        .collect();
+    let original = sharing_pod(json!([{"name": "main", "env": env.clone()}]));
+    let (decision, doc) = apply(&original);
+    let Decision::Inject { patch, .. } = &decision else {
+        panic!("{decision:?}");
+    };
+    assert!(patch.remove_env.is_empty(), "{:?}", patch.remove_env);
+    assert_eq!(env_of(&doc)[..env.len()], env[..]);
+}
+
+#[test]
+fn kais_reference_is_kept_only_in_kais_exact_shape() {
+    let kai = kai_memory_ref();
+    let original = sharing_pod(json!([{"name": "main", "env": [kai.clone()]}]));
+    let (_, doc) = apply(&original);
+    let limits: Vec<Value> = env_of(&doc)
+        .into_iter()
+        .filter(|e| e["name"] == "CUDA_DEVICE_MEMORY_LIMIT")
+        .collect();
+    assert_eq!(
+        limits,
+        [
+            literal_env("CUDA_DEVICE_MEMORY_LIMIT", &json!("2048m")),
+            kai.clone()
+        ],
+        "ours first, KAI's last (it wins when it resolves)"
+    );
+
+    let reshaped = |f: &dyn Fn(&mut Value)| {
+        let mut entry = kai.clone();
+        f(&mut entry);
+        entry
+    };
+    let lookalikes = [
+        reshaped(&|e| e["valueFrom"]["configMapKeyRef"]["optional"] = json!(false)),
+        reshaped(&|e| {
+            if let Some(r) = e["valueFrom"]["configMapKeyRef"].as_object_mut() {
+                r.remove("optional");
+            }
+        }),
+        reshaped(&|e| e["valueFrom"]["configMapKeyRef"]["name"] = json!("tenants-own")),
+        reshaped(&|e| e["valueFrom"]["configMapKeyRef"]["name"] = json!(format!("{KAI_PREFIX}-1"))),
+        reshaped(&|e| e["valueFrom"]["configMapKeyRef"]["key"] = json!("BIG")),
+    ];
+    for lookalike in lookalikes {
+        let original = sharing_pod(json!([{"name": "main", "env": [lookalike.clone()]}]));
+        let (_, doc) = apply(&original);
+        assert!(!env_of(&doc).contains(&lookalike), "{lookalike}");
+    }
+    // Without KAI's annotation no reference is KAI's.
+    let mut unannotated = sharing_pod(json!([{"name": "main", "env": [kai.clone()]}]));
+    if let Some(a) = unannotated["metadata"]["annotations"].as_object_mut() {
+        a.remove(ANNOTATION_KAI_CONFIG_MAP);
+    }
+    let (_, doc) = apply(&unannotated);
+    assert!(!env_of(&doc).contains(&kai));
+
+    // An init-container target reads `<prefix>-i<index>`.
+    let init_ref = json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": {"configMapKeyRef": {
+        "name": format!("{KAI_PREFIX}-i0"), "key": "CUDA_DEVICE_MEMORY_LIMIT", "optional": true}}});
+    let mut init = sharing_pod(json!([{"name": "main"}]));
+    init["spec"]["initContainers"] = json!([{"name": "warmup", "env": [init_ref.clone()]}]);
+    init["metadata"]["annotations"][ANNOTATION_CONTAINER_NAME] = json!("warmup");
+    let (_, doc) = apply(&init);
+    let env = doc["spec"]["initContainers"][0]["env"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(env.contains(&init_ref), "{env:?}");
+}
+
+#[test]
+fn our_literal_after_kais_reference_is_the_tenants() {
+    // Placed after KAI's entry it would override KAI's value: not ours.
+    let ours = literal_env("CUDA_DEVICE_MEMORY_LIMIT", &json!("2048m"));
+    let original = sharing_pod(json!([{"name": "main", "env": [kai_memory_ref(), ours.clone()]}]));
+    let (_, doc) = apply(&original);
+    let limits: Vec<Value> = env_of(&doc)
+        .into_iter()
+        .filter(|e| e["name"] == "CUDA_DEVICE_MEMORY_LIMIT")
+        .collect();
+    assert_eq!(limits, [ours, kai_memory_ref()]);
+}
+
+#[test]
+fn kais_sm_reference_is_kept_and_ours_goes_before_it() {
+    let kai_sm = kai_ref("CUDA_DEVICE_SM_LIMIT", 1);
+    let mut original = cores_pod("30", json!([kai_sm.clone()]));
+    original["metadata"]["annotations"][ANNOTATION_CONTAINER_NAME] = json!("main");
+    original["metadata"]["annotations"][ANNOTATION_KAI_CONFIG_MAP] = json!(KAI_PREFIX);
+    let (_, doc) = apply(&original);
+    let env = doc["spec"]["containers"][1]["env"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let sm: Vec<&Value> = env.iter().filter(|e| e["name"] == ENV_SM_LIMIT).collect();
+    assert_eq!(sm, [&literal_env(ENV_SM_LIMIT, &json!("30")), &kai_sm]);
+}
+
+#[test]
+fn env_from_is_masked_by_explicit_entries() {
+    let mut original = sharing_pod(json!([{
+        "name": "main",
+        "envFrom": [{"configMapRef": {"name": "tenant-settings"}}],
+        "env": [kai_memory_ref()]
+    }]));
+    original["metadata"]["annotations"] =
+        json!({"gpu-fraction": "0.5", ANNOTATION_KAI_CONFIG_MAP: KAI_PREFIX});
+    let (decision, doc) = apply(&original);
+    assert!(matches!(decision, Decision::Inject { .. }), "{decision:?}");
+    let env = env_of(&doc);
+    let value_of =
+        |name: &str| -> Vec<Value> { env.iter().filter(|e| e["name"] == name).cloned().collect() };
+    // No size at admission for a fraction pod: an empty limit (unset, for
+    // libvgpu) masks envFrom's, and KAI's reference after it still wins.
+    assert_eq!(
+        value_of("CUDA_DEVICE_MEMORY_LIMIT"),
+        [
+            literal_env("CUDA_DEVICE_MEMORY_LIMIT", &json!("")),
+            kai_memory_ref()
+        ]
+    );
+    for i in 0..PIN_COUNT {
+        assert_eq!(
+            value_of(pin_name(i)),
+            [literal_env(pin_name(i), &json!(""))],
+            "{}",
+            pin_name(i)
+        );
+    }
+    assert_eq!(
+        value_of("CUDA_DEVICE_SM_LIMIT"),
+        [literal_env("CUDA_DEVICE_SM_LIMIT", &json!(""))]
+    );
+    // Never pinned: an empty value makes libvgpu exit.
+    assert!(value_of("CUDA_DEVICE_MEMORY_SHARED_CACHE").is_empty());
+
+    // The API server stores an empty value as no value: still ours.
+    let mut stored = doc.clone();
+    for entry in stored["spec"]["containers"][0]["env"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        if entry["value"] == ""
+            && let Some(e) = entry.as_object_mut()
+        {
+            e.remove("value");
+        }
+    }
+    let (again, twice) = apply(&stored);
+    assert!(
+        matches!(again, Decision::AlreadyInjected { .. }),
+        "{again:?}"
+    );
+    assert_eq!(stored, twice);
+}
+
+#[test]
+fn without_env_from_nothing_is_pinned() {
+    let original = sharing_pod(json!([{"name": "main"}]));
+    match plan_for(&original, &cfg()) {
+        Decision::Inject { patch, .. } => assert_eq!(patch.pins, 0),
+        other => panic!("{other:?}"),
+    }
 }

@@ -60,10 +60,23 @@ fn every_label_is_listed() {
 
 #[test]
 fn errors_are_classified() {
+    // A Pod CREATE whose pod cannot be read is denied (never admitted
+    // unpatched, whatever the failurePolicy), saying why.
     let bad_pod = r#"{"spec": {"containers": 5}}"#;
-    assert_eq!(outcome(&body("CREATE", bad_pod)), Err("invalid_pod"));
+    let out = reviewed(&body("CREATE", bad_pod)).expect("reviewed");
+    assert_eq!(
+        (out.decision.label(), out.unreadable),
+        ("denied", Some("invalid_pod"))
+    );
+    let answer: Value = serde_json::from_slice(&out.body).expect("JSON");
+    assert_eq!(answer["response"]["uid"], "u");
+    assert_eq!(answer["response"]["allowed"], false);
+    let message = answer["response"]["status"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains("cannot read this pod"), "{message}");
     let wrong_type = r#"{"apiVersion": "v1", "kind": "Service", "spec": {}}"#;
-    assert_eq!(outcome(&body("CREATE", wrong_type)), Err("invalid_pod"));
+    assert_eq!(outcome(&body("CREATE", wrong_type)), Ok("denied"));
     // Not ours: the spec is not read.
     assert_eq!(outcome(&body("UPDATE", bad_pod)), Ok("pass_through"));
     // Broken JSON inside the object is the body's fault.
@@ -73,8 +86,44 @@ fn errors_are_classified() {
     let mut trailing = body("CREATE", "{}");
     trailing.extend_from_slice(b" x");
     assert_eq!(outcome(&trailing), Err("not_json"));
-    let too_large = vec![b' '; MAX_BODY_BYTES + 1];
-    assert_eq!(outcome(&too_large), Err("too_large"));
+}
+
+#[test]
+fn the_uid_is_found_in_the_first_bytes_of_the_api_servers_encoding() {
+    let review = body("CREATE", "{}");
+    let api_server = String::from_utf8(review).expect("utf-8").replace(
+        r#""request":{"uid":"u""#,
+        r#""request":{"uid":"705ab4f5-6393-11e8-b7cc-42010a800002""#,
+    );
+    assert_eq!(
+        uid_in_prefix(api_server.as_bytes()),
+        Some("705ab4f5-6393-11e8-b7cc-42010a800002")
+    );
+    // Cut short, as a body read only to its limit is.
+    assert_eq!(
+        uid_in_prefix(&api_server.as_bytes()[..120]),
+        Some("705ab4f5-6393-11e8-b7cc-42010a800002")
+    );
+    for other in [
+        &br#"{"request":{"kind":{},"uid":"x"}}"#[..],
+        br#"{"request":{"uid":"a b"}}"#,
+        br#"{"request":{"uid":""}}"#,
+        br#"{"request":{"uid":"unterminated"#,
+        b"",
+    ] {
+        assert_eq!(
+            uid_in_prefix(other),
+            None,
+            "{}",
+            String::from_utf8_lossy(other)
+        );
+    }
+    let denied: Value =
+        serde_json::from_slice(&deny_by_uid("abc", "too big").expect("encodes")).expect("JSON");
+    assert_eq!(denied["response"]["uid"], "abc");
+    assert_eq!(denied["response"]["allowed"], false);
+    assert_eq!(denied["response"]["status"]["code"], 400);
+    assert_eq!(denied["response"]["status"]["message"], "too big");
 }
 
 #[test]
@@ -86,7 +135,7 @@ fn envelope_rules_are_kept() {
     assert_eq!(outcome(null_request), Err("no_request"));
     let wrong_kind = br#"{"kind":"Pod","apiVersion":"admission.k8s.io/v1"}"#;
     assert_eq!(outcome(wrong_kind), Err("wrong_kind"));
-    assert_eq!(outcome(&body("CREATE", "null")), Err("no_object"));
+    assert_eq!(outcome(&body("CREATE", "null")), Ok("denied"));
     let mut binding = String::from_utf8(body("CREATE", r#"{"kind": "Binding"}"#)).expect("utf-8");
     binding = binding.replace(r#""operation""#, r#""subResource":"binding","operation""#);
     assert_eq!(outcome(binding.as_bytes()), Ok("pass_through"));
@@ -153,11 +202,22 @@ fn the_last_of_repeated_keys_wins() {
         "{paths:?}"
     );
 
-    // Opted out by the last value only.
+    // Opted out by the last value only (where opting out is allowed).
     let pod = r#"{"metadata": {"annotations": {"gpu-memory": "1",
             "kai-resource-isolator.io/inject": "true", "kai-resource-isolator.io/inject": "false"}},
         "spec": {"containers": [{"name": "m"}]}}"#;
-    assert_eq!(outcome(&body("CREATE", pod)), Ok("opted_out"));
+    let honoured = review_with(
+        &body("CREATE", pod),
+        &InjectConfig::default(),
+        OptOut::Honoured,
+    )
+    .expect("reviewed");
+    assert_eq!(honoured.decision.label(), "opted_out");
+    let ignored = reviewed(&body("CREATE", pod)).expect("reviewed");
+    assert_eq!(
+        (ignored.decision.label(), ignored.opt_out_ignored),
+        ("injected", true)
+    );
     // The envelope too: the last operation is the one that counts.
     let update = String::from_utf8(body("CREATE", pod))
         .expect("utf-8")

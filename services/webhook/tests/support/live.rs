@@ -52,6 +52,15 @@ pub fn names() -> Vec<String> {
 }
 
 pub async fn start(dir: &Path, shutdown: &CancellationToken) -> Running {
+    start_with(dir, shutdown, kai_webhook::server::Limits::default()).await
+}
+
+/// A webhook with these size and load limits.
+pub async fn start_with(
+    dir: &Path,
+    shutdown: &CancellationToken,
+    limits: kai_webhook::server::Limits,
+) -> Running {
     kai_runtime::install_crypto_provider();
     kai_webhook::start(
         Settings {
@@ -61,6 +70,7 @@ pub async fn start(dir: &Path, shutdown: &CancellationToken) -> Running {
             inject: InjectConfig::default(),
             tls_reload_fallback: Duration::from_secs(3600),
             node_guard: false,
+            limits,
         },
         shutdown.clone(),
     )
