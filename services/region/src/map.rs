@@ -241,10 +241,20 @@ pub(crate) fn guarded<T>(
     writable: bool,
     f: impl FnOnce() -> T,
 ) -> Result<T, Faulted> {
+    /// Closes the window if `f` unwinds, so no later fault on this thread
+    /// is taken for ours.
+    struct Armed;
+    impl Drop for Armed {
+        fn drop(&mut self) {
+            sigbus::disarm();
+        }
+    }
     sigbus::install();
     let start = start as usize;
     sigbus::arm(start, start.saturating_add(len), writable);
+    let armed = Armed;
     let value = f();
+    std::mem::forget(armed);
     if sigbus::disarm() {
         Err(Faulted)
     } else {
