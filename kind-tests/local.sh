@@ -35,20 +35,20 @@ wait_for() {
 }
 
 # --- libsync into a temp host ------------------------------------------------
-mkdir -p "$work/artifacts" "$work/host/usr/local/vgpu" "$work/host/tmp/vgpulock"
+mkdir -p "$work/artifacts" "$work/host/usr/local/vgpu"
 # What kubelet creates for a subPath mount of a file that does not exist yet.
 mkdir "$work/host/usr/local/vgpu/ld.so.preload"
 printf 'stand-in for HAMi-core libvgpu.so\n' > "$work/artifacts/libvgpu.so"
 ls_port=$(free_port)
 "$bin/kai-node" --log-level warn libsync --source-dir "$work/artifacts" \
-  --host-vgpu-dir "$work/host/usr/local/vgpu" --host-vgpulock-dir "$work/host/tmp/vgpulock" \
+  --host-vgpu-dir "$work/host/usr/local/vgpu" \
   --health-listen "127.0.0.1:$ls_port" & pids+=($!)
 wait_for "http://127.0.0.1:$ls_port/readyz"
 [ "$(cat "$work/host/usr/local/vgpu/ld.so.preload")" = "/usr/local/vgpu/libvgpu.so" ] \
   && cmp -s "$work/artifacts/libvgpu.so" "$work/host/usr/local/vgpu/libvgpu.so" \
   && ok "libsync installed libvgpu.so and ld.so.preload (replacing kubelet's empty directory)" || bad "libsync files"
-[ "$(stat -c %a "$work/host/usr/local/vgpu/containers")" = 1777 ] && [ "$(stat -c %a "$work/host/tmp/vgpulock")" = 1777 ] \
-  && ok "containers/ and /tmp/vgpulock are 1777" || bad "directory modes"
+[ "$(stat -c %a "$work/host/usr/local/vgpu/containers")" = 1777 ] && [ "$(stat -c %a "$work/host/usr/local/vgpu/vgpulock")" = 1777 ] \
+  && ok "containers/ and the lock directory (<host dir>/vgpulock) are 1777" || bad "directory modes"
 
 # --- webhook over TLS ----------------------------------------------------------
 openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost \

@@ -54,7 +54,8 @@ def injected(pod, container, mount):
     want_volumes = {
         "kai-resource-isolator-vgpu": mount,
         "kai-resource-isolator-containers": mount + "/containers",
-        "kai-resource-isolator-vgpulock": "/tmp/vgpulock",
+        # libvgpu's /tmp/vgpulock, kept under the host directory on the host.
+        "kai-resource-isolator-vgpulock": mount + "/vgpulock",
     }
     for name, path in want_volumes.items():
         host = volumes.get(name, {}).get("hostPath")

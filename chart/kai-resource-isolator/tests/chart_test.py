@@ -194,14 +194,16 @@ def paths_agree(scenario, mount, host=None, agent_extra=()):
         ls = one(docs, "DaemonSet", "-libsync")
         vols = {v["name"]: v for v in pod_spec(ls)["volumes"]}
         assert vols["host-vgpu"]["hostPath"] == {"path": host, "type": "DirectoryOrCreate"}
-        assert vols["host-vgpulock"]["hostPath"] == {"path": "/tmp/vgpulock", "type": "DirectoryOrCreate"}
+        # libvgpu's lock directory is <host>/vgpulock, inside that mount:
+        # nothing of the node's /tmp (issue #25).
         host_paths = sorted(v["hostPath"]["path"] for v in vols.values() if "hostPath" in v)
-        assert host_paths == sorted([host, "/tmp/vgpulock"]), f"libsync mounts only these host paths: {host_paths}"
+        assert host_paths == [host], f"libsync mounts only the host directory: {host_paths}"
         libsync = containers(ls)["libsync"]
         assert arg(libsync, "--host-vgpu-dir") == "/host" + host
         assert arg(libsync, "--container-vgpu-mount") == mount
         mounts = {m["name"]: m["mountPath"] for m in libsync["volumeMounts"]}
-        assert mounts["host-vgpu"] == "/host" + host and mounts["host-vgpulock"] == "/host/tmp/vgpulock"
+        assert mounts["host-vgpu"] == "/host" + host and "host-vgpulock" not in mounts
+        assert arg(libsync, "--host-vgpulock-dir") is None, "the default: <host-vgpu-dir>/vgpulock"
         cm = one(docs, "ConfigMap", "-preload")
         assert cm["data"]["ld.so.preload"].strip() == mount + "/libvgpu.so", "ld.so.preload holds the container path"
         assert vols["preload"]["configMap"]["name"] == cm["metadata"]["name"]

@@ -113,11 +113,7 @@ pub async fn start(
 ) -> anyhow::Result<Node> {
     let host = work.join("host");
     let artifacts = work.join("artifacts");
-    for dir in [
-        host.join("usr/local/vgpu"),
-        host.join("tmp/vgpulock"),
-        artifacts.clone(),
-    ] {
+    for dir in [host.join("usr/local/vgpu"), artifacts.clone()] {
         std::fs::create_dir_all(&dir)?;
     }
     // The image ships the real HAMi-core build at /artifacts/libvgpu.so.
@@ -129,7 +125,8 @@ pub async fn start(
         source_dir: artifacts,
         preload_file: None,
         host_vgpu_dir: host.join("usr/local/vgpu"),
-        host_vgpulock_dir: host.join("tmp/vgpulock"),
+        // libvgpu's lock directory, where libsync creates it on a node.
+        host_vgpulock_dir: host.join("usr/local/vgpu/vgpulock"),
         container_vgpu_mount: "/usr/local/vgpu".into(),
         check_interval: Duration::from_secs(60),
         health_listen: "127.0.0.1:0".parse()?,

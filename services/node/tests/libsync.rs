@@ -12,7 +12,7 @@ struct Host {
 impl Host {
     fn new() -> Self {
         let root = tempfile::tempdir().expect("tempdir");
-        for dir in ["artifacts", "host/usr/local/vgpu", "host/tmp/vgpulock"] {
+        for dir in ["artifacts", "host/usr/local/vgpu"] {
             std::fs::create_dir_all(root.path().join(dir)).expect("mkdir");
         }
         std::fs::write(
@@ -30,7 +30,7 @@ impl Host {
             source_dir: self.path("artifacts"),
             preload_file: None,
             host_vgpu_dir: self.path("host/usr/local/vgpu"),
-            host_vgpulock_dir: self.path("host/tmp/vgpulock"),
+            host_vgpulock_dir: self.path("host/usr/local/vgpu/vgpulock"),
             container_vgpu_mount: "/usr/local/vgpu".into(),
             check_interval: std::time::Duration::from_secs(60),
             health_listen: "127.0.0.1:0".parse().expect("addr"),
@@ -56,7 +56,8 @@ fn installs_files_and_directories_with_their_modes() {
     );
     assert_eq!((mode(&lib), mode(&preload)), (0o644, 0o644));
     assert_eq!(mode(&host.path("host/usr/local/vgpu/containers")), 0o1777);
-    assert_eq!(mode(&host.path("host/tmp/vgpulock")), 0o1777);
+    // libvgpu's lock directory: under the install base, created by libsync.
+    assert_eq!(mode(&host.path("host/usr/local/vgpu/vgpulock")), 0o1777);
 }
 
 #[test]
@@ -143,7 +144,7 @@ fn an_interrupted_install_leaves_the_old_file_intact() {
 #[test]
 fn missing_host_paths_get_a_clear_error() {
     let host = Host::new();
-    std::fs::remove_dir_all(host.path("host/tmp/vgpulock")).expect("rm");
+    std::fs::remove_dir_all(host.path("host/usr/local/vgpu")).expect("rm");
     let error = libsync::sync_once(&host.config()).expect_err("must fail");
     assert!(matches!(error, InstallError::Missing { .. }), "{error:?}");
     assert!(error.to_string().contains("hostPath volume"), "{error}");
@@ -244,4 +245,70 @@ async fn the_loop_follows_changes_and_stays_quiet_otherwise() {
 
     shutdown.cancel();
     running.wait().await.expect("clean stop");
+}
+
+/// A link planted where libsync makes a world-writable directory (the lock
+/// directory, `containers/`) would have made its target mode 1777 (with
+/// every sharing pod mounting it read-write). It is refused, not followed.
+#[test]
+fn a_link_where_a_world_writable_directory_belongs_is_refused_and_its_target_untouched() {
+    for name in ["vgpulock", "containers"] {
+        let host = Host::new();
+        let target = host.path("etc");
+        std::fs::create_dir(&target).expect("mkdir");
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let link = host.path("host/usr/local/vgpu").join(name);
+        std::os::unix::fs::symlink(&target, &link).expect("symlink");
+
+        let error = libsync::sync_once(&host.config()).expect_err("must refuse the link");
+        assert!(
+            matches!(error, InstallError::Symlink { .. }),
+            "{name}: {error:?}"
+        );
+        assert!(error.to_string().contains(name), "{error}");
+        assert_eq!(
+            mode(&target),
+            0o755,
+            "{name}: the link's target was changed"
+        );
+        assert!(
+            std::fs::symlink_metadata(&link)
+                .expect("stat")
+                .file_type()
+                .is_symlink(),
+            "left for a person to look at"
+        );
+    }
+}
+
+#[test]
+fn a_file_where_the_lock_directory_belongs_is_refused() {
+    let host = Host::new();
+    std::fs::write(host.path("host/usr/local/vgpu/vgpulock"), b"").expect("file");
+    let error = libsync::sync_once(&host.config()).expect_err("must fail");
+    assert!(
+        matches!(error, InstallError::NotADirectory { .. }),
+        "{error:?}"
+    );
+}
+
+/// A directory someone else made (another uid than root or libsync's) is
+/// not made world-writable. Needs root to hand a directory to another uid;
+/// elsewhere there is no one else to be, and the test returns early.
+#[test]
+fn a_directory_owned_by_another_user_is_left_alone() {
+    let host = Host::new();
+    let lock = host.path("host/usr/local/vgpu/vgpulock");
+    std::fs::create_dir(&lock).expect("mkdir");
+    std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    if let Err(error) = std::os::unix::fs::chown(&lock, Some(54_321), None) {
+        eprintln!("not root ({error}): nothing to check here");
+        return;
+    }
+    let error = libsync::sync_once(&host.config()).expect_err("must refuse");
+    assert!(
+        matches!(error, InstallError::ForeignOwner { owner: 54_321, .. }),
+        "{error:?}"
+    );
+    assert_eq!(mode(&lock), 0o755);
 }

@@ -53,6 +53,26 @@ fn benches(c: &mut Criterion) {
     c.bench_function("decode_one_region_4_procs", |b| {
         b.iter(|| decode(std::hint::black_box(&bytes)))
     });
+
+    // The read path's choice (docs/benchmarks.md#reading-a-region-mmap-or-pread):
+    // the agent's steady state, a kept mapping checked on its descriptor
+    // and decoded in place under the SIGBUS guard, against what a
+    // pread-only reader would do: copy the layout (2 MB) and decode that.
+    let one = dir.path().join("one.cache");
+    region(7).write(&one).expect("region");
+    let mut mapped = Region::new(&one);
+    mapped.snapshot().expect("maps");
+    c.bench_function("read_one_region_mapped", |b| {
+        b.iter(|| mapped.snapshot_unreplaced().expect("reads"))
+    });
+    let file = std::fs::File::open(&one).expect("open");
+    let mut buf = vec![0u8; kai_region::layout::V1.size];
+    c.bench_function("read_one_region_pread_2mb", |b| {
+        b.iter(|| {
+            std::os::unix::fs::FileExt::read_exact_at(&file, &mut buf, 0).expect("pread");
+            decode(&buf).expect("decodes")
+        })
+    });
 }
 
 criterion_group!(scan, benches);

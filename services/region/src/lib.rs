@@ -13,6 +13,7 @@
 //!
 //! No Kubernetes, no gRPC: just bytes.
 
+mod admit;
 pub mod discovery;
 pub mod layout;
 mod map;

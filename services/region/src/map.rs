@@ -4,6 +4,16 @@
 //! writes a live region, and the C ABI and FFI crates; the list and why is
 //! in docs/architecture.md, checked by kai-vocab's `layering` test).
 //!
+//! The file is the tenant's: it can be anything at any moment (a FIFO, a
+//! link, a 16 TiB hole, a file that shrinks while we read). So:
+//! - [`open_region`] opens it with `openat` relative to its directory,
+//!   itself opened `O_NOFOLLOW | O_DIRECTORY`, the file `O_NOFOLLOW |
+//!   O_NONBLOCK`: a link in either place is refused, never followed, and a
+//!   FIFO opens at once instead of blocking (the caller then refuses it on
+//!   the descriptor's `fstat`, see `admit`);
+//! - [`Mapping::map`] maps a length the caller chose from the layout, never
+//!   the file's own length, so a giant sparse file costs no address space.
+//!
 //! Invariants that make each load sound:
 //! - the mapping is `PROT_READ` and `MAP_SHARED`; we never create a
 //!   reference (`&T`/`&[T]`) into it, only pointers, because the bytes
@@ -19,10 +29,16 @@
 //!   for the truncation that lands between that check and a load, a SIGBUS
 //!   handler patches the faulting page with a private zero page and flags
 //!   the read, which the caller then discards (see `sigbus` below).
+//!   `reclaim` runs all its accesses to its read-write mapping inside the
+//!   same guard ([`guarded`]).
 
 #![allow(unsafe_code)]
 
-use std::fs::File;
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
@@ -72,17 +88,74 @@ pub struct Mapping {
     mmap: Mmap,
 }
 
+/// How [`open_region`] opens the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    ReadWrite,
+}
+
+/// Opens `path` (`<containers>/<podUID>_<container>/usage.cache`) without
+/// following a symbolic link in its last two components, the ones a tenant
+/// creates: the container directory is opened `O_NOFOLLOW | O_DIRECTORY`
+/// and the file `openat` it, `O_NOFOLLOW | O_NONBLOCK | O_NOCTTY`. A link
+/// fails with `ELOOP` (or `ENOTDIR` for a directory link to a file); a FIFO
+/// opens without waiting for a writer. The components above are the
+/// agent's own configuration (`<host>/containers`, root's) and are trusted.
+/// The caller still has to check the descriptor (`fstat`) before mapping.
+pub fn open_region(path: &Path, access: Access) -> std::io::Result<File> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let name = CString::new(name.as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let dir = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_DIRECTORY)
+        .open(parent)?;
+    let mode = match access {
+        Access::Read => libc::O_RDONLY,
+        Access::ReadWrite => libc::O_RDWR,
+    };
+    let flags = mode | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
+    // SAFETY: FFI call with a directory descriptor we own (alive for the
+    // call) and a NUL-terminated name; no pointer is retained.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by `openat`, is open, and nothing else
+    // owns it; the `File` closes it.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
 impl Mapping {
-    /// Maps the whole current length of `path` read-only. The file must be
-    /// non-empty (an empty file is "not ready", handled by the caller).
-    pub fn open(path: &Path) -> std::io::Result<Self> {
-        let file = File::open(path)?;
+    /// Maps the first `len` bytes of `file` read-only. `len` comes from the
+    /// layout (see `admit::map_len`), not from the file: the caller has
+    /// checked on the descriptor that the file is regular and at least
+    /// `len` long, so no page of the mapping starts past end-of-file unless
+    /// the file shrinks later, which the guard absorbs.
+    pub fn map(file: File, len: usize) -> std::io::Result<Self> {
         // SAFETY: the mapping is read-only; we only access it through the
         // bounds-checked atomic loads below, never through references, so
         // concurrent writes by other processes cannot invalidate Rust
-        // aliasing rules. Truncation is guarded by `still_covers`.
-        let mmap = unsafe { MmapOptions::new().map(&file)? };
+        // aliasing rules. Truncation is guarded by `still_covers` and the
+        // SIGBUS guard.
+        let mmap = unsafe { MmapOptions::new().len(len).map(&file)? };
         Ok(Self { file, mmap })
+    }
+
+    /// Maps the whole current length of `path` (tests only: the agent
+    /// goes through `open_region` and [`map`](Self::map)).
+    #[cfg(test)]
+    pub fn open(path: &Path) -> std::io::Result<Self> {
+        let file = File::open(path)?;
+        let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+        Self::map(file, len)
     }
 
     /// The file this maps, to re-check its size and identity.
@@ -104,15 +177,7 @@ impl Mapping {
     /// process and the result is `Err(Faulted)`. The mapping is then
     /// poisoned (patched pages) and must be dropped.
     pub fn guarded<T>(&self, read: impl FnOnce(&Self) -> T) -> Result<T, Faulted> {
-        sigbus::install();
-        let start = self.mmap.as_ptr() as usize;
-        sigbus::arm(start, start + self.mmap.len());
-        let value = read(self);
-        if sigbus::disarm() {
-            Err(Faulted)
-        } else {
-            Ok(value)
-        }
+        guarded(self.mmap.as_ptr(), self.mmap.len(), false, || read(self))
     }
 
     fn ptr_at(&self, off: usize, size: usize) -> Option<*const u8> {
@@ -164,15 +229,50 @@ impl Source for Mapping {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Faulted;
 
+/// Runs `f` with SIGBUS in `start..start + len` (a mapping of ours)
+/// absorbed on this thread: a faulting page is replaced by a private zero
+/// page, `PROT_READ` or, when `writable` (reclaim's read-write mapping),
+/// `PROT_READ | PROT_WRITE` so a store retried there lands in that private
+/// page instead of faulting again. `Err(Faulted)` when that happened; the
+/// mapping then holds patched pages and must be dropped.
+pub(crate) fn guarded<T>(
+    start: *const u8,
+    len: usize,
+    writable: bool,
+    f: impl FnOnce() -> T,
+) -> Result<T, Faulted> {
+    /// Closes the window if `f` unwinds, so no later fault on this thread
+    /// is taken for ours.
+    struct Armed;
+    impl Drop for Armed {
+        fn drop(&mut self) {
+            sigbus::disarm();
+        }
+    }
+    sigbus::install();
+    let start = start as usize;
+    sigbus::arm(start, start.saturating_add(len), writable);
+    let armed = Armed;
+    let value = f();
+    std::mem::forget(armed);
+    if sigbus::disarm() {
+        Err(Faulted)
+    } else {
+        Ok(value)
+    }
+}
+
 /// The SIGBUS guard.
 ///
 /// Invariants:
 /// - the handler only acts on a fault whose address lies in the window the
 ///   *faulting thread* armed (thread-local, so concurrent readers on other
 ///   threads and unrelated faults are never touched);
-/// - it replaces exactly the faulting page, inside our own read-only
-///   mapping, with an anonymous read-only page (`MAP_FIXED`), so the
-///   retried load reads zero and no other memory changes;
+/// - it replaces exactly the faulting page, inside our own mapping, with an
+///   anonymous private page (`MAP_FIXED`; read-only, or read-write for
+///   reclaim's window), so the retried load reads zero, a retried store
+///   lands in that private page, and no other memory changes (a file page
+///   of someone else's is never written by a patched access);
 /// - it uses only a thread-local `Cell` of plain integers (const-initialised,
 ///   no destructor: no allocation or lazy init in the handler) and `mmap`, a
 ///   raw system call;
@@ -187,12 +287,18 @@ mod sigbus {
     struct Window {
         start: Cell<usize>,
         end: Cell<usize>,
+        writable: Cell<bool>,
         faulted: Cell<bool>,
     }
 
     thread_local! {
         static WINDOW: Window = const {
-            Window { start: Cell::new(0), end: Cell::new(0), faulted: Cell::new(false) }
+            Window {
+                start: Cell::new(0),
+                end: Cell::new(0),
+                writable: Cell::new(false),
+                faulted: Cell::new(false),
+            }
         };
     }
 
@@ -224,9 +330,10 @@ mod sigbus {
         });
     }
 
-    pub fn arm(start: usize, end: usize) {
+    pub fn arm(start: usize, end: usize, writable: bool) {
         WINDOW.with(|w| {
             w.faulted.set(false);
+            w.writable.set(writable);
             w.start.set(start);
             w.end.set(end);
         });
@@ -255,15 +362,21 @@ mod sigbus {
                     return false;
                 }
                 let base = addr & !(page - 1);
-                // SAFETY: `base..base+page` lies inside our own read-only
-                // mapping (the window), which this thread is reading and
-                // nobody else writes through; MAP_FIXED replaces just that
+                let prot = if w.writable.get() {
+                    libc::PROT_READ | libc::PROT_WRITE
+                } else {
+                    libc::PROT_READ
+                };
+                // SAFETY: `base..base+page` lies inside our own mapping (the
+                // window), which only this thread accesses while the window
+                // is armed (reclaim's mapping is private to one call; a
+                // reader's to its `Region`); MAP_FIXED replaces just that
                 // page with zeros.
                 let mapped = unsafe {
                     libc::mmap(
                         base as *mut libc::c_void,
                         page,
-                        libc::PROT_READ,
+                        prot,
                         libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
                         -1,
                         0,

@@ -3,17 +3,15 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use crate::admit::{self, V0_SLACK};
 use crate::layout::{
     self, Layout, LayoutVersion, MAGIC, MAX_DEVICES, MAX_PROCS, UUID_MAX, UUID_SLOT, V0, V1,
 };
-use crate::map::{Mapping, Source};
+use crate::map::{self, Access, Mapping, Source};
 use crate::snapshot::{DeviceUsage, ProcessSlot, RegionSnapshot, SlotDevice};
 
 /// Attempts to read one slot while its seqlock is stable.
 const SEQLOCK_ATTEMPTS: usize = 8;
-/// A v0 file is `sizeof + 1` bytes; allow a little slack, but not so much
-/// that a half-grown v1 file passes for v0.
-const V0_SLACK: usize = 8;
 
 /// Why a region could not be read.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
@@ -24,6 +22,16 @@ pub enum RegionError {
     NotReady,
     #[error("cannot open region: {0}")]
     Io(String),
+    /// A FIFO, a link (to a file or as the container directory), a
+    /// directory, a device: refused without being read or waited on.
+    #[error("{0} where a region file belongs; refused, not followed")]
+    NotRegular(&'static str),
+    /// More than one name: another container's region hard-linked here.
+    #[error("the file has {0} names (hard links); a region has one")]
+    HardLinked(u64),
+    /// Longer than any layout plus slack: never mapped.
+    #[error("file is {len} bytes, longer than any layout (v1 is {} bytes, plus {} of slack)", V1.size, admit::V1_SLACK)]
+    Oversized { len: u64 },
     #[error("file is {len} bytes, shorter than any layout it claims (v1 needs {}, v0 {})", V1.size, V0.size)]
     Truncated { len: usize },
     #[error("bad magic {0} (expected {MAGIC})")]
@@ -47,6 +55,9 @@ impl RegionError {
         match self {
             Self::NotReady => "not_ready",
             Self::Io(_) => "io",
+            Self::NotRegular(_) => "not_regular",
+            Self::HardLinked(_) => "hard_linked",
+            Self::Oversized { .. } => "oversized",
             Self::Truncated { .. } | Self::Shrunk => "truncated",
             Self::BadMagic(_) => "bad_magic",
             Self::UnsupportedVersion(_) => "unsupported_version",
@@ -223,12 +234,31 @@ fn read_slot(
 /// A region file, mapped read-only and re-mapped when libvgpu recreates it.
 pub struct Region {
     path: PathBuf,
-    mapping: Option<(Mapping, (u64, u64))>,
+    mapping: Option<Mapped>,
+}
+
+/// The file currently mapped, and what its descriptor said when opened.
+struct Mapped {
+    map: Mapping,
+    /// `(st_dev, st_ino)`: tells a replaced file from this one.
+    identity: (u64, u64),
+    owner_uid: u32,
 }
 
 impl std::fmt::Debug for Region {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Region").field("path", &self.path).finish()
+    }
+}
+
+fn io_error(e: std::io::Error) -> RegionError {
+    match e.raw_os_error() {
+        // O_NOFOLLOW on a link (the file, or the container directory).
+        Some(libc::ELOOP) => RegionError::NotRegular("a symbolic link"),
+        // The container directory is a link to a file, or not a directory.
+        Some(libc::ENOTDIR) => RegionError::NotRegular("a link or file as the container directory"),
+        _ if e.kind() == std::io::ErrorKind::NotFound => RegionError::NotReady,
+        _ => RegionError::Io(e.to_string()),
     }
 }
 
@@ -245,16 +275,24 @@ impl Region {
         &self.path
     }
 
+    /// The uid owning the mapped file (from its descriptor's `fstat`), once
+    /// a snapshot has mapped it. Recorded, not checked: libvgpu writes as
+    /// the container's user, whoever that is (see `admit`).
+    pub fn owner_uid(&self) -> Option<u32> {
+        self.mapping.as_ref().map(|m| m.owner_uid)
+    }
+
     /// Reads the region now, trusting the caller that the path still names
     /// the mapped file (an inotify watch on its directory saw no create,
     /// rename or delete since the last read). Only the mapped file's size is
     /// checked, on its descriptor, which needs no path lookup; any doubt
-    /// (nothing mapped, a size change) falls back to [`snapshot`](Self::snapshot).
+    /// (nothing mapped, a size the mapping's layout does not fit) falls
+    /// back to [`snapshot`](Self::snapshot).
     pub fn snapshot_unreplaced(&mut self) -> Result<RegionSnapshot, RegionError> {
-        let covered = self.mapping.as_ref().is_some_and(|(map, _)| {
-            map.file()
-                .metadata()
-                .is_ok_and(|m| m.len() == map.len() as u64)
+        let covered = self.mapping.as_ref().is_some_and(|m| {
+            m.map.file().metadata().is_ok_and(|meta| {
+                admit::map_len(m.map.file(), meta.len()).is_ok_and(|len| len == m.map.len())
+            })
         });
         if !covered {
             return self.snapshot();
@@ -262,58 +300,66 @@ impl Region {
         self.read_mapped()
     }
 
-    /// Reads the region now. Remaps when the file was replaced or grew;
-    /// refuses to touch a mapping the file no longer covers. A file that
-    /// does not exist (yet) is [`RegionError::NotReady`].
+    /// Reads the region now. Re-opens and re-maps when the file was
+    /// replaced or changed layout; refuses to touch a mapping the file no
+    /// longer covers. A file that does not exist (yet) is
+    /// [`RegionError::NotReady`].
     ///
-    /// One `stat` of the path per read: it tells a replaced file (identity)
-    /// and a resized one (length) apart from the mapped one, so when both
-    /// match, the mapping covers the file and the read needs no other
-    /// syscall. A truncation racing the read itself is caught by the SIGBUS
-    /// guard.
+    /// One `lstat` of the path per read: it tells a replaced file
+    /// (identity) and a resized one (length) apart from the mapped one, so
+    /// when both match, the mapping covers the file and the read needs no
+    /// other syscall. It never follows the last component: a link or a
+    /// FIFO put there is refused before anything is opened. Opening
+    /// ([`map::open_region`]) and the checks on the descriptor
+    /// ([`admit`]) close the window between that `lstat` and the open. A
+    /// truncation racing the read itself is caught by the SIGBUS guard.
     pub fn snapshot(&mut self) -> Result<RegionSnapshot, RegionError> {
-        let meta = std::fs::metadata(&self.path).map_err(|e| {
+        let meta = std::fs::symlink_metadata(&self.path).map_err(|e| {
             self.mapping = None;
-            match e.kind() {
-                std::io::ErrorKind::NotFound => RegionError::NotReady,
-                _ => RegionError::Io(e.to_string()),
-            }
+            io_error(e)
         })?;
-        let identity = (meta.dev(), meta.ino());
-        let len = meta.len();
-        if len == 0 {
+        if let Err(refused) = admit::check_file(&meta) {
             self.mapping = None;
-            return Err(RegionError::NotReady);
+            return Err(refused);
         }
-        let stale = match &self.mapping {
-            Some((map, id)) => *id != identity || map.len() as u64 != len,
-            None => true,
-        };
-        if stale {
-            let map = Mapping::open(&self.path).map_err(|e| RegionError::Io(e.to_string()))?;
-            let meta = map
-                .file()
-                .metadata()
-                .map_err(|e| RegionError::Io(e.to_string()))?;
-            self.mapping = Some((map, (meta.dev(), meta.ino())));
-        }
-        if stale
-            && let Some((map, _)) = &self.mapping
-            && !map.still_covers()
-        {
-            // Shrunk between mapping and now.
+        let current = self.mapping.as_ref().is_some_and(|m| {
+            m.identity == (meta.dev(), meta.ino())
+                && admit::map_len(m.map.file(), meta.len()).is_ok_and(|len| len == m.map.len())
+        });
+        if !current {
             self.mapping = None;
-            return Err(RegionError::Shrunk);
+            self.mapping = Some(self.open()?);
         }
         self.read_mapped()
     }
 
+    /// Opens the file without following links, checks the descriptor and
+    /// maps the layout's size.
+    fn open(&self) -> Result<Mapped, RegionError> {
+        let file = map::open_region(&self.path, Access::Read).map_err(io_error)?;
+        let meta = file
+            .metadata()
+            .map_err(|e| RegionError::Io(e.to_string()))?;
+        admit::check_file(&meta)?;
+        let len = admit::map_len(&file, meta.len())?;
+        let map = Mapping::map(file, len).map_err(|e| RegionError::Io(e.to_string()))?;
+        if !map.still_covers() {
+            // Shrunk between the `fstat` and now.
+            return Err(RegionError::Shrunk);
+        }
+        Ok(Mapped {
+            map,
+            identity: (meta.dev(), meta.ino()),
+            owner_uid: meta.uid(),
+        })
+    }
+
     /// Decodes the current mapping under the SIGBUS guard.
     fn read_mapped(&mut self) -> Result<RegionSnapshot, RegionError> {
-        let Some((map, _)) = &self.mapping else {
+        let Some(mapped) = &self.mapping else {
             return Err(RegionError::NotReady);
         };
-        match map.guarded(decode_from) {
+        match mapped.map.guarded(decode_from) {
             Ok(result) => result,
             Err(crate::map::Faulted) => {
                 // Truncated between the size check and a load: the mapping
@@ -323,5 +369,26 @@ impl Region {
                 Err(RegionError::Shrunk)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tenant swaps a FIFO in after the `lstat` saw a regular file:
+    /// the open does not wait for a writer, the descriptor's `fstat`
+    /// refuses it. (Before, `File::open` blocked the scan thread forever.)
+    #[test]
+    fn a_fifo_swapped_in_after_the_lstat_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("usage.cache");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .expect("mkfifo");
+        assert!(made.success());
+        let refused = Region::new(&path).open().map(|_| ());
+        assert_eq!(refused, Err(RegionError::NotRegular("a FIFO")));
     }
 }

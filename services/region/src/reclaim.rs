@@ -11,13 +11,25 @@
 //! never move slots: libvgpu's processes cache a pointer to their own slot.
 //!
 //! How (every step is what makes the write safe):
-//! - the file is mapped read-write and `MAP_SHARED` only for the duration
-//!   of one call, after checking it is a v1 region whose `initialized_flag`
-//!   is set and whose length covers the layout (libvgpu never shrinks its
-//!   region; it sizes the file once, when creating it);
+//! - the file is the tenant's, so it is opened as the reader opens it
+//!   (`map::open_region`: no link followed in the file or its directory,
+//!   `O_NONBLOCK`), checked on its descriptor (`admit`: a regular file with
+//!   one name, a v1 length within the slack) and only the v1 layout's size
+//!   is mapped, read-write and `MAP_SHARED`, for the duration of one call;
+//!   its `initialized_flag` and major version are checked first;
+//! - every access to that mapping, the semaphore calls included, runs
+//!   inside the SIGBUS guard (`map::guarded`, writable patch pages): libvgpu
+//!   never shrinks its region, but the tenant can, at any moment, and a
+//!   page past end-of-file must cost us this call (`Shrunk`), never the
+//!   agent. The file's size is re-checked (`fstat`) once the lock is held;
 //! - the region's own lock is taken: the process-shared POSIX semaphore
-//!   `sem` at offset 24, initialised by libvgpu, with `sem_timedwait`, so a
-//!   busy or wedged workload costs us the timeout, never a blocked agent;
+//!   `sem` at offset 24, initialised by libvgpu, polled with `sem_trywait`
+//!   until the timeout, so a busy or wedged workload costs us the timeout,
+//!   never a blocked agent. Not `sem_timedwait`: it sleeps in the kernel
+//!   (`futex`), and a page truncated away between its user-space check and
+//!   that call makes the kernel answer `EFAULT`, which glibc treats as a
+//!   fatal bug (`abort`). `sem_trywait` is user-space atomics only, which
+//!   the guard covers; `sem_post` tolerates `EFAULT` from its wake-up.
 //!   `owner_pid` is left as it is (0): libvgpu waiters that time out check
 //!   whether the owner is alive *in their PID namespace*, where the agent's
 //!   PID would look dead and the lock would be broken under us;
@@ -39,18 +51,22 @@
 //! 8-aligned as glibc's `sem_t` requires); no Rust reference is ever created
 //! into the mapping, only atomics through raw pointers, because other
 //! processes write it concurrently; the mapping outlives every pointer (it
-//! is dropped at the end of the call).
+//! is dropped at the end of the call); no pointer into it is dereferenced
+//! outside the SIGBUS guard's window.
 
 #![allow(unsafe_code)]
 
-use std::fs::OpenOptions;
+use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use memmap2::{MmapMut, MmapOptions};
 
+use crate::admit;
 use crate::layout::{LayoutVersion, MAGIC, MAX_DEVICES, MAX_PROCS, V1, used};
+use crate::map::{self, Access, Faulted};
+use crate::reader::RegionError;
 
 /// Offset of `sem` (a glibc `sem_t`, 32 bytes) in the v1 layout.
 pub const SEM_OFFSET: usize = 24;
@@ -84,6 +100,14 @@ impl ReclaimedSlot {
 pub enum ReclaimError {
     #[error("cannot open or map the region read-write")]
     Io(#[from] std::io::Error),
+    /// Not a file the agent writes into (a link, a FIFO, hard-linked,
+    /// oversized...): see `admit`.
+    #[error("refused: {0}")]
+    Refused(#[source] RegionError),
+    /// The file shrank below the layout while we held or waited for its
+    /// lock; whatever this call wrote is discarded with it.
+    #[error("the region shrank below the v1 layout during the call; left alone")]
+    Shrunk,
     #[error("region not initialised yet")]
     NotReady,
     #[error("the region is {len} bytes, shorter than the v1 layout ({})", V1.size)]
@@ -105,6 +129,8 @@ impl ReclaimError {
     pub fn label(&self) -> &'static str {
         match self {
             Self::Io(_) => "io",
+            Self::Refused(e) => e.label(),
+            Self::Shrunk => "truncated",
             Self::NotReady => "not_ready",
             Self::Truncated { .. } => "truncated",
             Self::Unsupported(_) => "unsupported_version",
@@ -123,68 +149,51 @@ pub fn reclaim_dead_slots(
     timeout: Duration,
     mut is_dead: impl FnMut(i32) -> bool,
 ) -> Result<Vec<ReclaimedSlot>, ReclaimError> {
-    let file = OpenOptions::new().read(true).write(true).open(path)?;
-    let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
-    if len == 0 {
-        return Err(ReclaimError::NotReady);
-    }
-    if len < V1.size {
-        return Err(ReclaimError::Truncated { len });
-    }
-    // SAFETY: a shared read-write mapping of a file we opened read-write.
-    // It is only accessed through `Region`'s bounds-checked atomic
-    // accessors (see the module invariants), never through references.
-    let mmap = unsafe { MmapOptions::new().len(V1.size).map_mut(&file)? };
-    let region = Mapped { mmap };
-
-    if region.i32(0) != MAGIC {
-        return Err(ReclaimError::NotReady);
-    }
-    let major = region.i32(V1.major_version.unwrap_or(4)) as u32;
-    let minor = region.i32(V1.minor_version.unwrap_or(8)) as u32;
-    if major != 1 {
-        return Err(ReclaimError::Unsupported(LayoutVersion::V1 {
-            major,
-            minor,
-        }));
-    }
-
-    let _guard = region.lock(timeout)?;
-    let proc_num = region.i32(V1.proc_num);
-    let count = usize::try_from(proc_num)
-        .ok()
-        .filter(|n| *n <= MAX_PROCS)
-        .ok_or(ReclaimError::ProcNum(proc_num))?;
-    let mut cleared = Vec::new();
-    for slot in 0..count {
-        let base = V1.slot(slot);
-        let pid = region.i32(base + V1.slot_pid);
-        let hostpid = region.i32(base + V1.slot_hostpid);
-        let freed: [u64; MAX_DEVICES] = std::array::from_fn(|d| {
-            region.u64(base + V1.slot_used + d * V1.used_stride + used::TOTAL)
-        });
-        let dead = if pid == 0 {
-            // Exited; only worth a write when usage was left behind.
-            freed.iter().any(|b| *b != 0)
-        } else {
-            hostpid > 0 && is_dead(hostpid)
-        };
-        if !dead {
-            continue;
+    let file = map::open_region(path, Access::ReadWrite).map_err(|e| match e.raw_os_error() {
+        Some(libc::ELOOP) => ReclaimError::Refused(RegionError::NotRegular("a symbolic link")),
+        Some(libc::ENOTDIR) => ReclaimError::Refused(RegionError::NotRegular(
+            "a link or file as the container directory",
+        )),
+        _ => ReclaimError::Io(e),
+    })?;
+    let meta = file.metadata()?;
+    admit::check_file(&meta).map_err(ReclaimError::Refused)?;
+    let len = meta.len();
+    let short = || ReclaimError::Truncated {
+        len: usize::try_from(len).unwrap_or(usize::MAX),
+    };
+    match admit::map_len(&file, len) {
+        Ok(n) if n == V1.size => {}
+        // A v0 length, or too short for any layout: not one we write.
+        Ok(_) | Err(RegionError::Truncated { .. } | RegionError::BadMagic(_)) => {
+            return Err(short());
         }
-        region.clear_slot(base);
-        cleared.push(ReclaimedSlot {
-            slot,
-            hostpid,
-            freed,
-        });
+        Err(RegionError::NotReady) => return Err(ReclaimError::NotReady),
+        Err(refused) => return Err(ReclaimError::Refused(refused)),
     }
-    Ok(cleared)
+    // SAFETY: a shared read-write mapping, of the v1 layout's size only, of
+    // a regular file we opened read-write and checked to be at least that
+    // long. It is only accessed through `Mapped`'s bounds-checked atomic
+    // accessors and the semaphore calls (see the module invariants), never
+    // through references, and only inside the SIGBUS guard below.
+    let mmap = unsafe { MmapOptions::new().len(V1.size).map_mut(&file)? };
+    let region = Mapped { mmap, file };
+    let (start, mapped) = (region.mmap.as_ptr(), region.mmap.len());
+    match map::guarded(start, mapped, true, || {
+        region.reclaim(timeout, &mut is_dead)
+    }) {
+        Ok(result) => result,
+        Err(Faulted) => Err(ReclaimError::Shrunk),
+    }
 }
 
-/// The read-write mapping; all access goes through the methods below.
+/// The read-write mapping; all access goes through the methods below,
+/// inside the SIGBUS guard.
 struct Mapped {
     mmap: MmapMut,
+    /// The mapped file, to re-check its size (`fstat`) while we wait and
+    /// once we hold the lock.
+    file: File,
 }
 
 /// Posts the semaphore when dropped.
@@ -204,6 +213,70 @@ impl Drop for Held<'_> {
 }
 
 impl Mapped {
+    /// The body of [`reclaim_dead_slots`], run inside the SIGBUS guard.
+    fn reclaim(
+        &self,
+        timeout: Duration,
+        is_dead: &mut impl FnMut(i32) -> bool,
+    ) -> Result<Vec<ReclaimedSlot>, ReclaimError> {
+        if self.i32(0) != MAGIC {
+            return Err(ReclaimError::NotReady);
+        }
+        let major = self.i32(V1.major_version.unwrap_or(4)) as u32;
+        let minor = self.i32(V1.minor_version.unwrap_or(8)) as u32;
+        if major != 1 {
+            return Err(ReclaimError::Unsupported(LayoutVersion::V1 {
+                major,
+                minor,
+            }));
+        }
+
+        let _guard = self.lock(timeout)?;
+        // Under the lock libvgpu does not resize its file; a tenant still
+        // can, which the guard absorbs, but one that already did is seen
+        // here without touching a page.
+        if !self.covered() {
+            return Err(ReclaimError::Shrunk);
+        }
+        let proc_num = self.i32(V1.proc_num);
+        let count = usize::try_from(proc_num)
+            .ok()
+            .filter(|n| *n <= MAX_PROCS)
+            .ok_or(ReclaimError::ProcNum(proc_num))?;
+        let mut cleared = Vec::new();
+        for slot in 0..count {
+            let base = V1.slot(slot);
+            let pid = self.i32(base + V1.slot_pid);
+            let hostpid = self.i32(base + V1.slot_hostpid);
+            let freed: [u64; MAX_DEVICES] = std::array::from_fn(|d| {
+                self.u64(base + V1.slot_used + d * V1.used_stride + used::TOTAL)
+            });
+            let dead = if pid == 0 {
+                // Exited; only worth a write when usage was left behind.
+                freed.iter().any(|b| *b != 0)
+            } else {
+                hostpid > 0 && is_dead(hostpid)
+            };
+            if !dead {
+                continue;
+            }
+            self.clear_slot(base);
+            cleared.push(ReclaimedSlot {
+                slot,
+                hostpid,
+                freed,
+            });
+        }
+        Ok(cleared)
+    }
+
+    /// Whether the file (by its descriptor) still covers the mapping.
+    fn covered(&self) -> bool {
+        self.file
+            .metadata()
+            .is_ok_and(|m| m.len() >= self.mmap.len() as u64)
+    }
+
     fn ptr(&self, off: usize, size: usize) -> *mut u8 {
         assert!(
             off.is_multiple_of(size) && off + size <= self.mmap.len(),
@@ -232,35 +305,39 @@ impl Mapped {
         self.u64_atomic(off).load(Ordering::Acquire)
     }
 
-    /// Takes the region's semaphore, waiting at most `timeout`.
+    /// Takes the region's semaphore, waiting at most `timeout`: polls
+    /// `sem_trywait` (user-space atomics only, see the module docs), first
+    /// every 20 µs, backing off to 1 ms; libvgpu holds it for microseconds.
+    /// A file that shrank meanwhile ends the wait (`Shrunk`).
     fn lock(&self, timeout: Duration) -> Result<Held<'_>, ReclaimError> {
         let sem = self.ptr(SEM_OFFSET, 8) as *mut libc::sem_t;
-        let mut now = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a valid out-pointer.
-        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut now) };
-        let total_ns = now.tv_nsec as u128 + timeout.subsec_nanos() as u128;
-        let deadline = libc::timespec {
-            tv_sec: now
-                .tv_sec
-                .saturating_add(timeout.as_secs().min(i64::MAX as u64 / 2) as libc::time_t)
-                .saturating_add((total_ns / 1_000_000_000) as libc::time_t),
-            tv_nsec: (total_ns % 1_000_000_000) as libc::c_long,
-        };
+        let deadline = Instant::now().checked_add(timeout);
+        let mut pause = Duration::from_micros(20);
         loop {
             // SAFETY: `sem` is the region's process-shared semaphore,
-            // initialised by libvgpu, inside our live mapping.
-            if unsafe { libc::sem_timedwait(sem, &deadline) } == 0 {
+            // initialised by libvgpu, inside our live mapping; a fault in
+            // it (the file truncated) is absorbed by the guard we run in.
+            if unsafe { libc::sem_trywait(sem) } == 0 {
                 return Ok(Held { sem, _region: self });
             }
             let error = std::io::Error::last_os_error();
             match error.raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::ETIMEDOUT) => return Err(ReclaimError::Busy(timeout)),
+                Some(libc::EAGAIN | libc::EINTR) => {}
                 _ => return Err(ReclaimError::Lock(error)),
             }
+            #[cfg(test)]
+            tests::while_waiting();
+            if !self.covered() {
+                return Err(ReclaimError::Shrunk);
+            }
+            let now = Instant::now();
+            let left = match deadline {
+                Some(deadline) if now >= deadline => return Err(ReclaimError::Busy(timeout)),
+                Some(deadline) => deadline - now,
+                None => pause,
+            };
+            std::thread::sleep(pause.min(left));
+            pause = (pause * 2).min(Duration::from_millis(1));
         }
     }
 

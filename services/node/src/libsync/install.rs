@@ -2,9 +2,10 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use libc::{ELOOP, ENOTDIR, O_DIRECTORY, O_NOFOLLOW};
 use sha2::{Digest, Sha256};
 
 /// Why installing failed; each names the path and what to do.
@@ -25,6 +26,18 @@ pub enum InstallError {
     },
     #[error("{path} is not a directory")]
     NotADirectory { path: PathBuf },
+    #[error(
+        "{path} is a symbolic link where libsync makes a world-writable directory; it is not followed (its target would become mode 1777): remove the link"
+    )]
+    Symlink { path: PathBuf },
+    #[error(
+        "{path} is owned by uid {owner}, neither root nor libsync (uid {ours}); it is left alone rather than made world-writable: remove it and libsync creates it"
+    )]
+    ForeignOwner {
+        path: PathBuf,
+        owner: u32,
+        ours: u32,
+    },
     #[error(
         "{path} is a directory that is not empty, where libsync installs a file: move its content away and remove it"
     )]
@@ -71,24 +84,63 @@ pub(crate) fn require_dir(path: &Path) -> Result<(), InstallError> {
 }
 
 /// Creates `dir` if needed and sets exactly `mode` (sticky, world-writable
-/// for `containers/` and `/tmp/vgpulock`, where non-root workloads create
-/// their own entries).
+/// for `containers/` and the lock directory, where non-root workloads
+/// create their own entries).
+///
+/// Never through a link: `mkdir` does not follow one at the last component
+/// (it fails with `EEXIST`), the directory is then opened `O_NOFOLLOW |
+/// O_DIRECTORY` (a link fails with `ELOOP`), checked on that descriptor
+/// (`fstat`: a directory, owned by root or by us) and chmod'ed through it
+/// (`fchmod`), so what is checked is what is changed. The components above
+/// `dir` are the host directory's, not writable by workloads.
 pub(crate) fn ensure_dir_mode(dir: &Path, mode: u32) -> Result<(), InstallError> {
     match std::fs::create_dir(dir) {
         Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => require_dir(dir)?,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(InstallError::io(dir, e)),
     }
-    let current = std::fs::metadata(dir)
-        .map_err(|e| InstallError::io(dir, e))?
-        .permissions()
-        .mode()
-        & 0o7777;
-    if current != mode {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+    let path = || dir.to_owned();
+    let handle = OpenOptions::new()
+        .read(true)
+        .custom_flags(O_NOFOLLOW | O_DIRECTORY)
+        .open(dir)
+        .map_err(|e| match e.raw_os_error() {
+            Some(ELOOP) => InstallError::Symlink { path: path() },
+            // Linux answers ENOTDIR for a link under O_DIRECTORY|O_NOFOLLOW;
+            // say which it is (lstat: the link itself, not its target).
+            Some(ENOTDIR)
+                if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) =>
+            {
+                InstallError::Symlink { path: path() }
+            }
+            Some(ENOTDIR) => InstallError::NotADirectory { path: path() },
+            _ => InstallError::io(dir, e),
+        })?;
+    let meta = handle.metadata().map_err(|e| InstallError::io(dir, e))?;
+    if !meta.is_dir() {
+        return Err(InstallError::NotADirectory { path: path() });
+    }
+    let ours = own_uid();
+    if meta.uid() != 0 && Some(meta.uid()) != ours {
+        return Err(InstallError::ForeignOwner {
+            path: path(),
+            owner: meta.uid(),
+            ours: ours.unwrap_or(0),
+        });
+    }
+    if meta.mode() & 0o7777 != mode {
+        handle
+            .set_permissions(std::fs::Permissions::from_mode(mode))
             .map_err(|e| InstallError::io(dir, e))?;
     }
     Ok(())
+}
+
+/// This process's effective uid: the owner of `/proc/self` (std has no
+/// `geteuid`, and calling libc's needs `unsafe`, which this crate keeps
+/// out). `None` without `/proc`: then only root-owned directories pass.
+fn own_uid() -> Option<u32> {
+    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
 }
 
 fn sha256_of_file(path: &Path) -> Option<[u8; 32]> {
@@ -155,11 +207,14 @@ fn through_temp(
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
 
     let result = (|| {
+        // O_NOFOLLOW: a link at the temp name is an error, not a way to
+        // write elsewhere.
         let mut file = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .mode(mode)
+            .custom_flags(O_NOFOLLOW)
             .open(&tmp)
             .map_err(|e| InstallError::io(&tmp, e))?;
         let mut hasher = Sha256::new();

@@ -5,6 +5,14 @@
 //! library, so every file is written to a temp file in the target
 //! directory, fsynced, chmod 0644, renamed over the old one, and the
 //! directory fsynced. Unchanged files (same SHA-256) are not rewritten.
+//!
+//! The two directories it makes world-writable (`containers/` and
+//! libvgpu's lock directory) are created, checked and chmod'ed through a
+//! descriptor opened without following links, and must be root's or ours
+//! (`install::ensure_dir_mode`): a link planted there would otherwise make
+//! its target mode 1777. The lock directory lives under the install base
+//! on the host (`<host dir>/vgpulock`), not in the node's `/tmp`, where
+//! any local user could plant that link first.
 
 mod install;
 mod stray_dir;
@@ -40,13 +48,11 @@ pub struct Args {
         default_value = "/host/usr/local/vgpu"
     )]
     pub host_vgpu_dir: PathBuf,
-    /// Where the host's `/tmp/vgpulock` is mounted in this container.
-    #[arg(
-        long,
-        env = "LIBSYNC_HOST_VGPULOCK_DIR",
-        default_value = "/host/tmp/vgpulock"
-    )]
-    pub host_vgpulock_dir: PathBuf,
+    /// libvgpu's lock directory (`/tmp/vgpulock` in workloads) as this
+    /// container sees it; by default `<host-vgpu-dir>/vgpulock`, created
+    /// by libsync. Workloads get the same host directory from the webhook.
+    #[arg(long, env = "LIBSYNC_HOST_VGPULOCK_DIR")]
+    pub host_vgpulock_dir: Option<PathBuf>,
     /// The directory as workloads see it (what ld.so.preload names).
     #[arg(long, env = "CONTAINER_VGPU_MOUNT", default_value = "/usr/local/vgpu")]
     pub container_vgpu_mount: String,
@@ -76,7 +82,10 @@ impl Args {
             source_dir: self.source_dir.clone(),
             preload_file: self.preload_file.clone(),
             host_vgpu_dir: self.host_vgpu_dir.clone(),
-            host_vgpulock_dir: self.host_vgpulock_dir.clone(),
+            host_vgpulock_dir: self
+                .host_vgpulock_dir
+                .clone()
+                .unwrap_or_else(|| self.host_vgpu_dir.join(VGPULOCK_DIR)),
             container_vgpu_mount: self.container_vgpu_mount.trim_end_matches('/').to_owned(),
             check_interval: Duration::from_secs(self.check_interval_seconds.max(1)),
             health_listen: self.health_listen,
@@ -88,6 +97,9 @@ impl Args {
 pub const LIBRARY: &str = "libvgpu.so";
 /// The preload list's file name on the host (mounted with subPath).
 pub const PRELOAD: &str = "ld.so.preload";
+/// libvgpu's lock directory, under the host directory (the webhook mounts
+/// `<host dir>/vgpulock` at `/tmp/vgpulock`, the path libvgpu has fixed).
+pub const VGPULOCK_DIR: &str = "vgpulock";
 
 /// What one sync did.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -100,9 +112,9 @@ pub struct Report {
 
 /// One full sync: directories and modes, then both files.
 pub fn sync_once(config: &Config) -> Result<Report, InstallError> {
-    for dir in [&config.host_vgpu_dir, &config.host_vgpulock_dir] {
-        install::require_dir(dir)?;
-    }
+    // The hostPath mount itself: it must be there; the two directories
+    // below are created as needed.
+    install::require_dir(&config.host_vgpu_dir)?;
     let containers = config.host_vgpu_dir.join("containers");
     install::ensure_dir_mode(&containers, 0o1777)?;
     install::ensure_dir_mode(&config.host_vgpulock_dir, 0o1777)?;

@@ -1,10 +1,27 @@
+use std::cell::RefCell;
+use std::fs::OpenOptions;
+
 use super::*;
 use crate::writer::{ProcSpec, RegionBuilder, UsageSpec};
 
 const MIB: u64 = 1 << 20;
 
-/// Initialises the semaphore as libvgpu does (`sem_init(&sem, 1, 1)`).
-pub(crate) fn init_sem(path: &Path) {
+thread_local! {
+    /// Run by `Mapped::lock` each time the semaphore was taken: the seam
+    /// for "the file changes while the agent waits".
+    static WHILE_WAITING: RefCell<Option<Box<dyn FnMut()>>> = const { RefCell::new(None) };
+}
+
+pub(super) fn while_waiting() {
+    WHILE_WAITING.with(|hook| {
+        if let Some(hook) = hook.borrow_mut().as_mut() {
+            hook();
+        }
+    });
+}
+
+/// A test's own shared mapping of `path` (standing in for libvgpu's).
+fn mapped(path: &Path) -> Mapped {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -12,7 +29,12 @@ pub(crate) fn init_sem(path: &Path) {
         .expect("open");
     // SAFETY: test setup; a fresh shared mapping of our own file.
     let mmap = unsafe { MmapOptions::new().len(V1.size).map_mut(&file) }.expect("map");
-    let region = Mapped { mmap };
+    Mapped { mmap, file }
+}
+
+/// Initialises the semaphore as libvgpu does (`sem_init(&sem, 1, 1)`).
+pub(crate) fn init_sem(path: &Path) {
+    let region = mapped(path);
     let sem = region.ptr(SEM_OFFSET, 8) as *mut libc::sem_t;
     // SAFETY: 32 writable, aligned bytes inside the mapping.
     assert_eq!(unsafe { libc::sem_init(sem, 1, 1) }, 0);
@@ -147,4 +169,52 @@ fn refuses_what_it_must_not_write() {
         reclaim_dead_slots(&bad, Duration::from_secs(1), |_| true),
         Err(ReclaimError::ProcNum(5000))
     ));
+}
+
+/// The tenant truncates its region while the agent waits for the lock the
+/// workload holds: the wait ends with `Shrunk`, the agent lives on. (Before,
+/// `sem_timedwait` touched the vanished page when it gave up: SIGBUS.)
+#[test]
+fn a_region_truncated_while_waiting_for_its_lock_is_left_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("usage.cache");
+    let mut region = RegionBuilder::v1().device("GPU-a", MIB).with_lock();
+    region.procs = vec![slot(0, 100, MIB)];
+    region.write(&path).expect("write");
+    // The workload holds the lock.
+    let workload = mapped(&path);
+    let sem = workload.ptr(SEM_OFFSET, 8) as *mut libc::sem_t;
+    // SAFETY: the semaphore inside the test's own live mapping.
+    assert_eq!(unsafe { libc::sem_trywait(sem) }, 0);
+
+    for keep in [0, 4096, V1.size as u64 / 2] {
+        let truncate = path.clone();
+        WHILE_WAITING.with(|hook| {
+            *hook.borrow_mut() = Some(Box::new(move || {
+                File::options()
+                    .write(true)
+                    .open(&truncate)
+                    .and_then(|f| f.set_len(keep))
+                    .expect("truncate");
+            }));
+        });
+        let result = reclaim_dead_slots(&path, Duration::from_secs(3600), |_| true);
+        WHILE_WAITING.with(|hook| hook.borrow_mut().take());
+        assert!(
+            matches!(result, Err(ReclaimError::Shrunk)),
+            "{keep}: {result:?}"
+        );
+        // Grown back to size for the next round (zeros past `keep`).
+        File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_len(V1.size as u64 + 1))
+            .expect("regrow");
+        if keep == 0 {
+            // The lock's bytes were truncated away: make it held again.
+            region.write(&path).expect("rewrite");
+            // SAFETY: as above; the page is the file's again.
+            assert_eq!(unsafe { libc::sem_trywait(sem) }, 0);
+        }
+    }
 }

@@ -2,19 +2,15 @@
 //! patch builder walk.
 
 use super::{
-    ENV_CONTAINER_NAME, ENV_POD_UID, ENV_VGPU_MOUNT, LD_SO_PRELOAD_PATH, LD_SO_PRELOAD_SUBPATH,
-    VGPULOCK_PATH, VOLUME_CONTAINERS, VOLUME_VGPU, VOLUME_VGPULOCK,
+    ENV_CONTAINER_NAME, ENV_POD_UID, ENV_VGPU_MOUNT, HOST_VGPULOCK_SUBDIR, LD_SO_PRELOAD_PATH,
+    LD_SO_PRELOAD_SUBPATH, VGPULOCK_PATH, VOLUME_CONTAINERS, VOLUME_VGPU, VOLUME_VGPULOCK,
 };
 use crate::config::InjectConfig;
 
 /// Our volumes, in the order of `VOLUME_DIRS`.
 pub const VOLUME_NAMES: [&str; 3] = [VOLUME_VGPU, VOLUME_CONTAINERS, VOLUME_VGPULOCK];
 /// The host directory of each of [`VOLUME_NAMES`].
-pub(super) const VOLUME_DIRS: [Dir; 3] = [
-    Dir::HostVgpu,
-    Dir::HostContainers,
-    Dir::Fixed(VGPULOCK_PATH),
-];
+pub(super) const VOLUME_DIRS: [Dir; 3] = [Dir::HostVgpu, Dir::HostContainers, Dir::HostVgpuLock];
 /// Our env vars (their values: [`super::env_value`]).
 pub const ENV_NAMES: [&str; 3] = [ENV_POD_UID, ENV_CONTAINER_NAME, ENV_VGPU_MOUNT];
 
@@ -152,6 +148,8 @@ pub enum Dir {
     HostVgpu,
     /// Its `containers`.
     HostContainers,
+    /// Its `vgpulock`, mounted at [`VGPULOCK_PATH`].
+    HostVgpuLock,
     Fixed(&'static str),
 }
 
@@ -167,6 +165,10 @@ impl Dir {
             Self::HostContainers => path
                 .strip_prefix(cfg.host_vgpu_dir.as_str())
                 .is_some_and(|rest| rest == "/containers"),
+            Self::HostVgpuLock => path
+                .strip_prefix(cfg.host_vgpu_dir.as_str())
+                .and_then(|rest| rest.strip_prefix('/'))
+                .is_some_and(|rest| rest == HOST_VGPULOCK_SUBDIR),
             Self::Fixed(fixed) => path == fixed,
         }
     }
@@ -178,6 +180,7 @@ impl Dir {
             Self::ContainersDir => cfg.containers_dir(),
             Self::HostVgpu => cfg.host_vgpu_dir.clone(),
             Self::HostContainers => format!("{}/containers", cfg.host_vgpu_dir),
+            Self::HostVgpuLock => format!("{}/{HOST_VGPULOCK_SUBDIR}", cfg.host_vgpu_dir),
             Self::Fixed(fixed) => fixed.to_owned(),
         }
     }

@@ -34,6 +34,10 @@ pub const VOLUME_CONTAINERS: &str = "kai-resource-isolator-containers";
 pub const VOLUME_VGPULOCK: &str = "kai-resource-isolator-vgpulock";
 /// libvgpu's cross-process lock directory (fixed in HAMi-core).
 pub const VGPULOCK_PATH: &str = "/tmp/vgpulock";
+/// Where that directory is on the host: under the host directory, which
+/// libsync creates and only root writes (not the node's `/tmp`, where any
+/// local user could plant a link before it exists).
+pub const HOST_VGPULOCK_SUBDIR: &str = "vgpulock";
 pub const LD_SO_PRELOAD_PATH: &str = "/etc/ld.so.preload";
 pub const LD_SO_PRELOAD_SUBPATH: &str = "ld.so.preload";
 

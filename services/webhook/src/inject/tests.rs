@@ -120,7 +120,7 @@ fn bare_pod_gets_whole_arrays() {
         json!({"path": "/usr/local/vgpu", "type": "DirectoryOrCreate"})
     );
     assert_eq!(volumes[1]["hostPath"]["path"], "/usr/local/vgpu/containers");
-    assert_eq!(volumes[2]["hostPath"]["path"], "/tmp/vgpulock");
+    assert_eq!(volumes[2]["hostPath"]["path"], "/usr/local/vgpu/vgpulock");
     assert_eq!(
         doc["spec"]["containers"][0]["env"],
         json!([
@@ -395,7 +395,10 @@ fn host_directory_is_the_hostpath_source_and_the_mount_stays() {
         volumes[1]["hostPath"]["path"],
         "/home/kubernetes/bin/nvidia/vgpu/containers"
     );
-    assert_eq!(volumes[2]["hostPath"]["path"], "/tmp/vgpulock");
+    assert_eq!(
+        volumes[2]["hostPath"]["path"],
+        "/home/kubernetes/bin/nvidia/vgpu/vgpulock"
+    );
     let mounts = &doc["spec"]["containers"][0]["volumeMounts"];
     assert_eq!(mounts[0]["mountPath"], "/usr/local/vgpu");
     assert_eq!(mounts[2]["mountPath"], "/usr/local/vgpu/containers");
