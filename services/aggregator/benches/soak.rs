@@ -53,6 +53,7 @@ fn container(node: usize, serial: u64) -> ContainerView {
             sharing: true,
             gpu_container: Some("main".into()),
             running: Vec::new(),
+            grant: None,
         }),
         snapshot: RegionSnapshot {
             layout: LayoutVersion::V1 { major: 1, minor: 2 },
