@@ -221,6 +221,7 @@ async fn serve(cluster: Arc<Cluster>, legacy: bool, shutdown: CancellationToken)
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let state = http::State {
+        limits: http::Limits::new(cluster.health(), &kai_aggregator::Limits::default()),
         cluster,
         legacy,
         synced: tokio::sync::watch::channel(true).1,
