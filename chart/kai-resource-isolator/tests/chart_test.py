@@ -761,6 +761,41 @@ def enforcement():
 check("monitor.isolation.enforce: flag follows the value, eviction RBAC only with evict", enforcement)
 
 
+def stream_limits():
+    # Defaults render as flags (the binaries' defaults, written out).
+    docs = render()
+    agent = containers(one(docs, "DaemonSet", "-node"))["agent"]
+    agg = containers(one(docs, "Deployment", "-aggregator"))["aggregator"]
+    assert [arg(agent, f) for f in ("--max-watch-streams", "--max-concurrent-scrapes",
+                                    "--http-idle-timeout-seconds", "--grpc-max-concurrent-streams")] \
+        == ["64", "4", "60", "32"], agent["args"]
+    assert [arg(agg, f) for f in ("--max-event-streams", "--max-concurrent-scrapes",
+                                  "--http-idle-timeout-seconds", "--grpc-max-concurrent-streams")] \
+        == ["256", "8", "60", "32"], agg["args"]
+    # And follow the values.
+    docs = render(extra=sets(
+        "monitor.agent.limits.maxWatchStreams=5",
+        "monitor.agent.limits.maxConcurrentScrapes=2",
+        "monitor.agent.limits.httpIdleTimeoutSeconds=30",
+        "monitor.agent.limits.grpcMaxConcurrentStreams=8",
+        "monitor.aggregator.limits.maxEventStreams=16",
+        "monitor.aggregator.limits.maxConcurrentScrapes=3",
+        "monitor.aggregator.limits.httpIdleTimeoutSeconds=90",
+        "monitor.aggregator.limits.grpcMaxConcurrentStreams=4",
+    ))
+    agent = containers(one(docs, "DaemonSet", "-node"))["agent"]
+    agg = containers(one(docs, "Deployment", "-aggregator"))["aggregator"]
+    assert (arg(agent, "--max-watch-streams"), arg(agent, "--max-concurrent-scrapes"),
+            arg(agent, "--http-idle-timeout-seconds"), arg(agent, "--grpc-max-concurrent-streams")) \
+        == ("5", "2", "30", "8"), agent["args"]
+    assert (arg(agg, "--max-event-streams"), arg(agg, "--max-concurrent-scrapes"),
+            arg(agg, "--http-idle-timeout-seconds"), arg(agg, "--grpc-max-concurrent-streams")) \
+        == ("16", "3", "90", "4"), agg["args"]
+
+
+check("stream and connection limits render as the agent's and aggregator's flags", stream_limits)
+
+
 # --- the schema rejects bad values ------------------------------------------
 
 def rejects(*sets):
@@ -788,6 +823,8 @@ check("schema rejects an unknown key under monitor.service", rejects("monitor.se
 check("schema rejects an unknown key under tls.patch", rejects("tls.patch.enable=true"))
 check("schema rejects a relative hostInstallBase", rejects("paths.hostInstallBase=home/kubernetes"))
 check("schema rejects an updateInterval that is no duration", rejects("monitor.updateInterval=often"))
+check("schema rejects a watch-stream limit of 0", rejects("monitor.agent.limits.maxWatchStreams=0"))
+check("schema rejects an unknown key under monitor.aggregator.limits", rejects("monitor.aggregator.limits.maxStreams=1"))
 
 print(f"\n{passed} passed, {len(failed)} failed")
 sys.exit(1 if failed else 0)

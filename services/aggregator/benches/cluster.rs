@@ -743,6 +743,7 @@ fn main() {
             cluster: cluster.clone(),
             legacy: false,
             synced: tokio::sync::watch::channel(true).1,
+            limits: http::Limits::new(cluster.health(), &kai_aggregator::Limits::default()),
         };
         let server = tokio::spawn(http::serve(listener, state, shutdown.clone()));
         let mut scrapes = Vec::new();

@@ -4,11 +4,16 @@
 //! ([`crate::metrics`]).
 
 use kai_exposition::{Counter, Histogram, Recorder, Unit};
+use kai_runtime::limit::StreamLimit;
 use tokio_util::sync::CancellationToken;
 
 pub const RECONNECTS: &str = "kai_aggregator_stream_reconnects_total";
 pub const UPDATES: &str = "kai_aggregator_updates_total";
 pub const UPDATE_LAG: &str = "kai_aggregator_update_lag_seconds";
+/// Refusals of a stream limit, by `stream`.
+pub const STREAM_REFUSALS: &str = "kai_aggregator_stream_refusals_total";
+/// Streams open under a limit, by `stream`.
+pub const STREAMS_OPEN: &str = "kai_aggregator_streams_open";
 
 const LAG_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0];
 
@@ -62,6 +67,26 @@ impl Health {
     /// samples.
     pub async fn upkeep(&self, shutdown: CancellationToken) {
         self.recorder.keep_up_until(shutdown.cancelled()).await;
+    }
+
+    /// A limit of `max` streams named `stream` whose series are on this
+    /// recorder, at 0 from the start (docs/security-streams.md).
+    pub fn stream_limit(&self, stream: &'static str, max: usize) -> StreamLimit {
+        let labels = [("stream", stream)];
+        StreamLimit::new(
+            stream,
+            max,
+            self.recorder.counter(
+                STREAM_REFUSALS,
+                "Streams and responses refused because their limit was reached (docs/security-streams.md).",
+                &labels,
+            ),
+            self.recorder.gauge(
+                STREAMS_OPEN,
+                "Streams and responses open under a limit.",
+                &labels,
+            ),
+        )
     }
 
     /// The counted series, in the text format.

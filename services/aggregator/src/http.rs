@@ -5,9 +5,11 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use kai_exposition::{NodeView, Options, Page, View};
 use kai_proto::v1 as pb;
+use kai_runtime::limit::{StreamLimit, StreamPermit};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +25,30 @@ pub struct State {
     pub cluster: Arc<Cluster>,
     pub legacy: bool,
     pub synced: watch::Receiver<bool>,
+    pub limits: Limits,
+}
+
+/// What clients of the HTTP port may hold open (docs/security-streams.md).
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// `/metrics` pages in flight (`--max-concurrent-scrapes`).
+    pub scrapes: StreamLimit,
+    /// Web view event streams (`--max-event-streams`).
+    pub events: StreamLimit,
+    /// A connection without progress for this long is closed
+    /// (`--http-idle-timeout-seconds`).
+    pub idle_timeout: Duration,
+}
+
+impl Limits {
+    /// Limits whose series are on `health`'s recorder.
+    pub fn new(health: &Health, settings: &crate::Limits) -> Self {
+        Self {
+            scrapes: health.stream_limit("metrics", settings.max_concurrent_scrapes),
+            events: health.stream_limit("view_events", settings.max_event_streams),
+            idle_timeout: settings.http_idle_timeout,
+        }
+    }
 }
 
 /// Text rendered into one chunk before it goes to the connection. Per-chunk
@@ -175,7 +201,22 @@ impl Iterator for MetricsPage {
 /// The streamed `/metrics` response: chunked, each chunk rendered when
 /// hyper polls for it (that is, when the socket has room).
 pub fn metrics_response(page: MetricsPage) -> warp::reply::Response {
+    stream_page(futures_util::stream::iter(page.map(Ok::<_, Infallible>)))
+}
+
+/// [`metrics_response`] holding `permit` for as long as the page is served:
+/// the page pins its snapshot until the reader has taken the last chunk,
+/// and a reader that stops reading is cut off by the idle timeout, which
+/// drops the page and gives the place back.
+pub fn limited_metrics_response(page: MetricsPage, permit: StreamPermit) -> warp::reply::Response {
     let body = futures_util::stream::iter(page.map(Ok::<_, Infallible>));
+    stream_page(kai_runtime::limit::hold(body, permit))
+}
+
+fn stream_page<S>(body: S) -> warp::reply::Response
+where
+    S: futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + Sync + 'static,
+{
     warp::reply::with_header(
         warp::reply::stream(body),
         http::header::CONTENT_TYPE,
@@ -206,7 +247,10 @@ pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationTo
     let metrics = warp::path!("metrics")
         .and(warp::get())
         .and(with.clone())
-        .map(|s: State| metrics_response(MetricsPage::current(&s)));
+        .map(|s: State| match s.limits.scrapes.try_acquire() {
+            Ok(permit) => limited_metrics_response(MetricsPage::current(&s), permit),
+            Err(refused) => refused.into_response(),
+        });
     let query_params = warp::query::<HashMap<String, String>>();
     let containers = warp::path!("api" / "v1" / "containers")
         .and(warp::get())
@@ -254,11 +298,17 @@ pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationTo
         .unify()
         .or(health)
         .unify()
-        .or(crate::web::routes(state.cluster.clone(), shutdown.clone()))
+        .or(crate::web::routes(
+            state.cluster.clone(),
+            state.limits.events.clone(),
+            shutdown.clone(),
+        ))
         .unify();
-    warp::serve(routes)
-        .incoming(listener)
-        .graceful(shutdown.cancelled_owned())
-        .run()
-        .await;
+    kai_runtime::https::serve_plain(
+        listener,
+        warp::service(routes),
+        state.limits.idle_timeout,
+        shutdown,
+    )
+    .await;
 }

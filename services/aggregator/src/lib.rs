@@ -76,10 +76,52 @@ pub struct Args {
     /// Also serve the legacy metric names of older HAMi monitors.
     #[arg(long, env = "LEGACY_METRICS")]
     pub legacy_metrics: bool,
+    /// Web view event streams (`/api/v1/view/events`) open at once; the
+    /// next gets 503 (the page then polls).
+    #[arg(long, env = "MAX_EVENT_STREAMS", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub max_event_streams: u64,
+    /// /metrics pages served at once; the next gets 503 with Retry-After.
+    #[arg(long, env = "MAX_CONCURRENT_SCRAPES", default_value_t = 8,
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub max_concurrent_scrapes: u64,
+    /// Seconds an HTTP connection may make no progress (a scraper that
+    /// stopped reading, an idle keep-alive) before it is closed.
+    #[arg(long, env = "HTTP_IDLE_TIMEOUT_SECONDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_idle_timeout_seconds: u64,
+    /// HTTP/2 streams one gRPC connection may have open at once.
+    #[arg(long, env = "GRPC_MAX_CONCURRENT_STREAMS", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub grpc_max_concurrent_streams: u32,
     #[command(flatten)]
     pub agent_tls: TlsArgs<AgentTlsFlags>,
     #[command(flatten)]
     pub log: kai_runtime::telemetry::LogArgs,
+}
+
+/// Bounds on what clients may hold open (docs/security-streams.md).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Web view event streams open at once.
+    pub max_event_streams: usize,
+    /// `/metrics` pages in flight at once.
+    pub max_concurrent_scrapes: usize,
+    /// An HTTP connection without progress for this long is closed.
+    pub http_idle_timeout: Duration,
+    /// Per-connection gRPC settings.
+    pub grpc: kai_runtime::grpc::ServerSettings,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_event_streams: 256,
+            max_concurrent_scrapes: 8,
+            http_idle_timeout: Duration::from_secs(60),
+            grpc: kai_runtime::grpc::ServerSettings::default(),
+        }
+    }
 }
 
 /// TLS towards the agents (`--agent-tls-*`).
@@ -158,6 +200,7 @@ pub struct Config {
     pub staleness: Duration,
     pub subscriber: subscriber::Settings,
     pub legacy_metrics: bool,
+    pub limits: Limits,
 }
 
 impl Args {
@@ -209,6 +252,15 @@ impl Args {
                 ..subscriber::Settings::default()
             },
             legacy_metrics: self.legacy_metrics,
+            limits: Limits {
+                // Both ranges are checked by clap, far below usize::MAX.
+                max_event_streams: self.max_event_streams as usize,
+                max_concurrent_scrapes: self.max_concurrent_scrapes as usize,
+                http_idle_timeout: Duration::from_secs(self.http_idle_timeout_seconds),
+                grpc: kai_runtime::grpc::ServerSettings {
+                    max_concurrent_streams: self.grpc_max_concurrent_streams,
+                },
+            },
         }
     }
 }
@@ -285,12 +337,14 @@ pub async fn start(
     tasks.push(tokio::spawn(serve_grpc(
         grpc_listener,
         cluster.clone(),
+        config.limits.grpc,
         shutdown.clone(),
     )));
     let state = http::State {
         cluster: cluster.clone(),
         legacy: config.legacy_metrics,
         synced: targets.synced.clone(),
+        limits: http::Limits::new(cluster.health(), &config.limits),
     };
     tasks.push(tokio::spawn(async move {
         http::serve(http_listener, state, shutdown).await;
@@ -374,12 +428,14 @@ async fn prune(
 async fn serve_grpc(
     listener: TcpListener,
     cluster: Arc<Cluster>,
+    settings: kai_runtime::grpc::ServerSettings,
     shutdown: CancellationToken,
 ) -> Result<(), AggregatorError> {
     type Server = VgpuClusterServer<grpc::Service>;
-    let router = kai_runtime::grpc::router::<Server>(&[kai_proto::FILE_DESCRIPTOR_SET])
-        .await?
-        .add_service(Server::new(grpc::Service { cluster }));
+    let router =
+        kai_runtime::grpc::router_with::<Server>(settings, &[kai_proto::FILE_DESCRIPTOR_SET])
+            .await?
+            .add_service(Server::new(grpc::Service { cluster }));
     kai_runtime::grpc::serve(router, listener, None, shutdown).await?;
     Ok(())
 }

@@ -10,7 +10,7 @@ use kai_exposition::Recorder;
 
 use crate::cluster::{Link, NodeEntry};
 // Counted as they happen, by the cluster index.
-pub use crate::health::{Health, RECONNECTS, UPDATE_LAG, UPDATES};
+pub use crate::health::{Health, RECONNECTS, STREAM_REFUSALS, STREAMS_OPEN, UPDATE_LAG, UPDATES};
 
 pub const NODES: &str = "kai_aggregator_nodes";
 pub const CONTAINERS: &str = "kai_aggregator_containers";

@@ -164,6 +164,7 @@ async fn aggregator(agents: &[SocketAddr], shutdown: CancellationToken) -> kai_a
                 tls: None,
             },
             legacy_metrics: true,
+            limits: kai_aggregator::Limits::default(),
         },
         shutdown,
     )

@@ -33,6 +33,7 @@ async fn aggregator(
                 ..Settings::default()
             },
             legacy_metrics: false,
+            limits: kai_aggregator::Limits::default(),
         },
         shutdown.clone(),
     )

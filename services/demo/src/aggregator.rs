@@ -28,6 +28,7 @@ pub async fn start(
                 ..subscriber::Settings::default()
             },
             legacy_metrics: false,
+            limits: kai_aggregator::Limits::default(),
         },
         shutdown,
     )

@@ -9,6 +9,7 @@ pub mod backoff;
 pub mod grpc;
 pub mod health;
 pub mod https;
+pub mod limit;
 pub mod net;
 #[cfg(feature = "test-support")]
 pub mod procstat;

@@ -1,7 +1,12 @@
 //! Accepting TCP connections without spinning on transient errors.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -44,6 +49,120 @@ pub async fn accept(
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
+        }
+    }
+}
+
+/// A connection that fails once it has made no progress for `timeout`:
+/// nothing read and nothing written while a read, write or flush waits.
+///
+/// The HTTP ports wrap every connection in it. A client that asks for a
+/// page and then stops reading leaves the server's write pending forever,
+/// and with it the response (its permit, its snapshot, its buffers); an
+/// idle keep-alive connection is a file descriptor held for nothing. Both
+/// end here after `timeout` with `TimedOut`, which makes hyper drop the
+/// connection and the response with it. A response that is still being
+/// read, however slowly, keeps resetting the clock, and so does an event
+/// stream's keep-alive comment.
+pub struct IdleTimeout<S> {
+    inner: S,
+    timeout: Duration,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<S> IdleTimeout<S> {
+    pub fn new(inner: S, timeout: Duration) -> Self {
+        Self {
+            inner,
+            timeout,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+        }
+    }
+
+    fn progressed(&mut self) {
+        let next = tokio::time::Instant::now() + self.timeout;
+        self.deadline.as_mut().reset(next);
+    }
+
+    /// `Pending`, or the timeout error once the deadline passed. Polling
+    /// the deadline registers the waker, so a stalled connection is woken
+    /// to fail even if its peer never sends another byte.
+    fn stalled<T>(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<T>> {
+        match self.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no progress for {:?}", self.timeout),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for IdleTimeout<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(result) => {
+                this.progressed();
+                Poll::Ready(result)
+            }
+            Poll::Pending => this.stalled(cx),
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_write(cx, buf) {
+            Poll::Ready(result) => {
+                this.progressed();
+                Poll::Ready(result)
+            }
+            Poll::Pending => this.stalled(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_write_vectored(cx, bufs) {
+            Poll::Ready(result) => {
+                this.progressed();
+                Poll::Ready(result)
+            }
+            Poll::Pending => this.stalled(cx),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_flush(cx) {
+            Poll::Ready(result) => Poll::Ready(result),
+            Poll::Pending => this.stalled(cx),
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_shutdown(cx) {
+            Poll::Ready(result) => Poll::Ready(result),
+            Poll::Pending => this.stalled(cx),
         }
     }
 }

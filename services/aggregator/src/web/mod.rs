@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use warp::{Filter, Reply};
 
+use kai_runtime::limit::StreamLimit;
 use kai_runtime::unix_ms;
 
 use crate::cluster::Cluster;
@@ -71,6 +72,7 @@ pub fn change_events(
 /// The web view's routes.
 pub fn routes(
     cluster: Arc<Cluster>,
+    events_limit: StreamLimit,
     shutdown: CancellationToken,
 ) -> impl Filter<Extract = (warp::reply::Response,), Error = warp::Rejection> + Clone {
     let with = warp::any().map(move || cluster.clone());
@@ -95,7 +97,15 @@ pub fn routes(
         .and(warp::get())
         .and(with)
         .map(move |cluster: Arc<Cluster>| {
+            // Each open page holds a connection and a task; past
+            // `--max-event-streams` the next is refused (503), and the
+            // page falls back to fetching the model on its own.
+            let permit = match events_limit.try_acquire() {
+                Ok(permit) => permit,
+                Err(refused) => return refused.into_response(),
+            };
             let stream = change_events(cluster.subscribe(), MIN_EVENT_GAP, shutdown.clone());
+            let stream = kai_runtime::limit::hold(stream, permit);
             let events = futures_util::StreamExt::map(stream, |revision| {
                 Ok::<_, Infallible>(
                     warp::sse::Event::default()

@@ -86,6 +86,49 @@ pub struct Args {
     /// Clear the region slots of dead host PIDs so libvgpu stops charging them (needs --host-proc).
     #[arg(long, env = "RECLAIM_STALE_SLOTS")]
     pub reclaim_stale_slots: bool,
+    /// WatchContainers streams open at once (every aggregator replica holds
+    /// one; kubectl and grpcurl users a few); the next is refused with
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, env = "MAX_WATCH_STREAMS", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub max_watch_streams: u64,
+    /// HTTP/2 streams one gRPC connection may have open at once.
+    #[arg(long, env = "GRPC_MAX_CONCURRENT_STREAMS", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub grpc_max_concurrent_streams: u32,
+    /// /metrics responses served at once; the next gets 503 with Retry-After.
+    #[arg(long, env = "MAX_CONCURRENT_SCRAPES", default_value_t = 4,
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub max_concurrent_scrapes: u64,
+    /// Seconds an HTTP connection may make no progress (a scraper that stopped
+    /// reading, an idle keep-alive) before it is closed.
+    #[arg(long, env = "HTTP_IDLE_TIMEOUT_SECONDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_idle_timeout_seconds: u64,
+}
+
+/// Bounds on what clients may hold open (docs/security-streams.md).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// `WatchContainers` streams open at once.
+    pub max_watch_streams: usize,
+    /// `/metrics` responses in flight at once.
+    pub max_concurrent_scrapes: usize,
+    /// An HTTP connection without progress for this long is closed.
+    pub http_idle_timeout: Duration,
+    /// Per-connection gRPC settings.
+    pub grpc: kai_runtime::grpc::ServerSettings,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_watch_streams: 64,
+            max_concurrent_scrapes: 4,
+            http_idle_timeout: Duration::from_secs(60),
+            grpc: kai_runtime::grpc::ServerSettings::default(),
+        }
+    }
 }
 
 /// The gRPC port's TLS flags (`--grpc-tls-*`).
@@ -152,6 +195,7 @@ pub struct Config {
     pub pod_name: Option<String>,
     pub enforce: enforce::Policy,
     pub reclaim_stale_slots: bool,
+    pub limits: Limits,
 }
 
 /// Where pod names come from.
@@ -197,6 +241,7 @@ impl Config {
             pod_name: None,
             enforce: enforce::Policy::None,
             reclaim_stale_slots: false,
+            limits: Limits::default(),
         }
     }
 }
@@ -244,6 +289,15 @@ impl Args {
             pod_name: self.pod_name.clone(),
             enforce: self.enforce,
             reclaim_stale_slots: self.reclaim_stale_slots,
+            limits: Limits {
+                // Both ranges are checked by clap, far below usize::MAX.
+                max_watch_streams: self.max_watch_streams as usize,
+                max_concurrent_scrapes: self.max_concurrent_scrapes as usize,
+                http_idle_timeout: Duration::from_secs(self.http_idle_timeout_seconds),
+                grpc: kai_runtime::grpc::ServerSettings {
+                    max_concurrent_streams: self.grpc_max_concurrent_streams,
+                },
+            },
             grpc_tls: self.grpc_tls.cert_and_key().map(|(cert, key)| GrpcTls {
                 cert: cert.to_owned(),
                 key: key.to_owned(),

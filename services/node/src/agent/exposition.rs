@@ -2,12 +2,20 @@
 //! same messages the gRPC API serves) plus the agent's own series.
 
 use kai_exposition::{HostDevices, NodeIsolation, Options, Recorder};
+use kai_runtime::limit::StreamLimit;
+
+use super::config::Limits;
 
 use super::enforce;
 
 use super::nvml::HostDevice;
 use super::state::NodeState;
 use super::to_pb::{checks_to_pb, escaped_to_pb, filtered, host_to_pb};
+
+/// Refusals of a stream limit, by `stream`.
+pub const STREAM_REFUSALS: &str = "kai_node_agent_stream_refusals_total";
+/// Streams open under a limit, by `stream`.
+pub const STREAMS_OPEN: &str = "kai_node_agent_streams_open";
 
 /// The agent's own event series, on its own recorder (one per agent, so
 /// agents in one process, as in kai-demo or the tests, keep their counts).
@@ -16,15 +24,51 @@ pub struct Metrics {
     recorder: Recorder,
     /// Handed to the enforcement task and the stale-slot reclaim.
     pub enforce: enforce::Counts,
+    /// `WatchContainers` streams (`stream="watch_containers"`).
+    pub watch_streams: StreamLimit,
+    /// `/metrics` responses (`stream="metrics"`).
+    pub scrapes: StreamLimit,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        // Counters only: nothing to configure, nothing to upkeep.
+        Self::new(&Limits::default())
+    }
+}
+
+impl Metrics {
+    pub fn new(limits: &Limits) -> Self {
+        // Counters and gauges only: nothing to configure, nothing to upkeep.
         let recorder = Recorder::default();
         let enforce = enforce::Counts::register(&recorder);
-        Self { recorder, enforce }
+        let watch_streams = stream_limit(&recorder, "watch_containers", limits.max_watch_streams);
+        let scrapes = stream_limit(&recorder, "metrics", limits.max_concurrent_scrapes);
+        Self {
+            recorder,
+            enforce,
+            watch_streams,
+            scrapes,
+        }
     }
+}
+
+/// A limit whose series are on `recorder`, at 0 from the start.
+fn stream_limit(recorder: &Recorder, stream: &'static str, max: usize) -> StreamLimit {
+    let labels = [("stream", stream)];
+    StreamLimit::new(
+        stream,
+        max,
+        recorder.counter(
+            STREAM_REFUSALS,
+            "Streams and responses refused because their limit was reached (docs/security-streams.md).",
+            &labels,
+        ),
+        recorder.gauge(
+            STREAMS_OPEN,
+            "Streams and responses open under a limit.",
+            &labels,
+        ),
+    )
 }
 
 /// Renders host and per-container series. `now_secs` is used for

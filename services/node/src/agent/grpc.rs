@@ -7,6 +7,7 @@ use std::time::Duration;
 use futures_util::Stream;
 use kai_proto::v1 as pb;
 use kai_proto::v1::vgpu_node_server::VgpuNode;
+use kai_runtime::limit::StreamLimit;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
@@ -24,6 +25,8 @@ pub(crate) struct Service {
     pub(crate) devices: Arc<Devices>,
     /// Heartbeat of `WatchContainers` when the client asks for none.
     pub(crate) default_interval: Duration,
+    /// `WatchContainers` streams open at once (`--max-watch-streams`).
+    pub(crate) watch_limit: StreamLimit,
 }
 
 /// Smallest heartbeat a client may ask for.
@@ -37,19 +40,27 @@ pub type Updates<T> = tokio_stream::wrappers::ReceiverStream<Result<T, Status>>;
 impl Service {
     /// Sends `next(state, fresh, now_ms)` now, on every new revision
     /// (`fresh`) and every heartbeat interval (`interval_ms`, 0 = the
-    /// default) until the client goes away.
+    /// default) until the client goes away. `RESOURCE_EXHAUSTED` when
+    /// `--max-watch-streams` streams are open already.
     pub fn follow<T: Send + 'static>(
         &self,
         interval_ms: u32,
         next: impl FnMut(&NodeState, bool, u64) -> T + Send + 'static,
-    ) -> Updates<T> {
+    ) -> Result<Updates<T>, Status> {
+        let permit = self.watch_limit.try_acquire()?;
         let interval = match interval_ms {
             0 => self.default_interval,
             ms => Duration::from_millis(u64::from(ms)).max(MIN_INTERVAL),
         };
         let (tx, rx) = tokio::sync::mpsc::channel(4);
-        tokio::spawn(send_updates(self.state.clone(), interval, tx, next));
-        tokio_stream::wrappers::ReceiverStream::new(rx)
+        // The task holds the permit: it ends (and gives the place back) as
+        // soon as the client's side of the stream is dropped.
+        let state = self.state.clone();
+        tokio::spawn(async move {
+            send_updates(state, interval, tx, next).await;
+            drop(permit);
+        });
+        Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
 }
 
@@ -108,7 +119,7 @@ impl VgpuNode for Service {
         let stream = self.follow(req.interval_ms, move |state, _, now| pb::ContainersUpdate {
             sent_at_unix_ms: now,
             ..update(state, &req.namespace, &req.pod)
-        });
+        })?;
         Ok(Response::new(Box::pin(stream)))
     }
 

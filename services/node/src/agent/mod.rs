@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub use self::config::{Args, Config, GrpcTls, PodsConfig};
+pub use self::config::{Args, Config, GrpcTls, Limits, PodsConfig};
 pub use self::error::AgentError;
 use self::nvml::Devices;
 use self::pods::PodSource;
@@ -47,6 +47,11 @@ pub struct Running {
     /// Completed scans (`kai_node_agent_scans_total`), counted before the
     /// state they produced is published.
     pub scans: Arc<AtomicU64>,
+    /// The `WatchContainers` limit (`--max-watch-streams`).
+    pub watch_streams: kai_runtime::limit::StreamLimit,
+    /// The `/metrics` limit (`--max-concurrent-scrapes`); a test holds a
+    /// permit of it to stand for a scrape in flight.
+    pub scrapes: kai_runtime::limit::StreamLimit,
     tasks: Vec<JoinHandle<Result<(), AgentError>>>,
 }
 
@@ -106,7 +111,11 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     let mut tasks = Vec::new();
     let store = Arc::new(Mutex::new(RegionStore::new(&config.containers_dir)));
     let scans = Arc::new(AtomicU64::new(0));
-    let own_metrics = Arc::new(exposition::Metrics::default());
+    let own_metrics = Arc::new(exposition::Metrics::new(&config.limits));
+    let (watch_streams, scrapes) = (
+        own_metrics.watch_streams.clone(),
+        own_metrics.scrapes.clone(),
+    );
     tasks.push(tokio::spawn(
         poll(
             Scanner {
@@ -139,7 +148,9 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
                 state: rx.clone(),
                 devices: devices.clone(),
                 default_interval: config.watch_interval,
+                watch_limit: own_metrics.watch_streams.clone(),
             },
+            config.limits.grpc,
             shutdown.clone(),
         )
         .instrument(span.clone()),
@@ -156,6 +167,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
             scans.clone(),
             own_metrics,
             config.legacy_metrics,
+            config.limits.http_idle_timeout,
             shutdown,
         )
         .instrument(span.clone()),
@@ -166,6 +178,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         metrics_addr,
         state: rx,
         scans,
+        watch_streams,
+        scrapes,
         tasks,
     })
 }

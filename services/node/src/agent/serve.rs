@@ -1,6 +1,7 @@
 //! The agent's two ports: gRPC (`VgpuNode`, health, reflection; TLS when
 //! configured) and plain HTTP (`/metrics`, `/healthz`, `/readyz`).
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -8,7 +9,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use warp::Filter;
+use warp::{Filter, Reply};
 
 use super::config::GrpcTls;
 use super::error::AgentError;
@@ -45,12 +46,15 @@ pub(super) async fn serve_grpc(
     listener: TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
     service: grpc::Service,
+    settings: kai_runtime::grpc::ServerSettings,
     shutdown: CancellationToken,
 ) -> Result<(), AgentError> {
-    let router =
-        kai_runtime::grpc::router::<encoded::NodeServer>(&[kai_proto::FILE_DESCRIPTOR_SET])
-            .await?
-            .add_service(encoded::NodeServer::new(service));
+    let router = kai_runtime::grpc::router_with::<encoded::NodeServer>(
+        settings,
+        &[kai_proto::FILE_DESCRIPTOR_SET],
+    )
+    .await?
+    .add_service(encoded::NodeServer::new(service));
     kai_runtime::grpc::serve(router, listener, tls, shutdown).await?;
     Ok(())
 }
@@ -65,14 +69,20 @@ pub async fn serve_state(
     watch_interval: Duration,
     shutdown: CancellationToken,
 ) -> Result<(), AgentError> {
+    let limits = super::config::Limits::default();
     let service = grpc::Service {
         state,
         devices: Arc::new(Devices::unavailable("simulated".to_owned())),
         default_interval: watch_interval,
+        watch_limit: exposition::Metrics::new(&limits).watch_streams,
     };
-    serve_grpc(listener, None, service, shutdown).await
+    serve_grpc(listener, None, service, limits.grpc, shutdown).await
 }
 
+/// The plain-HTTP port: `/metrics` (at most `--max-concurrent-scrapes` at
+/// once, 503 past that) and the probes; connections without progress for
+/// `idle_timeout` are closed.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn serve_http(
     listener: TcpListener,
     state: watch::Receiver<Arc<NodeState>>,
@@ -80,24 +90,44 @@ pub(super) async fn serve_http(
     scans: Arc<AtomicU64>,
     own: Arc<exposition::Metrics>,
     legacy: bool,
+    idle_timeout: Duration,
     shutdown: CancellationToken,
 ) -> Result<(), AgentError> {
     let metrics_state = state.clone();
     let metrics = warp::path!("metrics").and(warp::get()).then(move || {
+        // Taken before anything is read: a refused scrape costs nothing
+        // but its connection, and the permit covers the NVML read too.
+        let permit = own.scrapes.try_acquire();
         let state = metrics_state.borrow().clone();
         let devices = devices.clone();
         let scans = scans.load(Ordering::Relaxed);
         let own = own.clone();
         async move {
+            let permit = match permit {
+                Ok(permit) => permit,
+                Err(refused) => return refused.into_response(),
+            };
             let host = tokio::task::spawn_blocking(move || devices.list())
                 .await
                 .unwrap_or_default();
             let now = kai_runtime::unix_ms() / 1000;
+            let page = exposition::render(&state, &host, now, scans, &own, legacy);
+            drop(state);
+            // The page is one chunk; the body holds the permit until hyper
+            // has taken it, and the idle timeout bounds the connection
+            // after that.
+            let body = kai_runtime::limit::hold(
+                futures_util::stream::once(std::future::ready(Ok::<_, Infallible>(
+                    bytes::Bytes::from(page),
+                ))),
+                permit,
+            );
             warp::reply::with_header(
-                exposition::render(&state, &host, now, scans, &own, legacy),
+                warp::reply::stream(body),
                 http::header::CONTENT_TYPE,
                 "text/plain; version=0.0.4; charset=utf-8",
             )
+            .into_response()
         }
     });
     let health = kai_runtime::health::routes(move || {
@@ -108,10 +138,6 @@ pub(super) async fn serve_http(
         }
     });
     let routes = metrics.or(health);
-    warp::serve(routes)
-        .incoming(listener)
-        .graceful(shutdown.cancelled_owned())
-        .run()
-        .await;
+    kai_runtime::https::serve_plain(listener, warp::service(routes), idle_timeout, shutdown).await;
     Ok(())
 }

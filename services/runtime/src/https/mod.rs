@@ -1,4 +1,5 @@
-//! HTTPS over rustls for hyper services, and a small keep-alive client.
+//! HTTPS over rustls for hyper services, plain HTTP with an idle timeout,
+//! and a small keep-alive client.
 //!
 //! warp 0.4 ships no TLS, so the accept loop lives here: TCP accept →
 //! rustls handshake (bounded in time) → hyper's auto (HTTP/1.1 + h2)
@@ -125,6 +126,72 @@ pub async fn serve<S, B>(
             }
         });
     }
+    drain(listener, graceful).await;
+}
+
+/// Serves `service` over plain HTTP (HTTP/1.1 and h2c) on `listener` until
+/// `shutdown`, then drains open connections for up to 15 s. A connection
+/// that makes no progress for `idle_timeout` (a client that stopped
+/// reading its response, an idle keep-alive) is closed
+/// ([`crate::net::IdleTimeout`]).
+///
+/// warp's own server cannot wrap its connections (its acceptor trait is
+/// private), so the services' HTTP ports are served here, from
+/// `warp::service(filter)`.
+pub async fn serve_plain<S, B>(
+    listener: TcpListener,
+    service: S,
+    idle_timeout: Duration,
+    shutdown: CancellationToken,
+) where
+    S: tower_service::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let graceful = GracefulShutdown::new();
+    loop {
+        let Some((stream, peer)) = crate::net::accept(&listener, &shutdown).await else {
+            break;
+        };
+        let io = crate::net::IdleTimeout::new(stream, idle_timeout);
+        tokio::spawn(serve_connection(
+            io,
+            peer,
+            service.clone(),
+            graceful.watcher(),
+        ));
+    }
+    drain(listener, graceful).await;
+}
+
+/// One connection, HTTP/1.1 or h2 as the client speaks, until it ends or
+/// the graceful shutdown closes it.
+async fn serve_connection<I, S, B>(
+    io: I,
+    peer: SocketAddr,
+    service: S,
+    watcher: hyper_util::server::graceful::Watcher,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: tower_service::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
+    if let Err(error) = watcher.watch(conn.into_owned()).await {
+        tracing::debug!(%peer, error = %error, "connection ended with an error");
+    }
+}
+
+/// Stops accepting, then gives open connections [`DRAIN_TIMEOUT`].
+async fn drain(listener: TcpListener, graceful: GracefulShutdown) {
     drop(listener);
     if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
         .await

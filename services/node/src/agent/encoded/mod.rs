@@ -172,7 +172,7 @@ impl tonic::server::ServerStreamingService<pb::WatchContainersRequest> for Watch
                     last = Some(encoded.clone());
                     encoded
                 },
-            )))
+            )?))
         })
     }
 }
