@@ -70,7 +70,7 @@ impl Health {
     }
 
     /// A limit of `max` streams named `stream` whose series are on this
-    /// recorder, at 0 from the start (docs/security-streams.md).
+    /// recorder, at 0 from the start (docs/security.md).
     pub fn stream_limit(&self, stream: &'static str, max: usize) -> StreamLimit {
         let labels = [("stream", stream)];
         StreamLimit::new(
@@ -78,7 +78,7 @@ impl Health {
             max,
             self.recorder.counter(
                 STREAM_REFUSALS,
-                "Streams and responses refused because their limit was reached (docs/security-streams.md).",
+                "Streams and responses refused because their limit was reached (docs/security.md).",
                 &labels,
             ),
             self.recorder.gauge(

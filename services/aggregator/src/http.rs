@@ -28,7 +28,7 @@ pub struct State {
     pub limits: Limits,
 }
 
-/// What clients of the HTTP port may hold open (docs/security-streams.md).
+/// What clients of the HTTP port may hold open (docs/security.md).
 #[derive(Clone, Debug)]
 pub struct Limits {
     /// `/metrics` pages in flight (`--max-concurrent-scrapes`).

@@ -100,7 +100,7 @@ pub struct Args {
     pub log: kai_runtime::telemetry::LogArgs,
 }
 
-/// Bounds on what clients may hold open (docs/security-streams.md).
+/// Bounds on what clients may hold open (docs/security.md).
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     /// Web view event streams open at once.

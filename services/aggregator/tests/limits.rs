@@ -1,5 +1,5 @@
 //! The aggregator's stream limits over real sockets
-//! (docs/security-streams.md): web view event streams past
+//! (docs/security.md): web view event streams past
 //! `--max-event-streams` and `/metrics` pages past
 //! `--max-concurrent-scrapes` get 503, each refusal counted; a closed
 //! stream makes room; a scraper that stops reading is cut off after

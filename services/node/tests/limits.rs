@@ -1,4 +1,4 @@
-//! The agent's stream limits over real sockets (docs/security-streams.md):
+//! The agent's stream limits over real sockets (docs/security.md):
 //! `WatchContainers` past `--max-watch-streams` is refused with
 //! RESOURCE_EXHAUSTED, `/metrics` past `--max-concurrent-scrapes` with 503,
 //! each refusal counted; a closed stream makes room; an HTTP connection

@@ -107,7 +107,7 @@ pub struct Args {
     pub http_idle_timeout_seconds: u64,
 }
 
-/// Bounds on what clients may hold open (docs/security-streams.md).
+/// Bounds on what clients may hold open (docs/security.md).
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     /// `WatchContainers` streams open at once.

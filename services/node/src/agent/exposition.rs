@@ -60,7 +60,7 @@ fn stream_limit(recorder: &Recorder, stream: &'static str, max: usize) -> Stream
         max,
         recorder.counter(
             STREAM_REFUSALS,
-            "Streams and responses refused because their limit was reached (docs/security-streams.md).",
+            "Streams and responses refused because their limit was reached (docs/security.md).",
             &labels,
         ),
         recorder.gauge(
