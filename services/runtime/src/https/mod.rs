@@ -119,11 +119,7 @@ pub async fn serve<S, B>(
             let Some(tls) = handshake(&acceptor, stream, peer).await else {
                 return;
             };
-            let conn =
-                builder.serve_connection(TokioIo::new(tls), TowerToHyperService::new(service));
-            if let Err(error) = watcher.watch(conn.into_owned()).await {
-                tracing::debug!(%peer, error = %error, "connection ended with an error");
-            }
+            serve_connection(&builder, tls, peer, service, watcher).await;
         });
     }
     drain(listener, graceful).await;
@@ -152,17 +148,16 @@ pub async fn serve_plain<S, B>(
     B::Error: Into<BoxError>,
 {
     let graceful = GracefulShutdown::new();
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     loop {
         let Some((stream, peer)) = crate::net::accept(&listener, &shutdown).await else {
             break;
         };
         let io = crate::net::IdleTimeout::new(stream, idle_timeout);
-        tokio::spawn(serve_connection(
-            io,
-            peer,
-            service.clone(),
-            graceful.watcher(),
-        ));
+        let (builder, service, watcher) = (builder.clone(), service.clone(), graceful.watcher());
+        tokio::spawn(async move {
+            serve_connection(&builder, io, peer, service, watcher).await;
+        });
     }
     drain(listener, graceful).await;
 }
@@ -170,6 +165,7 @@ pub async fn serve_plain<S, B>(
 /// One connection, HTTP/1.1 or h2 as the client speaks, until it ends or
 /// the graceful shutdown closes it.
 async fn serve_connection<I, S, B>(
+    builder: &hyper_util::server::conn::auto::Builder<TokioExecutor>,
     io: I,
     peer: SocketAddr,
     service: S,
@@ -183,7 +179,6 @@ async fn serve_connection<I, S, B>(
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
     if let Err(error) = watcher.watch(conn.into_owned()).await {
         tracing::debug!(%peer, error = %error, "connection ended with an error");
