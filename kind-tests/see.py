@@ -655,6 +655,14 @@ try:
         alerts = {r["alert"]: r["expr"] for g in yaml.safe_load(f)["groups"] for r in g["rules"]}
     firing = {"KaiGpuContainerUncapped", "KaiGpuProcessEscaped", "KaiGpuContainerOverCap", "KaiGpuContainerNearCap"}
     liveness = {"KaiNodeAgentDown", "KaiNodeAgentStreamStale", "KaiNodePreloadPathBroken", "KaiAggregatorDown"}
+    # A tenant raising its own cap: set up below by writing a region's limit
+    # above the pod's grant (the demo's pods carry KAI's gpu-memory).
+    tenant = {"KaiGpuContainerAboveGrant"}
+    # A region naming a process of another pod needs that process to sit in
+    # another pod's cgroup on the host, which this stack cannot make: here
+    # the expression must evaluate and stay silent on the honest stack;
+    # alerts_test.yaml (promtool) and the agent's trust tests make it fire.
+    not_here = {"KaiGpuRegionForged"}
 
     def selectors(expr):
         """The vector selectors of an expression (metric name and matchers)."""
@@ -679,16 +687,32 @@ try:
         return found
 
     def alert_exprs():
-        assert set(alerts) == firing | liveness, set(alerts)
-        for name, expr in alerts.items():
-            sels = selectors(expr)
-            assert sels, f"{name}: no selector in {expr}"
-            for s in sels:
-                assert query(s), f"{name}: {s} has no series"
+        assert set(alerts) == firing | liveness | tenant | not_here, set(alerts)
+        for a in not_here:
+            assert not query(alerts[a]), f"{a} fires on an honest stack: {query(alerts[a])}"
+            print(f"     ({a}: expression evaluates and is silent; firing is promtool's alerts_test.yaml)")
+        def series_exist(names):
+            for name in names:
+                sels = selectors(alerts[name])
+                assert sels, f"{name}: no selector in {alerts[name]}"
+                for s in sels:
+                    assert query(s), f"{name}: {s} has no series"
+
         wait_for("the firing alerts' expressions to return series",
                  lambda: all(query(alerts[a]) for a in firing))
-        for a in liveness:
+        series_exist(firing | liveness)
+        for a in liveness | tenant:
             assert not query(alerts[a]), f"{a} fires on a healthy stack: {query(alerts[a])}"
+        # The notebook's tenant writes a 4 GiB cap into its region; KAI
+        # granted it 2048 MiB.
+        with open(region("c3", "jupyter"), "r+b") as f:
+            f.seek(1600)  # region v1: device 0's limit
+            assert struct.unpack("<Q", f.read(8))[0] == 2 * GIB, "notebook's cap is where v1 puts it"
+            f.seek(1600)
+            f.write(struct.pack("<Q", 4 * GIB))
+        wait_for("the above-grant alert's expression to return the notebook",
+                 lambda: [r for r in query(alerts["KaiGpuContainerAboveGrant"]) if r["metric"]["pod"] == "notebook-0"])
+        series_exist(tenant)
 
     check("Prometheus: every alert expression evaluates; its series exist; the set-up conditions fire", alert_exprs)
 

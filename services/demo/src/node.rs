@@ -27,6 +27,9 @@ struct Sim {
     /// CUDA_DEVICE_SM_LIMIT (the webhook sets it from the gpu-cores
     /// annotation); 100 = none.
     sm_limit: u64,
+    /// KAI's `gpu-memory` annotation (MiB): the grant the agent holds the
+    /// region's cap against (a cap above it is `above_grant`).
+    gpu_memory: &'static str,
 }
 
 const SIMS: [Sim; 4] = [
@@ -39,6 +42,7 @@ const SIMS: [Sim; 4] = [
         limit: 4 * GIB,
         used: 1536 * MIB,
         sm_limit: 100,
+        gpu_memory: "4096",
     },
     Sim {
         uid: "9a1b7c1e-0000-4000-8000-0000000000b2",
@@ -50,6 +54,7 @@ const SIMS: [Sim; 4] = [
         used: 6 * GIB,
         // Annotated kai-resource-isolator.io/gpu-cores: "50".
         sm_limit: 50,
+        gpu_memory: "8192",
     },
     Sim {
         uid: "9a1b7c1e-0000-4000-8000-0000000000c3",
@@ -60,6 +65,7 @@ const SIMS: [Sim; 4] = [
         limit: 2 * GIB,
         used: 300 * MIB,
         sm_limit: 100,
+        gpu_memory: "2048",
     },
     // What KAI issue #2156 looks like: preloaded, but no limit was set, so
     // libvgpu records 0 and enforces nothing. The agent flags it.
@@ -72,6 +78,7 @@ const SIMS: [Sim; 4] = [
         limit: 0,
         used: GIB,
         sm_limit: 100,
+        gpu_memory: "1024",
     },
 ];
 
@@ -142,7 +149,9 @@ pub async fn start(
     let pods = work.join("pods.json");
     let list: Vec<_> = SIMS
         .iter()
-        .map(|s| serde_json::json!({"uid": s.uid, "namespace": s.namespace, "name": s.pod}))
+        .map(|s| {
+            serde_json::json!({"uid": s.uid, "namespace": s.namespace, "name": s.pod, "gpu_memory": s.gpu_memory})
+        })
         .collect();
     std::fs::write(&pods, serde_json::to_vec_pretty(&list)?)?;
 
