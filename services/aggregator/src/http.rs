@@ -44,9 +44,9 @@ impl Limits {
     /// Limits whose series are on `health`'s recorder.
     pub fn new(health: &Health, settings: &crate::Limits) -> Self {
         Self {
-            scrapes: health.stream_limit("metrics", settings.max_concurrent_scrapes),
+            scrapes: health.stream_limit("metrics", settings.serve.max_concurrent_scrapes),
             events: health.stream_limit("view_events", settings.max_event_streams),
-            idle_timeout: settings.http_idle_timeout,
+            idle_timeout: settings.serve.http_idle_timeout,
         }
     }
 }

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kai_proto::v1::vgpu_cluster_server::VgpuClusterServer;
+use kai_runtime::limit::ServeBounds;
 use kai_runtime::tls::{Flag, TlsArgs, TlsFlagNames, TlsFlags};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -81,19 +82,9 @@ pub struct Args {
     #[arg(long, env = "MAX_EVENT_STREAMS", default_value_t = 256,
           value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub max_event_streams: u64,
-    /// /metrics pages served at once; the next gets 503 with Retry-After.
-    #[arg(long, env = "MAX_CONCURRENT_SCRAPES", default_value_t = 8,
-          value_parser = clap::value_parser!(u64).range(1..=1024))]
-    pub max_concurrent_scrapes: u64,
-    /// Seconds an HTTP connection may make no progress (a scraper that
-    /// stopped reading, an idle keep-alive) before it is closed.
-    #[arg(long, env = "HTTP_IDLE_TIMEOUT_SECONDS", default_value_t = 60,
-          value_parser = clap::value_parser!(u64).range(1..))]
-    pub http_idle_timeout_seconds: u64,
-    /// HTTP/2 streams one gRPC connection may have open at once.
-    #[arg(long, env = "GRPC_MAX_CONCURRENT_STREAMS", default_value_t = 32,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    pub grpc_max_concurrent_streams: u32,
+    /// `/metrics` pages, idle connections and gRPC streams per connection.
+    #[command(flatten)]
+    pub serve: kai_runtime::limit::ServeBoundArgs<8>,
     #[command(flatten)]
     pub agent_tls: TlsArgs<AgentTlsFlags>,
     #[command(flatten)]
@@ -105,21 +96,15 @@ pub struct Args {
 pub struct Limits {
     /// Web view event streams open at once.
     pub max_event_streams: usize,
-    /// `/metrics` pages in flight at once.
-    pub max_concurrent_scrapes: usize,
-    /// An HTTP connection without progress for this long is closed.
-    pub http_idle_timeout: Duration,
-    /// Per-connection gRPC settings.
-    pub grpc: kai_runtime::grpc::ServerSettings,
+    /// `/metrics` pages, idle connections, gRPC streams per connection.
+    pub serve: ServeBounds,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
             max_event_streams: 256,
-            max_concurrent_scrapes: 8,
-            http_idle_timeout: Duration::from_secs(60),
-            grpc: kai_runtime::grpc::ServerSettings::default(),
+            serve: ServeBounds::with_scrapes(8),
         }
     }
 }
@@ -253,13 +238,9 @@ impl Args {
             },
             legacy_metrics: self.legacy_metrics,
             limits: Limits {
-                // Both ranges are checked by clap, far below usize::MAX.
+                // The range is checked by clap, far below usize::MAX.
                 max_event_streams: self.max_event_streams as usize,
-                max_concurrent_scrapes: self.max_concurrent_scrapes as usize,
-                http_idle_timeout: Duration::from_secs(self.http_idle_timeout_seconds),
-                grpc: kai_runtime::grpc::ServerSettings {
-                    max_concurrent_streams: self.grpc_max_concurrent_streams,
-                },
+                serve: self.serve.bounds(),
             },
         }
     }
@@ -337,7 +318,7 @@ pub async fn start(
     tasks.push(tokio::spawn(serve_grpc(
         grpc_listener,
         cluster.clone(),
-        config.limits.grpc,
+        config.limits.serve.grpc,
         shutdown.clone(),
     )));
     let state = http::State {

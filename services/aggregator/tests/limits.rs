@@ -218,8 +218,10 @@ async fn a_scraper_that_stops_reading_is_cut_off_and_its_place_given_back() {
     let server = serve(
         large_cluster(),
         kai_aggregator::Limits {
-            max_concurrent_scrapes: 1,
-            http_idle_timeout: Duration::from_millis(300),
+            serve: kai_runtime::limit::ServeBounds {
+                http_idle_timeout: Duration::from_millis(300),
+                ..kai_runtime::limit::ServeBounds::with_scrapes(1)
+            },
             ..kai_aggregator::Limits::default()
         },
     )

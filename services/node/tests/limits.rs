@@ -10,6 +10,7 @@ use std::time::Duration;
 use kai_node::agent::{self, Config, Limits, PodsConfig};
 use kai_proto::v1 as pb;
 use kai_proto::v1::vgpu_node_client::VgpuNodeClient;
+use kai_runtime::limit::ServeBounds;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
@@ -158,7 +159,7 @@ async fn watch_streams_past_the_limit_are_refused_until_one_closes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scrape_past_the_limit_gets_503_with_retry_after_and_is_counted() {
     let agent = start(Limits {
-        max_concurrent_scrapes: 1,
+        serve: ServeBounds::with_scrapes(1),
         ..Limits::default()
     })
     .await;
@@ -194,8 +195,10 @@ async fn a_scrape_past_the_limit_gets_503_with_retry_after_and_is_counted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_that_stops_reading_is_closed_after_the_idle_timeout() {
     let agent = start(Limits {
-        max_concurrent_scrapes: 1,
-        http_idle_timeout: Duration::from_millis(200),
+        serve: ServeBounds {
+            http_idle_timeout: Duration::from_millis(200),
+            ..ServeBounds::with_scrapes(1)
+        },
         ..Limits::default()
     })
     .await;

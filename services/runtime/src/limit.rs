@@ -14,6 +14,8 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+#[cfg(feature = "grpc")]
+use std::time::Duration;
 
 use futures_util::Stream;
 use metrics::{Counter, Gauge};
@@ -102,6 +104,69 @@ impl StreamLimit {
     /// Streams open now.
     pub fn open(&self) -> usize {
         self.inner.max - self.inner.permits.available_permits()
+    }
+}
+
+/// What a monitoring server (node agent, aggregator) bounds besides its own
+/// streams: `/metrics` pages in flight, idle HTTP connections, and HTTP/2
+/// streams per gRPC connection.
+#[cfg(feature = "grpc")]
+#[derive(Clone, Copy, Debug)]
+pub struct ServeBounds {
+    /// `/metrics` pages in flight at once; the next gets 503.
+    pub max_concurrent_scrapes: usize,
+    /// An HTTP connection without progress for this long is closed.
+    pub http_idle_timeout: Duration,
+    /// Per-connection gRPC settings.
+    pub grpc: crate::grpc::ServerSettings,
+}
+
+#[cfg(feature = "grpc")]
+impl ServeBounds {
+    /// The defaults, with `max_concurrent_scrapes` scrapes at once.
+    pub fn with_scrapes(max_concurrent_scrapes: usize) -> Self {
+        Self {
+            max_concurrent_scrapes,
+            http_idle_timeout: Duration::from_secs(60),
+            grpc: crate::grpc::ServerSettings::default(),
+        }
+    }
+}
+
+/// The flags of [`ServeBounds`], flattened into a service's command line;
+/// `SCRAPES` is that service's default for `--max-concurrent-scrapes` (an
+/// aggregator page is a whole cluster, an agent's one node).
+#[cfg(feature = "grpc")]
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub struct ServeBoundArgs<const SCRAPES: u64> {
+    /// /metrics pages served at once; the next gets 503 with Retry-After.
+    #[arg(long, env = "MAX_CONCURRENT_SCRAPES", default_value_t = SCRAPES,
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub max_concurrent_scrapes: u64,
+    /// Seconds an HTTP connection may make no progress (a scraper that
+    /// stopped reading, an idle keep-alive) before it is closed.
+    #[arg(long, env = "HTTP_IDLE_TIMEOUT_SECONDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub http_idle_timeout_seconds: u64,
+    /// HTTP/2 streams one gRPC connection may have open at once.
+    #[arg(long, env = "GRPC_MAX_CONCURRENT_STREAMS", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub grpc_max_concurrent_streams: u32,
+}
+
+#[cfg(feature = "grpc")]
+impl<const SCRAPES: u64> ServeBoundArgs<SCRAPES> {
+    /// The parsed bounds. clap has checked the ranges, far below
+    /// `usize::MAX`.
+    pub fn bounds(&self) -> ServeBounds {
+        ServeBounds {
+            max_concurrent_scrapes: usize::try_from(self.max_concurrent_scrapes)
+                .unwrap_or(usize::MAX),
+            http_idle_timeout: Duration::from_secs(self.http_idle_timeout_seconds),
+            grpc: crate::grpc::ServerSettings {
+                max_concurrent_streams: self.grpc_max_concurrent_streams,
+            },
+        }
     }
 }
 

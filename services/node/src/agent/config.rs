@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use kai_runtime::limit::ServeBounds;
 use kai_runtime::tls::{Flag, TlsArgs, TlsFlagNames, TlsFlags};
 
 use super::error::AgentError;
@@ -92,19 +93,9 @@ pub struct Args {
     #[arg(long, env = "MAX_WATCH_STREAMS", default_value_t = 64,
           value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub max_watch_streams: u64,
-    /// HTTP/2 streams one gRPC connection may have open at once.
-    #[arg(long, env = "GRPC_MAX_CONCURRENT_STREAMS", default_value_t = 32,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    pub grpc_max_concurrent_streams: u32,
-    /// /metrics responses served at once; the next gets 503 with Retry-After.
-    #[arg(long, env = "MAX_CONCURRENT_SCRAPES", default_value_t = 4,
-          value_parser = clap::value_parser!(u64).range(1..=1024))]
-    pub max_concurrent_scrapes: u64,
-    /// Seconds an HTTP connection may make no progress (a scraper that stopped
-    /// reading, an idle keep-alive) before it is closed.
-    #[arg(long, env = "HTTP_IDLE_TIMEOUT_SECONDS", default_value_t = 60,
-          value_parser = clap::value_parser!(u64).range(1..))]
-    pub http_idle_timeout_seconds: u64,
+    /// `/metrics` pages, idle connections and gRPC streams per connection.
+    #[command(flatten)]
+    pub serve: kai_runtime::limit::ServeBoundArgs<4>,
 }
 
 /// Bounds on what clients may hold open (docs/security.md).
@@ -112,21 +103,15 @@ pub struct Args {
 pub struct Limits {
     /// `WatchContainers` streams open at once.
     pub max_watch_streams: usize,
-    /// `/metrics` responses in flight at once.
-    pub max_concurrent_scrapes: usize,
-    /// An HTTP connection without progress for this long is closed.
-    pub http_idle_timeout: Duration,
-    /// Per-connection gRPC settings.
-    pub grpc: kai_runtime::grpc::ServerSettings,
+    /// `/metrics` pages, idle connections, gRPC streams per connection.
+    pub serve: ServeBounds,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
             max_watch_streams: 64,
-            max_concurrent_scrapes: 4,
-            http_idle_timeout: Duration::from_secs(60),
-            grpc: kai_runtime::grpc::ServerSettings::default(),
+            serve: ServeBounds::with_scrapes(4),
         }
     }
 }
@@ -290,13 +275,9 @@ impl Args {
             enforce: self.enforce,
             reclaim_stale_slots: self.reclaim_stale_slots,
             limits: Limits {
-                // Both ranges are checked by clap, far below usize::MAX.
+                // The range is checked by clap, far below usize::MAX.
                 max_watch_streams: self.max_watch_streams as usize,
-                max_concurrent_scrapes: self.max_concurrent_scrapes as usize,
-                http_idle_timeout: Duration::from_secs(self.http_idle_timeout_seconds),
-                grpc: kai_runtime::grpc::ServerSettings {
-                    max_concurrent_streams: self.grpc_max_concurrent_streams,
-                },
+                serve: self.serve.bounds(),
             },
             grpc_tls: self.grpc_tls.cert_and_key().map(|(cert, key)| GrpcTls {
                 cert: cert.to_owned(),

@@ -42,7 +42,7 @@ impl Metrics {
         let recorder = Recorder::default();
         let enforce = enforce::Counts::register(&recorder);
         let watch_streams = stream_limit(&recorder, "watch_containers", limits.max_watch_streams);
-        let scrapes = stream_limit(&recorder, "metrics", limits.max_concurrent_scrapes);
+        let scrapes = stream_limit(&recorder, "metrics", limits.serve.max_concurrent_scrapes);
         Self {
             recorder,
             enforce,

@@ -150,7 +150,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
                 default_interval: config.watch_interval,
                 watch_limit: own_metrics.watch_streams.clone(),
             },
-            config.limits.grpc,
+            config.limits.serve.grpc,
             shutdown.clone(),
         )
         .instrument(span.clone()),
@@ -167,7 +167,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
             scans.clone(),
             own_metrics,
             config.legacy_metrics,
-            config.limits.http_idle_timeout,
+            config.limits.serve.http_idle_timeout,
             shutdown,
         )
         .instrument(span.clone()),

@@ -76,7 +76,7 @@ pub async fn serve_state(
         default_interval: watch_interval,
         watch_limit: exposition::Metrics::new(&limits).watch_streams,
     };
-    serve_grpc(listener, None, service, limits.grpc, shutdown).await
+    serve_grpc(listener, None, service, limits.serve.grpc, shutdown).await
 }
 
 /// The plain-HTTP port: `/metrics` (at most `--max-concurrent-scrapes` at
