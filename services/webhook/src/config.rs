@@ -9,6 +9,9 @@ use kai_runtime::tls::{Flag, TlsArgs, TlsFlagNames, TlsFlags};
 pub const DEFAULT_VGPU_MOUNT: &str = "/usr/local/vgpu";
 /// Default value of `GPU_SHARE_RESOURCES` (the Go chart's).
 pub const DEFAULT_SHARE_RESOURCES: &str = "nvidia.com/gpu,nvidia.com/gpumem,nvidia.com/gpucores";
+/// The CSI driver that delivers the library (the CSIDriver object's name,
+/// which the kai-csi node plugin registers with kubelet).
+pub const DEFAULT_CSI_DRIVER: &str = "vgpu.kai-resource-isolator.io";
 
 /// The injection settings the pure planner needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,6 +31,36 @@ pub struct InjectConfig {
     pub memory_limit_fallback: bool,
     /// What becomes of isolation env the tenant set on a sharing container.
     pub tenant_env: TenantEnv,
+    /// How the library reaches the pod: one CSI volume, or hostPath volumes.
+    pub delivery: Delivery,
+    /// The CSI driver of [`Delivery::Csi`]'s volume.
+    pub csi_driver: String,
+}
+
+/// How libvgpu.so, ld.so.preload and the region directory reach the
+/// sharing container (docs/webhook.md, "Library delivery"). The mounts
+/// and env are the same either way; only the volumes differ.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Delivery {
+    /// One inline `csi` volume of the kai-csi node plugin, which serves
+    /// this pod its own region directory and lock directory: no hostPath,
+    /// so the pod passes the `restricted` Pod Security level.
+    #[default]
+    Csi,
+    /// Three `hostPath` volumes of the host directory libsync installs
+    /// into (the Go webhook's way; the pod needs the `privileged` level).
+    #[value(name = "hostPath")]
+    HostPath,
+}
+
+impl Delivery {
+    /// The flag's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Csi => "csi",
+            Self::HostPath => "hostPath",
+        }
+    }
 }
 
 /// What the webhook does with isolation env (libvgpu's limits, the region's
@@ -65,6 +98,8 @@ impl Default for InjectConfig {
                 .collect(),
             memory_limit_fallback: true,
             tenant_env: TenantEnv::Replace,
+            delivery: Delivery::default(),
+            csi_driver: DEFAULT_CSI_DRIVER.to_owned(),
         }
     }
 }
@@ -76,6 +111,10 @@ pub enum ConfigError {
     Mount(String),
     #[error("HOST_VGPU_DIR must be an absolute path without '..', got {0:?}")]
     HostDir(String),
+    #[error(
+        "CSI_DRIVER must be a CSI driver name (at most 63 characters: dot-separated labels of letters, digits and '-', each starting and ending with a letter or digit), got {0:?}"
+    )]
+    CsiDriver(String),
 }
 
 impl InjectConfig {
@@ -94,6 +133,8 @@ impl InjectConfig {
                 .collect(),
             memory_limit_fallback: true,
             tenant_env: TenantEnv::Replace,
+            delivery: Delivery::default(),
+            csi_driver: DEFAULT_CSI_DRIVER.to_owned(),
         })
     }
 
@@ -118,6 +159,24 @@ impl InjectConfig {
         self
     }
 
+    /// Sets how the library reaches the pod.
+    #[must_use]
+    pub fn with_delivery(mut self, delivery: Delivery) -> Self {
+        self.delivery = delivery;
+        self
+    }
+
+    /// Sets the CSI driver of the library volume. Checked here, as the API
+    /// server checks a CSI volume's driver, so a typo stops start-up
+    /// instead of every sharing pod being rejected.
+    pub fn with_csi_driver(mut self, driver: &str) -> Result<Self, ConfigError> {
+        if !is_csi_driver_name(driver) {
+            return Err(ConfigError::CsiDriver(driver.to_owned()));
+        }
+        driver.clone_into(&mut self.csi_driver);
+        Ok(self)
+    }
+
     /// `<mount>/containers`, where libvgpu writes one directory per container.
     pub fn containers_dir(&self) -> String {
         format!("{}/containers", self.vgpu_mount)
@@ -128,6 +187,19 @@ impl InjectConfig {
 fn absolute(path: &str) -> Option<&str> {
     let trimmed = path.trim_end_matches('/');
     (trimmed.starts_with('/') && !trimmed.split('/').any(|seg| seg == "..")).then_some(trimmed)
+}
+
+/// A CSI driver name as the API server accepts it in a pod's `csi` volume
+/// (`ValidateCSIDriverName`): at most 63 characters that, lowercased, are
+/// a DNS-1123 subdomain (labels of alphanumerics and `-`, alphanumeric at
+/// both ends, joined by `.`).
+fn is_csi_driver_name(name: &str) -> bool {
+    let label = |label: &str| {
+        label.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && label.ends_with(|c: char| c.is_ascii_alphanumeric())
+            && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    };
+    name.len() <= 63 && name.split('.').all(label)
 }
 
 /// The serving certificate's flags (`--tls-*`).
@@ -197,6 +269,14 @@ pub struct Args {
     /// writes ours, `deny` rejects the pod naming it.
     #[arg(long, env = "TENANT_ENV", value_enum, default_value_t = TenantEnv::Replace)]
     pub tenant_env: TenantEnv,
+    /// How the library reaches the pod: `csi` (one inline volume of the
+    /// kai-csi node plugin) or `hostPath` (the host directory, as the Go
+    /// webhook mounts it).
+    #[arg(long, env = "LIBRARY_DELIVERY", value_enum, default_value_t = Delivery::Csi)]
+    pub library_delivery: Delivery,
+    /// The CSI driver of the library volume (`--library-delivery=csi`).
+    #[arg(long, env = "CSI_DRIVER", default_value = DEFAULT_CSI_DRIVER)]
+    pub csi_driver: String,
     /// Largest AdmissionReview reviewed; a larger one is denied by its uid.
     #[arg(long, env = "MAX_BODY_BYTES", default_value_t = crate::review::MAX_BODY_BYTES, value_parser = clap::value_parser!(usize))]
     pub max_body_bytes: usize,
@@ -231,6 +311,9 @@ mod tests {
         let settings = args.settings().expect("valid defaults");
         assert_eq!(settings.limits, crate::server::Limits::default());
         assert_eq!(settings.inject.tenant_env, TenantEnv::Replace);
+        assert_eq!(settings.inject.delivery, Delivery::Csi);
+        assert_eq!(settings.inject.csi_driver, "vgpu.kai-resource-isolator.io");
+        assert_eq!(settings.inject, InjectConfig::default());
         let args = Args::parse_from([
             "kai-webhook",
             "--tenant-env",
@@ -245,6 +328,53 @@ mod tests {
     }
 
     #[test]
+    fn library_delivery_and_csi_driver_flags() {
+        use clap::Parser;
+        let settings = |argv: &[&str]| {
+            let mut full = vec!["kai-webhook"];
+            full.extend_from_slice(argv);
+            Args::try_parse_from(full).map(|args| args.settings())
+        };
+        let host_path = settings(&["--library-delivery", "hostPath"])
+            .expect("parses")
+            .expect("valid");
+        assert_eq!(host_path.inject.delivery, Delivery::HostPath);
+        assert_eq!(Delivery::HostPath.as_str(), "hostPath");
+        let csi = settings(&[
+            "--library-delivery",
+            "csi",
+            "--csi-driver",
+            "Vgpu.Example.com",
+        ])
+        .expect("parses")
+        .expect("valid");
+        assert_eq!(
+            (csi.inject.delivery, csi.inject.csi_driver.as_str()),
+            (Delivery::Csi, "Vgpu.Example.com")
+        );
+        // Spelled as the chart's value, nothing else.
+        assert!(settings(&["--library-delivery", "hostpath"]).is_err());
+        assert!(settings(&["--library-delivery", "emptyDir"]).is_err());
+        let long = "a".repeat(64);
+        for bad in [
+            "", "-vgpu.io", "vgpu.io-", "vgpu..io", "vgpu.-io", "vgpu_io", "vgpu/io", &long,
+        ] {
+            assert_eq!(
+                settings(&[&format!("--csi-driver={bad}")])
+                    .expect("parses")
+                    .err(),
+                Some(ConfigError::CsiDriver(bad.to_owned())),
+                "{bad:?}"
+            );
+        }
+        assert!(
+            settings(&["--csi-driver", &long[..63]])
+                .expect("parses")
+                .is_ok()
+        );
+    }
+
+    #[test]
     fn mount_is_validated_and_normalised() {
         let cfg = InjectConfig::new("/opt/vgpu/", vec![" a ".into(), "".into()]);
         assert_eq!(
@@ -255,6 +385,8 @@ mod tests {
                 share_resources: vec!["a".into()],
                 memory_limit_fallback: true,
                 tenant_env: TenantEnv::Replace,
+                delivery: Delivery::Csi,
+                csi_driver: DEFAULT_CSI_DRIVER.into(),
             })
         );
         assert!(InjectConfig::new("relative/dir", vec![]).is_err());

@@ -17,7 +17,7 @@ pub mod server;
 
 use std::time::Duration;
 
-pub use config::{Args, InjectConfig, TenantEnv};
+pub use config::{Args, Delivery, InjectConfig, TenantEnv};
 pub use server::{Limits, Running, Settings, StartError, start};
 
 impl Args {
@@ -31,7 +31,9 @@ impl Args {
                 .and_then(|cfg| match &self.host_vgpu_dir {
                     Some(dir) => cfg.with_host_vgpu_dir(dir),
                     None => Ok(cfg),
-                })?
+                })
+                .and_then(|cfg| cfg.with_csi_driver(&self.csi_driver))?
+                .with_delivery(self.library_delivery)
                 .with_memory_limit_fallback(self.memory_limit_fallback)
                 .with_tenant_env(self.tenant_env),
             tls_reload_fallback: self.tls.reload_fallback,

@@ -33,6 +33,8 @@ pub struct Spec {
     pub containers: Vec<Container>,
     pub init_containers: Option<Vec<Container>>,
     pub volumes: Option<Vec<Volume>>,
+    /// The pod's defaults for its containers' user and group.
+    pub security_context: Option<RunAs>,
 }
 
 /// A container or init container.
@@ -49,6 +51,32 @@ pub struct Container {
     /// Read only to explain, in the log, why a pod asking for a sharing
     /// resource without KAI's annotations was left alone.
     pub resources: Option<ResourceRequirements>,
+    /// Its own user and group, which win over the pod's.
+    pub security_context: Option<RunAs>,
+}
+
+/// The user and group of a pod's or a container's `securityContext`, the
+/// only part of either the planner reads: the CSI volume tells the plugin
+/// whom the pod's region directory belongs to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunAs {
+    pub run_as_user: Option<i64>,
+    pub run_as_group: Option<i64>,
+}
+
+impl Container {
+    /// The user and group the container runs as: its own `securityContext`,
+    /// else the pod's, field by field, as kubelet decides them
+    /// (`DetermineEffectiveSecurityContext`). `None` where neither says.
+    pub fn effective_run_as(&self, pod: Option<&RunAs>) -> RunAs {
+        let own = self.security_context.unwrap_or_default();
+        let pod = pod.copied().unwrap_or_default();
+        RunAs {
+            run_as_user: own.run_as_user.or(pod.run_as_user),
+            run_as_group: own.run_as_group.or(pod.run_as_group),
+        }
+    }
 }
 
 impl Pod {

@@ -1,16 +1,18 @@
 //! Reviews a corpus of realistic Pod manifests and applies each produced
 //! patch with `json_patch`, as the API server does, then checks the Pod that
-//! would be stored.
+//! would be stored: under hostPath delivery (what the webhook did before
+//! CSI delivery, byte for byte) and under CSI delivery.
 
 mod support;
 
 use std::collections::HashSet;
+use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::Pod;
-use kai_webhook::InjectConfig;
 use kai_webhook::inject::OptOut;
 use kai_webhook::review::{review, review_with};
-use serde_json::Value;
+use kai_webhook::{Delivery, InjectConfig};
+use serde_json::{Value, json};
 
 const OURS: [&str; 3] = [
     "kai-resource-isolator-vgpu",
@@ -18,17 +20,35 @@ const OURS: [&str; 3] = [
     "kai-resource-isolator-vgpulock",
 ];
 
+fn host_path() -> InjectConfig {
+    InjectConfig::default().with_delivery(Delivery::HostPath)
+}
+
+fn csi() -> InjectConfig {
+    InjectConfig::default().with_delivery(Delivery::Csi)
+}
+
 /// Reviewed on `/mutate/allow-opt-out`, where the fixtures' expectations
 /// (an opted-out pod among them) hold; [`opt_out_is_honoured_only_where_allowed`]
 /// checks `/mutate`.
-fn reviewed(pod: &Value, uid: &str) -> (Value, &'static str) {
+fn reviewed(pod: &Value, uid: &str, cfg: &InjectConfig) -> (Value, &'static str) {
     let body = serde_json::to_vec(&support::review_of(uid, "CREATE", pod)).expect("encodes");
-    let out =
-        review_with(&body, &InjectConfig::default(), OptOut::Honoured).expect("well-formed review");
+    let out = review_with(&body, cfg, OptOut::Honoured).expect("well-formed review");
     (
         serde_json::from_slice(&out.body).expect("response is JSON"),
         out.decision.label(),
     )
+}
+
+/// The pod the API server would store: `pod` with the patch `cfg` gives it.
+fn mutated(name: &str, pod: &Value, cfg: &InjectConfig) -> Value {
+    let (response, _) = reviewed(pod, &format!("uid-{name}"), cfg);
+    let mut doc = pod.clone();
+    if let Some(patch) = support::patch_of(&response) {
+        json_patch::patch(&mut doc, &patch)
+            .unwrap_or_else(|e| panic!("{name}: patch does not apply: {e}"));
+    }
+    doc
 }
 
 #[test]
@@ -37,7 +57,7 @@ fn corpus_patches_produce_valid_injected_pods() {
     assert!(corpus.len() >= 8, "corpus went missing");
     for (name, expect, pod) in corpus {
         let uid = format!("uid-{name}");
-        let (response, decision) = reviewed(&pod, &uid);
+        let (response, decision) = reviewed(&pod, &uid, &host_path());
         assert_eq!(response["apiVersion"], "admission.k8s.io/v1", "{name}");
         assert_eq!(response["kind"], "AdmissionReview", "{name}");
         assert_eq!(
@@ -63,7 +83,7 @@ fn corpus_patches_produce_valid_injected_pods() {
                 check_injected(&name, &expect, &pod, &mutated);
 
                 // Reinvocation: the stored pod must come back unchanged.
-                let (again, decision) = reviewed(&mutated, &uid);
+                let (again, decision) = reviewed(&mutated, &uid, &host_path());
                 assert_eq!(decision, "already_injected", "{name}");
                 assert!(
                     support::patch_of(&again).is_none(),
@@ -193,7 +213,18 @@ fn check_injected(name: &str, expect: &Value, before: &Value, after: &Value) {
         );
     }
 
-    // Nothing but the target container and the volume list changed.
+    only_the_target_and_the_volumes_changed(name, expect, before, after);
+}
+
+/// Nothing but the target container and the volume list changed, and the
+/// volumes the pod had keep their place and content.
+fn only_the_target_and_the_volumes_changed(
+    name: &str,
+    expect: &Value,
+    before: &Value,
+    after: &Value,
+) {
+    let (list, index) = target_of(expect);
     for field in ["containers", "initContainers"] {
         let (b, a) = (&before["spec"][field], &after["spec"][field]);
         for (i, (cb, ca)) in b
@@ -297,4 +328,190 @@ fn non_create_operations_pass_through() {
             "{op} must not be patched"
         );
     }
+}
+
+// === CSI delivery ===
+
+/// What the patches are, byte for byte, per delivery:
+/// `tests/patches/<delivery>/<pod>`. The hostPath ones were written by the
+/// webhook as it was before CSI delivery, so hostPath pods get exactly what
+/// they got then. `KAI_UPDATE_PATCHES=1` rewrites the files (review the diff).
+#[test]
+fn corpus_patches_are_the_recorded_ones() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/patches");
+    let update = std::env::var_os("KAI_UPDATE_PATCHES").is_some();
+    for (delivery, cfg) in [("hostPath", host_path()), ("csi", csi())] {
+        let mut recorded = 0;
+        for (name, _, pod) in support::corpus() {
+            let (response, _) = reviewed(&pod, &format!("uid-{name}"), &cfg);
+            let Some(patch) = support::patch_of(&response) else {
+                continue;
+            };
+            let mut bytes = serde_json::to_vec(&patch).expect("encodes");
+            bytes.push(b'\n');
+            let path = dir.join(delivery).join(&name);
+            if update {
+                std::fs::create_dir_all(dir.join(delivery)).expect("creates the directory");
+                std::fs::write(&path, &bytes).expect("writes the patch");
+            }
+            let want = std::fs::read(&path)
+                .unwrap_or_else(|e| panic!("{delivery}/{name}: {e} (KAI_UPDATE_PATCHES=1)"));
+            assert!(
+                bytes == want,
+                "{delivery}/{name} changed:\n got {}\nwant {}",
+                String::from_utf8_lossy(&bytes),
+                String::from_utf8_lossy(&want)
+            );
+            recorded += 1;
+        }
+        assert!(recorded >= 6, "{delivery}: recorded patches went missing");
+    }
+}
+
+#[test]
+fn corpus_under_csi_delivery() {
+    for (name, expect, pod) in support::corpus() {
+        let uid = format!("uid-{name}");
+        let (response, decision) = reviewed(&pod, &uid, &csi());
+        assert_eq!(
+            decision,
+            expect["decision"].as_str().unwrap_or_default(),
+            "{name}: the delivery changes no decision"
+        );
+        if decision != "injected" {
+            assert!(support::patch_of(&response).is_none(), "{name}");
+            continue;
+        }
+        let patch = support::patch_of(&response)
+            .unwrap_or_else(|| panic!("{name}: injected without a patch"));
+        let text = serde_json::to_string(&patch).expect("encodes");
+        assert!(!text.contains("hostPath"), "{name}: {text}");
+        let after = mutated(&name, &pod, &csi());
+        check_injected_csi(&name, &expect, &pod, &after);
+
+        // The env is the delivery's business in neither mode.
+        let (list, index) = target_of(&expect);
+        let under_host_path = mutated(&name, &pod, &host_path());
+        assert_eq!(
+            after["spec"][list][index]["env"], under_host_path["spec"][list][index]["env"],
+            "{name}: env differs between the deliveries"
+        );
+
+        // Reinvocation: nothing more.
+        let (_, again) = reviewed(&after, &uid, &csi());
+        assert_eq!(again, "already_injected", "{name}");
+        // A pod a hostPath webhook mutated (an older release, or a hostPath
+        // replica during the switch) keeps its hostPath volumes.
+        let (again, decision) = reviewed(&under_host_path, &uid, &csi());
+        assert_eq!(decision, "already_injected", "{name}");
+        assert!(support::patch_of(&again).is_none(), "{name}");
+    }
+}
+
+fn target_of(expect: &Value) -> (&str, usize) {
+    (
+        expect["list"].as_str().unwrap_or_default(),
+        expect["index"].as_u64().unwrap_or_default() as usize,
+    )
+}
+
+fn check_injected_csi(name: &str, expect: &Value, before: &Value, after: &Value) {
+    let typed: Pod =
+        serde_json::from_value(after.clone()).unwrap_or_else(|e| panic!("{name}: not a Pod: {e}"));
+    let spec = typed
+        .spec
+        .as_ref()
+        .unwrap_or_else(|| panic!("{name}: no spec"));
+    let (list, index) = target_of(expect);
+    let target = &after["spec"][list][index];
+    let target_name = target["name"].as_str().unwrap_or_default();
+
+    // One volume of ours, the CSI one; no hostPath the pod did not have.
+    let volumes = spec.volumes.as_deref().unwrap_or_default();
+    let names: Vec<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(
+        names.iter().collect::<HashSet<_>>().len(),
+        names.len(),
+        "{name}: duplicate volumes"
+    );
+    assert!(
+        !names.contains(&OURS[1]) && !names.contains(&OURS[2]),
+        "{name}: {names:?}"
+    );
+    let host_paths = |pod: &Value| {
+        pod["spec"]["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|v| v.get("hostPath").is_some())
+            .count()
+    };
+    assert_eq!(host_paths(before), host_paths(after), "{name}");
+    // Whom the region directory belongs to: the target's own user and
+    // group, else the pod's; never another container's.
+    let effective = |field: &str| {
+        target["securityContext"][field]
+            .as_i64()
+            .or_else(|| after["spec"]["securityContext"][field].as_i64())
+    };
+    let mut attributes = json!({"kai-resource-isolator.io/container": target_name});
+    if let Some(uid) = effective("runAsUser") {
+        attributes["kai-resource-isolator.io/run-as-user"] = uid.to_string().into();
+    }
+    if let Some(gid) = effective("runAsGroup") {
+        attributes["kai-resource-isolator.io/run-as-group"] = gid.to_string().into();
+    }
+    let ours = after["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == OURS[0])
+        .unwrap_or_else(|| panic!("{name}: {} missing", OURS[0]));
+    assert_eq!(
+        ours,
+        &json!({"name": OURS[0], "csi": {
+            "driver": "vgpu.kai-resource-isolator.io",
+            "readOnly": false,
+            "volumeAttributes": attributes,
+        }}),
+        "{name}"
+    );
+
+    // The four mounts, all of the one volume, at hostPath delivery's paths.
+    let mounts: Vec<(&str, &str, Option<&str>, bool)> = target["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            (
+                m["name"].as_str().unwrap_or_default(),
+                m["mountPath"].as_str().unwrap_or_default(),
+                m["subPath"].as_str(),
+                m["readOnly"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect();
+    let paths: Vec<&str> = mounts.iter().map(|m| m.1).collect();
+    assert_eq!(
+        paths.iter().collect::<HashSet<_>>().len(),
+        paths.len(),
+        "{name}: duplicate mountPath"
+    );
+    let of_ours: Vec<_> = mounts.iter().filter(|m| m.0 == OURS[0]).copied().collect();
+    assert_eq!(
+        of_ours,
+        [
+            (OURS[0], "/usr/local/vgpu", None, true),
+            (OURS[0], "/etc/ld.so.preload", Some("ld.so.preload"), true),
+            (
+                OURS[0],
+                "/usr/local/vgpu/containers",
+                Some("containers"),
+                false
+            ),
+            (OURS[0], "/tmp/vgpulock", Some("vgpulock"), false),
+        ],
+        "{name}"
+    );
+    only_the_target_and_the_volumes_changed(name, expect, before, after);
 }

@@ -1,16 +1,134 @@
 //! Our volumes, mounts and env vars: the fixed tables both the plan and the
-//! patch builder walk.
+//! patch builder walk. The volumes and mounts come in one [`Layout`] per
+//! [`Delivery`]; the env is the same for both.
 
 use super::{
-    ENV_CONTAINER_NAME, ENV_POD_UID, ENV_VGPU_MOUNT, HOST_VGPULOCK_SUBDIR, LD_SO_PRELOAD_PATH,
-    LD_SO_PRELOAD_SUBPATH, VGPULOCK_PATH, VOLUME_CONTAINERS, VOLUME_VGPU, VOLUME_VGPULOCK,
+    CSI_CONTAINERS_SUBPATH, CSI_VGPULOCK_SUBPATH, ENV_CONTAINER_NAME, ENV_POD_UID, ENV_VGPU_MOUNT,
+    HOST_VGPULOCK_SUBDIR, LD_SO_PRELOAD_PATH, LD_SO_PRELOAD_SUBPATH, VGPULOCK_PATH,
+    VOLUME_CONTAINERS, VOLUME_VGPU, VOLUME_VGPULOCK,
 };
-use crate::config::InjectConfig;
+use crate::config::{Delivery, InjectConfig};
 
-/// Our volumes, in the order of `VOLUME_DIRS`.
-pub const VOLUME_NAMES: [&str; 3] = [VOLUME_VGPU, VOLUME_CONTAINERS, VOLUME_VGPULOCK];
-/// The host directory of each of [`VOLUME_NAMES`].
-pub(super) const VOLUME_DIRS: [Dir; 3] = [Dir::HostVgpu, Dir::HostContainers, Dir::HostVgpuLock];
+/// One delivery's volumes and the mounts of the target that use them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub volumes: &'static [VolumeSpec],
+    pub mounts: &'static [MountSpec],
+}
+
+/// A volume we add.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VolumeSpec {
+    pub name: &'static str,
+    pub source: Source,
+}
+
+/// Where a volume of ours comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// This host directory, `type: DirectoryOrCreate`.
+    HostPath(Dir),
+    /// An inline volume of the configured CSI driver; its attributes name
+    /// the target container and the user and group it runs as.
+    Csi,
+}
+
+/// [`Delivery::HostPath`]: the host directory libsync installs into, its
+/// `containers` and `vgpulock`, each a hostPath volume. `<mount>` is
+/// read-only, so a workload (even as root) cannot replace libvgpu.so or
+/// ld.so.preload for every pod of the node; only `<mount>/containers`,
+/// where libvgpu creates its directory, and libvgpu's lock directory stay
+/// writable.
+pub const HOST_PATH: Layout = Layout {
+    volumes: &[
+        VolumeSpec {
+            name: VOLUME_VGPU,
+            source: Source::HostPath(Dir::HostVgpu),
+        },
+        VolumeSpec {
+            name: VOLUME_CONTAINERS,
+            source: Source::HostPath(Dir::HostContainers),
+        },
+        VolumeSpec {
+            name: VOLUME_VGPULOCK,
+            source: Source::HostPath(Dir::HostVgpuLock),
+        },
+    ],
+    mounts: &[
+        MountSpec {
+            volume: VOLUME_VGPU,
+            path: Dir::VgpuMount,
+            sub_path: None,
+            read_only: true,
+        },
+        MountSpec {
+            volume: VOLUME_VGPU,
+            path: Dir::Fixed(LD_SO_PRELOAD_PATH),
+            sub_path: Some(LD_SO_PRELOAD_SUBPATH),
+            read_only: true,
+        },
+        MountSpec {
+            volume: VOLUME_CONTAINERS,
+            path: Dir::ContainersDir,
+            sub_path: None,
+            read_only: false,
+        },
+        MountSpec {
+            volume: VOLUME_VGPULOCK,
+            path: Dir::Fixed(VGPULOCK_PATH),
+            sub_path: None,
+            read_only: false,
+        },
+    ],
+};
+
+/// [`Delivery::Csi`]: one CSI volume, mounted at the same four paths. The
+/// plugin fills it with read-only binds of libvgpu.so and ld.so.preload,
+/// this pod's own region directory under `containers` and its own lock
+/// directory `vgpulock`, so the pod sees no other pod's region or lock.
+/// The volume itself is not `readOnly` (kubelet would make every mount of
+/// it read-only, the two writable ones included); the library mounts are.
+pub const CSI: Layout = Layout {
+    volumes: &[VolumeSpec {
+        name: VOLUME_VGPU,
+        source: Source::Csi,
+    }],
+    mounts: &[
+        MountSpec {
+            volume: VOLUME_VGPU,
+            path: Dir::VgpuMount,
+            sub_path: None,
+            read_only: true,
+        },
+        MountSpec {
+            volume: VOLUME_VGPU,
+            path: Dir::Fixed(LD_SO_PRELOAD_PATH),
+            sub_path: Some(LD_SO_PRELOAD_SUBPATH),
+            read_only: true,
+        },
+        MountSpec {
+            volume: VOLUME_VGPU,
+            path: Dir::ContainersDir,
+            sub_path: Some(CSI_CONTAINERS_SUBPATH),
+            read_only: false,
+        },
+        MountSpec {
+            volume: VOLUME_VGPU,
+            path: Dir::Fixed(VGPULOCK_PATH),
+            sub_path: Some(CSI_VGPULOCK_SUBPATH),
+            read_only: false,
+        },
+    ],
+};
+
+/// The volumes and mounts of `delivery`.
+pub fn layout(delivery: Delivery) -> &'static Layout {
+    match delivery {
+        Delivery::Csi => &CSI,
+        Delivery::HostPath => &HOST_PATH,
+    }
+}
+
 /// Our env vars (their values: [`super::env_value`]).
 pub const ENV_NAMES: [&str; 3] = [ENV_POD_UID, ENV_CONTAINER_NAME, ENV_VGPU_MOUNT];
 
@@ -105,37 +223,6 @@ pub struct MountSpec {
     pub sub_path: Option<&'static str>,
     pub read_only: bool,
 }
-
-/// Our mounts into the target container. `<mount>` is read-only, so a
-/// workload (even as root) cannot replace libvgpu.so or ld.so.preload for
-/// every pod of the node; only `<mount>/containers`, where libvgpu creates
-/// its directory, and libvgpu's lock directory stay writable.
-pub const MOUNTS: [MountSpec; 4] = [
-    MountSpec {
-        volume: VOLUME_VGPU,
-        path: Dir::VgpuMount,
-        sub_path: None,
-        read_only: true,
-    },
-    MountSpec {
-        volume: VOLUME_VGPU,
-        path: Dir::Fixed(LD_SO_PRELOAD_PATH),
-        sub_path: Some(LD_SO_PRELOAD_SUBPATH),
-        read_only: true,
-    },
-    MountSpec {
-        volume: VOLUME_CONTAINERS,
-        path: Dir::ContainersDir,
-        sub_path: None,
-        read_only: false,
-    },
-    MountSpec {
-        volume: VOLUME_VGPULOCK,
-        path: Dir::Fixed(VGPULOCK_PATH),
-        sub_path: None,
-        read_only: false,
-    },
-];
 
 /// A path we mount or expose: fixed, or derived from the configured mount.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

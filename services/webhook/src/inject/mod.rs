@@ -13,10 +13,10 @@ mod patch;
 mod plan;
 
 pub use self::items::{
-    DEVICE_MEMORY_LIMITS, DEVICE_SM_LIMITS, Dir, ENV_NAMES, FORBIDDEN_ENV, MOUNTS, MountSpec,
-    PIN_COUNT, PINNED_EMPTY, VOLUME_NAMES, pin_name,
+    CSI, DEVICE_MEMORY_LIMITS, DEVICE_SM_LIMITS, Dir, ENV_NAMES, FORBIDDEN_ENV, HOST_PATH, Layout,
+    MountSpec, PIN_COUNT, PINNED_EMPTY, Source, VolumeSpec, layout, pin_name,
 };
-pub use self::patch::{Insert, Limits, Missing, Patch, env_value};
+pub use self::patch::{Insert, Limits, Missing, Patch, csi_attributes, env_value};
 pub use self::plan::{OptOut, asks_to_opt_out, plan};
 
 // Shared with the node agent, which recognises the same pods.
@@ -40,6 +40,22 @@ pub const VGPULOCK_PATH: &str = "/tmp/vgpulock";
 pub const HOST_VGPULOCK_SUBDIR: &str = "vgpulock";
 pub const LD_SO_PRELOAD_PATH: &str = "/etc/ld.so.preload";
 pub const LD_SO_PRELOAD_SUBPATH: &str = "ld.so.preload";
+/// The CSI volume's directory holding this pod's region directory
+/// (`<POD_UID>_<CONTAINER_NAME>`), mounted at `<mount>/containers`.
+pub const CSI_CONTAINERS_SUBPATH: &str = "containers";
+/// The CSI volume's lock directory of this pod, mounted at [`VGPULOCK_PATH`].
+pub const CSI_VGPULOCK_SUBPATH: &str = "vgpulock";
+
+/// The CSI volume's attributes (`volumeAttributes`), which the kai-csi
+/// plugin reads from its volume context: the target container's name,
+/// whose region directory it creates…
+pub const CSI_ATTR_CONTAINER: &str = "kai-resource-isolator.io/container";
+/// …owned by the user the container runs as (decimal; omitted when neither
+/// the container nor the pod sets `runAsUser`)…
+pub const CSI_ATTR_RUN_AS_USER: &str = "kai-resource-isolator.io/run-as-user";
+/// …and its group (`runAsGroup`, likewise); kubelet hands the plugin the
+/// pod's `fsGroup` itself.
+pub const CSI_ATTR_RUN_AS_GROUP: &str = "kai-resource-isolator.io/run-as-group";
 
 pub const ENV_POD_UID: &str = "POD_UID";
 pub const ENV_CONTAINER_NAME: &str = "CONTAINER_NAME";

@@ -1,16 +1,23 @@
 //! What a patch adds ([`Patch`]) and its RFC 6902 operations.
 
+use std::collections::BTreeMap;
+
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, RemoveOperation};
 use k8s_openapi::api::core::v1::{
-    EnvVar, EnvVarSource, HostPathVolumeSource, ObjectFieldSelector, Volume, VolumeMount,
+    CSIVolumeSource, EnvVar, EnvVarSource, HostPathVolumeSource, ObjectFieldSelector, Volume,
+    VolumeMount,
 };
 use serde::Serialize;
 use serde_json::Value;
 
-use super::items::{ENV_NAMES, MOUNTS, MountSpec, PIN_COUNT, VOLUME_DIRS, VOLUME_NAMES, pin_name};
-use super::{ENV_CONTAINER_NAME, ENV_MEMORY_LIMIT, ENV_SM_LIMIT, ENV_VGPU_MOUNT, Target};
-use crate::config::InjectConfig;
+use super::items::{ENV_NAMES, MountSpec, PIN_COUNT, Source, VolumeSpec, layout, pin_name};
+use super::{
+    CSI_ATTR_CONTAINER, CSI_ATTR_RUN_AS_GROUP, CSI_ATTR_RUN_AS_USER, ENV_CONTAINER_NAME,
+    ENV_MEMORY_LIMIT, ENV_SM_LIMIT, ENV_VGPU_MOUNT, Target,
+};
+use crate::config::{Delivery, InjectConfig};
+use crate::pod::RunAs;
 
 /// What the patch changes: the tenant's isolation env it removes, and which
 /// of our volumes, mounts and env vars it adds. [`Patch::operations`] turns
@@ -21,9 +28,16 @@ pub struct Patch {
     /// Indices (ascending) of the target's env entries that set isolation
     /// env of the tenant's; removed first, so ours is what libvgpu reads.
     pub remove_env: Vec<usize>,
-    /// `spec.volumes`, items as in [`VOLUME_NAMES`].
+    /// Whose volumes and mounts [`Patch::volumes`] and [`Patch::mounts`]
+    /// index ([`super::layout`]): the configured delivery, or hostPath for a
+    /// pod that already carries all of hostPath's.
+    pub delivery: Delivery,
+    /// The target's effective user and group, for the CSI volume's
+    /// attributes.
+    pub run_as: RunAs,
+    /// `spec.volumes`, items as in the layout's volumes.
     pub volumes: Missing,
-    /// The target's `volumeMounts`, items as in [`MOUNTS`].
+    /// The target's `volumeMounts`, items as in the layout's mounts.
     pub mounts: Missing,
     /// The target's `env`, items as in [`ENV_NAMES`].
     pub env: Missing,
@@ -119,6 +133,7 @@ impl Patch {
                 field,
             ])
         };
+        let layout = layout(self.delivery);
         let mut ops = Vec::new();
         for &index in self.remove_env.iter().rev() {
             let mut path = container("env");
@@ -129,15 +144,15 @@ impl Patch {
             &mut ops,
             PointerBuf::from_tokens(["spec", "volumes"]),
             self.volumes,
-            VOLUME_NAMES.len(),
-            |i| volume(i, cfg),
+            layout.volumes.len(),
+            |i| volume(&layout.volumes[i], cfg, &target.name, self.run_as),
         )?;
         list(
             &mut ops,
             container("volumeMounts"),
             self.mounts,
-            MOUNTS.len(),
-            |i| mount(&MOUNTS[i], cfg),
+            layout.mounts.len(),
+            |i| mount(&layout.mounts[i], cfg),
         )?;
         list(&mut ops, container("env"), self.env, ENV_NAMES.len(), |i| {
             env(i, &target.name, cfg)
@@ -205,15 +220,51 @@ fn add(
     Ok(())
 }
 
-fn volume(i: usize, cfg: &InjectConfig) -> Volume {
-    Volume {
-        name: VOLUME_NAMES[i].to_owned(),
-        host_path: Some(HostPathVolumeSource {
-            path: VOLUME_DIRS[i].resolve(cfg),
-            type_: Some("DirectoryOrCreate".to_owned()),
-        }),
+fn volume(spec: &VolumeSpec, cfg: &InjectConfig, container: &str, run_as: RunAs) -> Volume {
+    let mut volume = Volume {
+        name: spec.name.to_owned(),
         ..Volume::default()
+    };
+    match spec.source {
+        Source::HostPath(dir) => {
+            volume.host_path = Some(HostPathVolumeSource {
+                path: dir.resolve(cfg),
+                type_: Some("DirectoryOrCreate".to_owned()),
+            });
+        }
+        Source::Csi => {
+            volume.csi = Some(CSIVolumeSource {
+                driver: cfg.csi_driver.clone(),
+                // Written although false is the default: kubelet would make
+                // every mount of a read-only CSI volume read-only, and the
+                // region and lock directories must stay writable (the
+                // plugin makes the library read-only itself).
+                read_only: Some(false),
+                volume_attributes: Some(csi_attributes(container, run_as)),
+                ..CSIVolumeSource::default()
+            });
+        }
     }
+    volume
+}
+
+/// The CSI volume's attributes for `container` running as `run_as`: the
+/// container's name always, its user and group when they are known.
+pub fn csi_attributes(container: &str, run_as: RunAs) -> BTreeMap<String, String> {
+    [
+        (CSI_ATTR_CONTAINER, Some(container.to_owned())),
+        (
+            CSI_ATTR_RUN_AS_USER,
+            run_as.run_as_user.map(|id| id.to_string()),
+        ),
+        (
+            CSI_ATTR_RUN_AS_GROUP,
+            run_as.run_as_group.map(|id| id.to_string()),
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(key, value)| Some((key.to_owned(), value?)))
+    .collect()
 }
 
 fn mount(mount: &MountSpec, cfg: &InjectConfig) -> VolumeMount {

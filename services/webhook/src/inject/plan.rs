@@ -1,9 +1,9 @@
 //! [`plan`]: what a Pod needs, compared with what it already has.
 
-use k8s_openapi::api::core::v1::{EnvVar, VolumeMount};
+use k8s_openapi::api::core::v1::{EnvVar, Volume, VolumeMount};
 
 use super::items::{
-    ENV_NAMES, FORBIDDEN_ENV, MOUNTS, MountSpec, PIN_COUNT, VOLUME_NAMES, pin_name,
+    ENV_NAMES, FORBIDDEN_ENV, HOST_PATH, Layout, MountSpec, PIN_COUNT, layout, pin_name,
 };
 use super::patch::{Insert, Limits, Missing, Patch, env_value};
 use super::{
@@ -11,7 +11,7 @@ use super::{
     ANNOTATION_GPU_MEMORY, ANNOTATION_INJECT, ANNOTATION_KAI_CONFIG_MAP, ContainerList, Decision,
     ENV_MEMORY_LIMIT, ENV_SM_LIMIT, Target,
 };
-use crate::config::{InjectConfig, TenantEnv};
+use crate::config::{Delivery, InjectConfig, TenantEnv};
 use crate::pod::{Container, Pod};
 
 /// Whether the request may opt out with `kai-resource-isolator.io/inject:
@@ -98,7 +98,9 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
     };
     let mounts = container.volume_mounts.as_deref();
     let volumes = spec.volumes.as_deref();
-    for want in &MOUNTS {
+    let delivery = delivery_for(volumes, mounts, cfg);
+    let layout = layout(delivery);
+    for want in layout.mounts {
         if let Some(clash) = mounts
             .into_iter()
             .flatten()
@@ -156,14 +158,13 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
     };
     let patch = Patch {
         remove_env: found.map(|f| f.foreign.clone()).unwrap_or_default(),
-        volumes: Missing::of(volumes.is_some(), VOLUME_NAMES.len(), |i| {
-            volumes.is_some_and(|found| found.iter().any(|v| v.name == VOLUME_NAMES[i]))
+        delivery,
+        run_as: container.effective_run_as(spec.security_context.as_ref()),
+        volumes: Missing::of(volumes.is_some(), layout.volumes.len(), |i| {
+            has_volume(volumes, layout.volumes[i].name)
         }),
-        mounts: Missing::of(mounts.is_some(), MOUNTS.len(), |i| {
-            mounts
-                .into_iter()
-                .flatten()
-                .any(|have| same_mount(have, &MOUNTS[i], cfg))
+        mounts: Missing::of(mounts.is_some(), layout.mounts.len(), |i| {
+            has_mount(mounts, &layout.mounts[i], cfg)
         }),
         env: Missing::of(found.is_some(), ENV_NAMES.len(), |i| {
             found.is_some_and(|found| found.ours[i])
@@ -415,6 +416,49 @@ fn find_named(init: Option<&[Container]>, regular: &[Container], name: &str) -> 
     };
     init.and_then(|c| found(ContainerList::Init, c))
         .or_else(|| found(ContainerList::Regular, regular))
+}
+
+/// The delivery whose volumes and mounts the pod gets: the configured one,
+/// except that under CSI a pod that already carries every volume and mount
+/// of hostPath delivery (mutated by an older release, or by a hostPath
+/// replica before a reinvocation reached a CSI one during a rollout) keeps
+/// them: that pod works as it is (libsync fills the same host directory in
+/// both modes), and swapping its volumes would mean removing what may be
+/// the tenant's. docs/webhook.md, "Library delivery".
+fn delivery_for(
+    volumes: Option<&[Volume]>,
+    mounts: Option<&[VolumeMount]>,
+    cfg: &InjectConfig,
+) -> Delivery {
+    if cfg.delivery == Delivery::Csi && carries(&HOST_PATH, volumes, mounts, cfg) {
+        Delivery::HostPath
+    } else {
+        cfg.delivery
+    }
+}
+
+/// Whether the pod has every volume (by name) and the target every mount
+/// of `layout`.
+fn carries(
+    layout: &Layout,
+    volumes: Option<&[Volume]>,
+    mounts: Option<&[VolumeMount]>,
+    cfg: &InjectConfig,
+) -> bool {
+    layout.volumes.iter().all(|v| has_volume(volumes, v.name))
+        && layout.mounts.iter().all(|m| has_mount(mounts, m, cfg))
+}
+
+/// Volumes compare by name: one of ours already there is kept as it is.
+fn has_volume(volumes: Option<&[Volume]>, name: &str) -> bool {
+    volumes.is_some_and(|found| found.iter().any(|v| v.name == name))
+}
+
+fn has_mount(mounts: Option<&[VolumeMount]>, want: &MountSpec, cfg: &InjectConfig) -> bool {
+    mounts
+        .into_iter()
+        .flatten()
+        .any(|have| same_mount(have, want, cfg))
 }
 
 /// Mounts are the same when volume, path and subPath all agree.

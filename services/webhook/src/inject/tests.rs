@@ -2,7 +2,7 @@ use json_patch::PatchOperation;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::config::InjectConfig;
+use crate::config::{Delivery, InjectConfig};
 use crate::pod::Pod;
 
 /// Plans `value` as the webhook sees it on `/mutate`: decoded from JSON.
@@ -23,16 +23,22 @@ fn rfc6902(patch: &Patch, target: &Target, cfg: &InjectConfig) -> json_patch::Pa
     serde_json::from_str(&json).unwrap_or_else(|e| panic!("not an RFC 6902 patch ({e}): {json}"))
 }
 
+/// hostPath delivery: what the webhook did before CSI delivery, and what
+/// the tests below, written then, pin. CSI delivery's tests are at the end.
 fn cfg() -> InjectConfig {
-    InjectConfig::default()
+    InjectConfig::default().with_delivery(Delivery::HostPath)
 }
 
 /// Applies the planned patch to the pod's JSON, as the API server does.
 fn apply(original: &Value) -> (Decision, Value) {
-    let decision = plan_for(original, &cfg());
+    apply_with(original, &cfg())
+}
+
+fn apply_with(original: &Value, cfg: &InjectConfig) -> (Decision, Value) {
+    let decision = plan_for(original, cfg);
     let mut doc = original.clone();
     if let Decision::Inject { patch, target } = &decision {
-        json_patch::patch(&mut doc, &rfc6902(patch, target, &cfg())).expect("patch applies");
+        json_patch::patch(&mut doc, &rfc6902(patch, target, cfg)).expect("patch applies");
     }
     (decision, doc)
 }
@@ -354,7 +360,9 @@ fn partially_injected_pod_gets_only_what_is_missing() {
 
 #[test]
 fn custom_mount_is_used_everywhere() {
-    let custom = InjectConfig::new("/opt/hami", vec![]).expect("valid");
+    let custom = InjectConfig::new("/opt/hami", vec![])
+        .expect("valid")
+        .with_delivery(Delivery::HostPath);
     let original = sharing_pod(json!([{"name": "main"}]));
     let Decision::Inject { patch, target } = plan_for(&original, &custom) else {
         panic!("expected injection");
@@ -379,7 +387,8 @@ fn custom_mount_is_used_everywhere() {
 fn host_directory_is_the_hostpath_source_and_the_mount_stays() {
     let split = InjectConfig::new("/usr/local/vgpu", vec![])
         .and_then(|c| c.with_host_vgpu_dir("/home/kubernetes/bin/nvidia/vgpu"))
-        .expect("valid");
+        .expect("valid")
+        .with_delivery(Delivery::HostPath);
     let original = sharing_pod(json!([{"name": "main"}]));
     let Decision::Inject { patch, target } = plan_for(&original, &split) else {
         panic!("expected injection");
@@ -955,4 +964,357 @@ fn without_env_from_nothing_is_pinned() {
         Decision::Inject { patch, .. } => assert_eq!(patch.pins, 0),
         other => panic!("{other:?}"),
     }
+}
+
+// === CSI delivery ===
+
+fn csi() -> InjectConfig {
+    InjectConfig::default().with_delivery(Delivery::Csi)
+}
+
+fn csi_volume(attributes: Value) -> Value {
+    json!({"name": VOLUME_VGPU, "csi": {
+        "driver": "vgpu.kai-resource-isolator.io",
+        "readOnly": false,
+        "volumeAttributes": attributes,
+    }})
+}
+
+fn csi_mounts() -> Vec<(String, String, Option<String>, bool)> {
+    vec![
+        (VOLUME_VGPU.into(), "/usr/local/vgpu".into(), None, true),
+        (
+            VOLUME_VGPU.into(),
+            "/etc/ld.so.preload".into(),
+            Some("ld.so.preload".into()),
+            true,
+        ),
+        (
+            VOLUME_VGPU.into(),
+            "/usr/local/vgpu/containers".into(),
+            Some("containers".into()),
+            false,
+        ),
+        (
+            VOLUME_VGPU.into(),
+            "/tmp/vgpulock".into(),
+            Some("vgpulock".into()),
+            false,
+        ),
+    ]
+}
+
+/// The patch's operations as JSON text.
+fn patch_text(decision: &Decision, cfg: &InjectConfig) -> String {
+    match decision {
+        Decision::Inject { patch, target } => {
+            serde_json::to_string(&rfc6902(patch, target, cfg)).expect("patch serialises")
+        }
+        _ => String::new(),
+    }
+}
+
+#[test]
+fn csi_delivery_adds_one_csi_volume_and_the_four_mounts() {
+    let original = sharing_pod(json!([{"name": "main", "image": "cuda"}]));
+    let (decision, doc) = apply_with(&original, &csi());
+    assert_eq!(
+        doc["spec"]["volumes"],
+        json!([csi_volume(
+            json!({"kai-resource-isolator.io/container": "main"})
+        )])
+    );
+    assert_eq!(mounts_of(&doc, "containers", 0), csi_mounts());
+    assert!(
+        !patch_text(&decision, &csi()).contains("hostPath"),
+        "{}",
+        patch_text(&decision, &csi())
+    );
+    // Whole arrays when absent, appended to when present, as hostPath's.
+    let Decision::Inject { patch, .. } = &decision else {
+        panic!("{decision:?}");
+    };
+    assert_eq!(
+        (
+            patch.delivery,
+            patch.volumes.whole_list,
+            patch.volumes.items
+        ),
+        (Delivery::Csi, true, 0b1)
+    );
+    let mut appended = sharing_pod(json!([{"name": "main", "volumeMounts": [
+        {"name": "data", "mountPath": "/data"}]}]));
+    appended["spec"]["volumes"] = json!([{"name": "data", "emptyDir": {}}]);
+    let (decision, doc) = apply_with(&appended, &csi());
+    assert_eq!(
+        doc["spec"]["volumes"][1],
+        csi_volume(json!({"kai-resource-isolator.io/container": "main"}))
+    );
+    assert_eq!(mounts_of(&doc, "containers", 0)[1..], csi_mounts());
+    let ops = patch_text(&decision, &csi());
+    assert_eq!(
+        ops.matches(r#""path":"/spec/volumes/-""#).count(),
+        1,
+        "{ops}"
+    );
+}
+
+#[test]
+fn csi_delivery_uses_the_configured_driver_and_mount() {
+    let cfg = InjectConfig::new("/opt/hami", vec![])
+        .and_then(|c| c.with_csi_driver("vgpu.example.com"))
+        .expect("valid")
+        .with_delivery(Delivery::Csi);
+    let (_, doc) = apply_with(&sharing_pod(json!([{"name": "main"}])), &cfg);
+    assert_eq!(
+        doc["spec"]["volumes"][0]["csi"]["driver"],
+        "vgpu.example.com"
+    );
+    let paths: Vec<String> = mounts_of(&doc, "containers", 0)
+        .into_iter()
+        .map(|m| m.1)
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/opt/hami",
+            "/etc/ld.so.preload",
+            "/opt/hami/containers",
+            "/tmp/vgpulock"
+        ]
+    );
+    assert_eq!(doc["spec"]["containers"][0]["env"][2]["value"], "/opt/hami");
+}
+
+/// The region directory belongs to whom the target runs as: each of user
+/// and group from the container's securityContext, else the pod's; no
+/// attribute when neither says (the plugin then opens the directory to
+/// the pod alone). Another container's identity never counts.
+#[test]
+fn csi_run_as_attributes_follow_the_targets_effective_security_context() {
+    let user = "kai-resource-isolator.io/run-as-user";
+    let group = "kai-resource-isolator.io/run-as-group";
+    let cases = [
+        (json!(null), json!(null), json!({})),
+        (
+            json!({"runAsUser": 1000, "runAsGroup": 3000, "fsGroup": 2000}),
+            json!(null),
+            json!({user: "1000", group: "3000"}),
+        ),
+        (
+            json!(null),
+            json!({"runAsUser": 1001}),
+            json!({user: "1001"}),
+        ),
+        // Field by field: the container's user, the pod's group.
+        (
+            json!({"runAsUser": 1000, "runAsGroup": 3000}),
+            json!({"runAsUser": 1001, "allowPrivilegeEscalation": false}),
+            json!({user: "1001", group: "3000"}),
+        ),
+        // An explicit root wins over the pod's non-root user.
+        (
+            json!({"runAsUser": 1000}),
+            json!({"runAsUser": 0, "runAsGroup": 0}),
+            json!({user: "0", group: "0"}),
+        ),
+        (
+            json!({"runAsNonRoot": true, "fsGroup": 2000}),
+            json!({"runAsGroup": 5000}),
+            json!({group: "5000"}),
+        ),
+    ];
+    for (pod_context, container_context, want) in cases {
+        let mut original = sharing_pod(json!([
+            {"name": "sidecar", "securityContext": {"runAsUser": 4000, "runAsGroup": 4000}},
+            {"name": "main", "securityContext": container_context}
+        ]));
+        original["metadata"]["annotations"][ANNOTATION_CONTAINER_NAME] = json!("main");
+        original["spec"]["securityContext"] = pod_context.clone();
+        let (_, doc) = apply_with(&original, &csi());
+        let mut attributes = want.clone();
+        attributes["kai-resource-isolator.io/container"] = json!("main");
+        assert_eq!(
+            doc["spec"]["volumes"][0]["csi"]["volumeAttributes"], attributes,
+            "pod {pod_context}, container {container_context}"
+        );
+    }
+}
+
+#[test]
+fn csi_delivery_names_an_init_container_target() {
+    let original = json!({
+        "metadata": {"annotations": {"gpu-fraction": "0.5", ANNOTATION_CONTAINER_NAME: "warmup"}},
+        "spec": {
+            "securityContext": {"runAsUser": 1000},
+            "initContainers": [{"name": "warmup", "securityContext": {"runAsGroup": 7}}],
+            "containers": [{"name": "main"}]
+        }
+    });
+    let (_, doc) = apply_with(&original, &csi());
+    assert_eq!(
+        doc["spec"]["volumes"][0]["csi"]["volumeAttributes"],
+        json!({"kai-resource-isolator.io/container": "warmup",
+               "kai-resource-isolator.io/run-as-user": "1000",
+               "kai-resource-isolator.io/run-as-group": "7"})
+    );
+    assert_eq!(mounts_of(&doc, "initContainers", 0), csi_mounts());
+    assert!(doc["spec"]["containers"][0].get("volumeMounts").is_none());
+}
+
+/// Only the volumes differ: the env (ours, the tenant's removed, the
+/// limits, the pins) is the same whichever delivery.
+#[test]
+fn csi_delivery_leaves_the_env_as_hostpath_delivery_writes_it() {
+    let mut hostile = sharing_pod(json!([{
+        "name": "main",
+        "envFrom": [{"configMapRef": {"name": "p-evar"}}],
+        "env": [
+            {"name": "POD_UID", "value": "another-pods-uid"},
+            kai_memory_ref(),
+            {"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "80g"},
+        ]
+    }]));
+    hostile["metadata"]["annotations"][ANNOTATION_GPU_CORES] = json!("30");
+    for original in [sharing_pod(json!([{"name": "main"}])), hostile] {
+        let (csi_decision, under_csi) = apply_with(&original, &csi());
+        let (host_decision, under_host_path) = apply(&original);
+        assert_eq!(env_of(&under_csi), env_of(&under_host_path));
+        let env_ops = |d: &Decision, cfg: &InjectConfig| -> Vec<String> {
+            match d {
+                Decision::Inject { patch, target } => rfc6902(patch, target, cfg)
+                    .0
+                    .iter()
+                    .map(|op| serde_json::to_string(op).expect("serialises"))
+                    .filter(|op| op.contains("/env"))
+                    .collect(),
+                _ => Vec::new(),
+            }
+        };
+        assert_eq!(
+            env_ops(&csi_decision, &csi()),
+            env_ops(&host_decision, &cfg())
+        );
+        assert!(!env_ops(&csi_decision, &csi()).is_empty());
+    }
+}
+
+#[test]
+fn a_csi_injected_pod_gets_an_empty_patch_on_reinvocation() {
+    let mut original = sharing_pod(json!([{"name": "main", "env": [kai_memory_ref()]}]));
+    original["spec"]["securityContext"] = json!({"runAsUser": 1000});
+    let (_, once) = apply_with(&original, &csi());
+    let (again, twice) = apply_with(&once, &csi());
+    assert!(
+        matches!(again, Decision::AlreadyInjected { .. }),
+        "{again:?}"
+    );
+    assert_eq!(once, twice);
+}
+
+/// A pod that already carries hostPath delivery's volumes and mounts (a
+/// hostPath webhook mutated it: an older release, or a hostPath replica
+/// before the reinvocation reached a CSI one) keeps them: it works as it
+/// is, libsync fills the same host directory in both modes.
+#[test]
+fn a_pod_on_hostpath_delivery_keeps_it_under_csi() {
+    let (_, host_path_pod) = apply(&sharing_pod(json!([{"name": "main"}])));
+    let (again, doc) = apply_with(&host_path_pod, &csi());
+    assert!(
+        matches!(again, Decision::AlreadyInjected { .. }),
+        "{again:?}"
+    );
+    assert_eq!(doc, host_path_pod);
+
+    // What else it lacks is still added, and nothing of either delivery's
+    // volumes or mounts.
+    let mut more = host_path_pod.clone();
+    more["metadata"]["annotations"][ANNOTATION_GPU_CORES] = json!("50");
+    let (decision, doc) = apply_with(&more, &csi());
+    assert_eq!(
+        paths(&decision),
+        ["add /spec/containers/0/env/-"],
+        "{decision:?}"
+    );
+    assert_eq!(doc["spec"]["volumes"], host_path_pod["spec"]["volumes"]);
+    assert_eq!(
+        env_of(&doc).last(),
+        Some(&json!({"name": "CUDA_DEVICE_SM_LIMIT", "value": "50"}))
+    );
+    // As an older release left it: read-write <mount>, /tmp/vgpulock on the node.
+    let mut older = host_path_pod.clone();
+    older["spec"]["containers"][0]["volumeMounts"][0]
+        .as_object_mut()
+        .map(|m| m.remove("readOnly"));
+    older["spec"]["volumes"][2]["hostPath"]["path"] = json!("/tmp/vgpulock");
+    let (again, _) = apply_with(&older, &csi());
+    assert!(
+        matches!(again, Decision::AlreadyInjected { .. }),
+        "{again:?}"
+    );
+}
+
+/// Only a complete hostPath set counts: a pod whose own volume is mounted
+/// where CSI delivery mounts is denied as under hostPath delivery.
+#[test]
+fn under_csi_a_foreign_mount_at_our_path_is_denied() {
+    let mut original = sharing_pod(json!([{
+        "name": "main",
+        "volumeMounts": [{"name": "scratch", "mountPath": "/usr/local/vgpu/containers"}]
+    }]));
+    original["spec"]["volumes"] = json!([{"name": "scratch", "emptyDir": {}}]);
+    match plan_for(&original, &csi()) {
+        Decision::Deny { message } => {
+            assert!(message.contains("\"scratch\""), "{message}");
+            assert!(message.contains("/usr/local/vgpu/containers"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Two of hostPath's three volumes are not hostPath delivery: the
+    // containers mount of the third is in CSI delivery's way.
+    let (_, mut partial) = apply(&sharing_pod(json!([{"name": "main"}])));
+    if let Some(volumes) = partial["spec"]["volumes"].as_array_mut() {
+        volumes.pop();
+    }
+    assert!(matches!(plan_for(&partial, &csi()), Decision::Deny { .. }));
+}
+
+/// Volumes compare by name under either delivery: a volume of our name
+/// the pod brings is kept, whatever its source, and our mounts use it.
+#[test]
+fn under_csi_a_volume_of_our_name_is_kept_as_it_is() {
+    let mut original = sharing_pod(json!([{"name": "main"}]));
+    original["spec"]["volumes"] = json!([{"name": VOLUME_VGPU, "emptyDir": {}}]);
+    let (decision, doc) = apply_with(&original, &csi());
+    assert_eq!(
+        doc["spec"]["volumes"],
+        json!([{"name": VOLUME_VGPU, "emptyDir": {}}])
+    );
+    assert_eq!(mounts_of(&doc, "containers", 0), csi_mounts());
+    assert!(
+        !paths(&decision).iter().any(|p| p.contains("/spec/volumes")),
+        "{:?}",
+        paths(&decision)
+    );
+}
+
+#[test]
+fn csi_attributes_omit_what_is_unknown() {
+    use crate::pod::RunAs;
+    let all = csi_attributes(
+        "main",
+        RunAs {
+            run_as_user: Some(1000),
+            run_as_group: Some(0),
+        },
+    );
+    assert_eq!(
+        all.into_iter().collect::<Vec<_>>(),
+        [
+            (CSI_ATTR_CONTAINER.to_owned(), "main".to_owned()),
+            (CSI_ATTR_RUN_AS_GROUP.to_owned(), "0".to_owned()),
+            (CSI_ATTR_RUN_AS_USER.to_owned(), "1000".to_owned()),
+        ]
+    );
+    assert_eq!(csi_attributes("main", RunAs::default()).len(), 1);
 }
