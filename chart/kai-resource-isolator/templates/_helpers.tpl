@@ -67,6 +67,22 @@ agent reads there, and the webhook mounts it into workloads at kai.mount.
 {{- end -}}
 {{- end -}}
 
+{{- /*
+libraryDelivery is csi: the webhook mounts one CSI volume of kai.csiDriver,
+the node DaemonSet runs the kai-csi plugin that serves it.
+*/ -}}
+{{- define "kai.csi" -}}
+{{- if eq (toString .Values.libraryDelivery) "csi" -}}true{{- end -}}
+{{- end -}}
+
+{{- /*
+The CSI driver's name: the CSIDriver object's, the plugin's and the webhook's
+default (--csi-driver). Cluster-wide, like the webhook itself.
+*/ -}}
+{{- define "kai.csiDriver" -}}
+vgpu.kai-resource-isolator.io
+{{- end -}}
+
 {{/*
 A PodDisruptionBudget availability value as the Go chart accepts it: a
 non-negative integer or a percentage; anything else is "" (unusable).

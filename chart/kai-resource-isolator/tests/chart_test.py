@@ -210,8 +210,18 @@ def paths_agree(scenario, mount, host=None, agent_extra=()):
         assert arg(libsync, "--preload-file") == "/etc/kai/preload/ld.so.preload"
         agents = [d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"].endswith("-node")]
         for ds in agents:
+            if "csi" in containers(ds):
+                # The CSI plugin binds the library from the directory libsync fills.
+                plugin = containers(ds)["csi"]
+                (m,) = [m for m in plugin["volumeMounts"] if m["name"] == "host-vgpu"]
+                assert m["mountPath"] == "/host/vgpu" and not m.get("readOnly"), m
+                assert arg(plugin, "--host-vgpu-dir") == "/host/vgpu"
+                assert {v["name"]: v for v in pod_spec(ds)["volumes"]}["host-vgpu"]["hostPath"] == {"path": host, "type": "DirectoryOrCreate"}
+            if "agent" not in containers(ds):
+                continue
             agent = containers(ds)["agent"]
-            avols = {v["name"]: v for v in pod_spec(ds)["volumes"]}
+            mounted = {m["name"] for m in agent["volumeMounts"]}
+            avols = {v["name"]: v for v in pod_spec(ds)["volumes"] if v["name"] in mounted}
             assert avols["host-vgpu"]["hostPath"] == {"path": host, "type": "DirectoryOrCreate"}
             assert arg(agent, "--containers-dir") == "/host" + host + "/containers"
             amounts = {m["name"]: m for m in agent["volumeMounts"]}
@@ -277,6 +287,13 @@ def hardened(scenario):
             for c in spec["containers"]:
                 sc = c["securityContext"]
                 who = f"{w['metadata']['name']}/{c['name']}"
+                assert "resources" in c and c["resources"]["limits"]["memory"], who
+                assert c.get("readinessProbe") and c.get("livenessProbe"), who
+                if who == f"{RELEASE}-kai-resource-isolator-node/csi":
+                    # The one privileged container: kai-csi mounts into
+                    # kubelet's directory with Bidirectional propagation.
+                    assert sc.get("privileged") is True and sc.get("readOnlyRootFilesystem") is True, who
+                    continue
                 assert not sc.get("privileged"), who
                 assert sc["allowPrivilegeEscalation"] is False, who
                 assert sc["readOnlyRootFilesystem"] is True, who
@@ -313,11 +330,22 @@ def ha_webhook():
 
 
 def monitor_disabled():
-    docs = render("monitor-disabled-values.yaml")
+    docs = render("monitor-disabled-values.yaml", ("--set", "libraryDelivery=hostPath"))
     names = [d["metadata"]["name"] for d in docs]
     assert not any(n.endswith("-aggregator") for n in names), names
     assert "ClusterRole" not in kinds(docs)
     assert [d["metadata"]["name"] for d in docs if d["kind"] == "DaemonSet"] == [f"{RELEASE}-kai-resource-isolator-libsync"]
+    # With CSI delivery the node DaemonSet still runs, for the plugin alone:
+    # no agent, its Service, volumes or API token.
+    csi_only = render("monitor-disabled-values.yaml")
+    assert sorted(d["metadata"]["name"] for d in csi_only if d["kind"] == "DaemonSet") == [
+        f"{RELEASE}-kai-resource-isolator-libsync", f"{RELEASE}-kai-resource-isolator-node"]
+    node = one(csi_only, "DaemonSet", "-node")
+    assert list(containers(node)) == ["csi"]
+    assert pod_spec(node)["automountServiceAccountToken"] is False
+    assert sorted(v["name"] for v in pod_spec(node)["volumes"]) == ["csi-socket", "host-vgpu", "kubelet-dir", "plugins-registry"]
+    assert not [d for d in csi_only if d["kind"] == "Service" and d["metadata"]["name"].endswith("-node")]
+    assert "ClusterRole" not in kinds(csi_only)
     ds = one(docs, "DaemonSet", "-libsync")
     assert list(containers(ds)) == ["libsync"]
     assert pod_spec(ds)["automountServiceAccountToken"] is False
@@ -464,8 +492,14 @@ def go_chart_values_mean_what_they_meant():
     for w in (d for d in docs if d["kind"] in ("Deployment", "DaemonSet")):
         for c in pod_spec(w)["containers"]:
             assert c["image"] == "docker.io/projecthami/kai-resource-isolator:latest", c["image"]
-    # monitor.enabled: false (the Go default): libsync and the webhook only.
-    assert [d["metadata"]["name"] for d in docs if d["kind"] == "DaemonSet"] == [f"{RELEASE}-kai-resource-isolator-libsync"]
+    # monitor.enabled: false (the Go default): libsync, the webhook, and the
+    # CSI plugin alone in the node DaemonSet; with the Go chart's hostPath
+    # delivery, libsync and the webhook only.
+    assert sorted(d["metadata"]["name"] for d in docs if d["kind"] == "DaemonSet") == [
+        f"{RELEASE}-kai-resource-isolator-libsync", f"{RELEASE}-kai-resource-isolator-node"]
+    assert list(containers(one(docs, "DaemonSet", "-node"))) == ["csi"]
+    go_host_path = render("go-chart-values.yaml", sets("libraryDelivery=hostPath"))
+    assert [d["metadata"]["name"] for d in go_host_path if d["kind"] == "DaemonSet"] == [f"{RELEASE}-kai-resource-isolator-libsync"]
     ls = pod_spec(one(docs, "DaemonSet", "-libsync"))
     assert ls["priorityClassName"] == "system-node-critical"
     assert ls["tolerations"] == [{"operator": "Exists", "effect": "NoSchedule"}]
@@ -538,6 +572,10 @@ def go_overrides():
         "librarySync.podAnnotations.note=x", "monitor.resources.limits.memory=1Gi"))
     validate_docs(docs)
     for d in docs:
+        if d["kind"] == "CSIDriver":
+            # Cluster-scoped, and named as the webhook's volumes and the plugin name it.
+            assert d["metadata"]["name"] == "vgpu.kai-resource-isolator.io" and "namespace" not in d["metadata"]
+            continue
         if d["kind"] not in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
                              "ValidatingWebhookConfiguration"):
             assert d["metadata"]["namespace"] == "gpu-system", d["metadata"]
@@ -796,6 +834,107 @@ def stream_limits():
 check("stream and connection limits render as the agent's and aggregator's flags", stream_limits)
 
 
+# --- library delivery ---------------------------------------------------------
+
+DRIVER = "vgpu.kai-resource-isolator.io"
+
+
+def webhook_env(docs):
+    return {e["name"]: e.get("value") for e in containers(one(docs, "Deployment", "-webhook"))["webhook"]["env"]}
+
+
+def privileged(docs):
+    return sorted(f"{w['metadata']['name']}/{c['name']}"
+                  for w in docs if w["kind"] in ("Deployment", "DaemonSet")
+                  for c in pod_spec(w)["containers"] if c.get("securityContext", {}).get("privileged"))
+
+
+def csi_delivery_by_default():
+    docs = render()
+    driver = one(docs, "CSIDriver")
+    assert driver["metadata"]["name"] == DRIVER and "namespace" not in driver["metadata"]
+    assert driver["spec"] == {"volumeLifecycleModes": ["Ephemeral"], "attachRequired": False,
+                              "podInfoOnMount": True, "fsGroupPolicy": "File"}, driver["spec"]
+    env = webhook_env(docs)
+    assert (env["LIBRARY_DELIVERY"], env["CSI_DRIVER"]) == ("csi", DRIVER)
+
+    ds = one(docs, "DaemonSet", "-node")
+    assert list(containers(ds)) == ["agent", "csi"]
+    plugin = containers(ds)["csi"]
+    assert plugin["image"] == containers(ds)["agent"]["image"] and plugin["command"] == ["/bin/kai-csi"]
+    assert arg(plugin, "--endpoint") == "unix:///csi/csi.sock"
+    assert arg(plugin, "--kubelet-endpoint") == f"/var/lib/kubelet/plugins/{DRIVER}/csi.sock"
+    assert arg(plugin, "--registration-dir") == "/registration"
+    assert arg(plugin, "--target-root") == "/var/lib/kubelet/pods"
+    assert arg(plugin, "--health-listen") == "0.0.0.0:9809"
+    assert {e["name"]: e for e in plugin["env"]}["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    # Privileged (mounts, Bidirectional propagation) and still root-owned,
+    # read-only root filesystem; the only privileged container of the chart.
+    assert plugin["securityContext"].get("privileged") is True
+    assert plugin["securityContext"].get("readOnlyRootFilesystem") is True
+    assert privileged(docs) == [f"{RELEASE}-kai-resource-isolator-node/csi"]
+    # Probed on its named health port.
+    ports = {p["name"]: p["containerPort"] for p in plugin["ports"]}
+    assert ports == {"csi-health": 9809}
+    assert plugin["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "csi-health"}
+    assert plugin["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "csi-health"}
+    assert plugin["resources"]["limits"]["memory"] == "64Mi"
+
+    mounts = {m["name"]: m for m in plugin["volumeMounts"]}
+    vols = {v["name"]: v for v in pod_spec(ds)["volumes"]}
+    assert {n: (vols[n]["hostPath"]["path"], vols[n]["hostPath"]["type"], m["mountPath"], m.get("mountPropagation"), m.get("readOnly"))
+            for n, m in mounts.items()} == {
+        "kubelet-dir": ("/var/lib/kubelet", "Directory", "/var/lib/kubelet", "Bidirectional", None),
+        "csi-socket": (f"/var/lib/kubelet/plugins/{DRIVER}", "DirectoryOrCreate", "/csi", None, None),
+        "plugins-registry": ("/var/lib/kubelet/plugins_registry", "Directory", "/registration", None, None),
+        "host-vgpu": ("/usr/local/vgpu", "DirectoryOrCreate", "/host/vgpu", None, None),
+    }, mounts
+    # Only the plugin sees kubelet's directory; the agent's mounts are as before.
+    assert not {"kubelet-dir", "csi-socket", "plugins-registry"} & {m["name"] for m in containers(ds)["agent"]["volumeMounts"]}
+
+
+def csi_kubelet_dir():
+    docs = render(extra=sets("csi.kubeletDir=/var/lib/k0s/kubelet", "csi.healthPort=19809", "csi.logLevel=debug"))
+    validate_docs(docs)
+    ds = one(docs, "DaemonSet", "-node")
+    plugin = containers(ds)["csi"]
+    vols = {v["name"]: v["hostPath"]["path"] for v in pod_spec(ds)["volumes"]}
+    assert (vols["kubelet-dir"], vols["csi-socket"], vols["plugins-registry"]) == (
+        "/var/lib/k0s/kubelet", f"/var/lib/k0s/kubelet/plugins/{DRIVER}", "/var/lib/k0s/kubelet/plugins_registry")
+    assert {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}["kubelet-dir"] == "/var/lib/k0s/kubelet"
+    assert arg(plugin, "--kubelet-endpoint") == f"/var/lib/k0s/kubelet/plugins/{DRIVER}/csi.sock"
+    assert arg(plugin, "--target-root") == "/var/lib/k0s/kubelet/pods"
+    assert arg(plugin, "--health-listen") == "0.0.0.0:19809" and arg(plugin, "--log-level") == "debug"
+    assert {p["name"]: p["containerPort"] for p in plugin["ports"]} == {"csi-health": 19809}
+
+
+def host_path_delivery():
+    docs = render(extra=sets("libraryDelivery=hostPath"))
+    validate_docs(docs)
+    assert "CSIDriver" not in kinds(docs)
+    assert list(containers(one(docs, "DaemonSet", "-node"))) == ["agent"]
+    vols = [v["name"] for v in pod_spec(one(docs, "DaemonSet", "-node"))["volumes"]]
+    assert not {"kubelet-dir", "csi-socket", "plugins-registry"} & set(vols), vols
+    assert privileged(docs) == []
+    env = webhook_env(docs)
+    assert env["LIBRARY_DELIVERY"] == "hostPath"
+    assert env["HOST_VGPU_DIR"] == "/usr/local/vgpu"
+
+
+def notes_name_the_delivery():
+    for delivery, says in (("csi", 'may enforce Pod Security "restricted"'), ("hostPath", 'need Pod Security "privileged"')):
+        r = helm("install", RELEASE, CHART, "-n", NS, "--dry-run=client", *sets(f"libraryDelivery={delivery}"))
+        assert r.returncode == 0, r.stderr
+        notes = r.stdout.split("NOTES:", 1)[-1]
+        assert f"Library delivery: {delivery}." in notes and says in notes, notes[:1200]
+
+
+check("libraryDelivery=csi (default): CSIDriver, the node DaemonSet's privileged csi container, its mounts and probes, the webhook's env", csi_delivery_by_default)
+check("csi.kubeletDir, healthPort and logLevel reach the plugin's mounts and flags", csi_kubelet_dir)
+check("libraryDelivery=hostPath: no CSIDriver, no csi container, nothing privileged, the webhook told so", host_path_delivery)
+check("NOTES name the delivery and the Pod Security level it needs", notes_name_the_delivery)
+
+
 # --- the schema rejects bad values ------------------------------------------
 
 def rejects(*sets):
@@ -825,6 +964,10 @@ check("schema rejects a relative hostInstallBase", rejects("paths.hostInstallBas
 check("schema rejects an updateInterval that is no duration", rejects("monitor.updateInterval=often"))
 check("schema rejects a watch-stream limit of 0", rejects("monitor.agent.limits.maxWatchStreams=0"))
 check("schema rejects an unknown key under monitor.aggregator.limits", rejects("monitor.aggregator.limits.maxStreams=1"))
+check("schema rejects an unknown libraryDelivery", rejects("libraryDelivery=emptyDir"))
+check("schema rejects libraryDelivery spelled otherwise than the webhook's flag", rejects("libraryDelivery=hostpath"))
+check("schema rejects a relative csi.kubeletDir", rejects("csi.kubeletDir=var/lib/kubelet"))
+check("schema rejects an unknown key under csi", rejects("csi.kubeletdir=/var/lib/kubelet"))
 
 print(f"\n{passed} passed, {len(failed)} failed")
 sys.exit(1 if failed else 0)
