@@ -1,12 +1,13 @@
 # The one OCI image: every binary under /bin and /artifacts/libvgpu.so
 # (what libsync installs on the host). Non-root by default, no shell.
-{ pkgs, kai-webhook, kai-node, kai-aggregator, kubectl-vgpu, hami-core }:
+{ pkgs, kai-webhook, kai-node, kai-csi, kai-aggregator, kubectl-vgpu, hami-core }:
 let
   artifacts = pkgs.runCommand "kai-artifacts" { } ''
     install -Dm644 ${hami-core}/lib/libvgpu.so $out/artifacts/libvgpu.so
     mkdir -p $out/bin
     ln -s ${kai-webhook}/bin/kai-webhook $out/bin/kai-webhook
     ln -s ${kai-node}/bin/kai-node $out/bin/kai-node
+    ln -s ${kai-csi}/bin/kai-csi $out/bin/kai-csi
     ln -s ${kai-aggregator}/bin/kai-aggregator $out/bin/kai-aggregator
     ln -s ${kubectl-vgpu}/bin/kubectl-vgpu $out/bin/kubectl-vgpu
   '';

@@ -3,11 +3,11 @@
 let
   rust = import ./rust.nix { inherit pkgs crane src; };
   hami-core = import ./hami-core.nix { inherit pkgs; src = hamiCoreSrc; };
-  image = import ./image.nix { inherit pkgs hami-core; inherit (rust) kai-webhook kai-node kai-aggregator kubectl-vgpu; };
+  image = import ./image.nix { inherit pkgs hami-core; inherit (rust) kai-webhook kai-node kai-csi kai-aggregator kubectl-vgpu; };
 in
 {
   packages = {
-    inherit (rust) kai-webhook kai-node kai-aggregator kai-demo kubectl-vgpu;
+    inherit (rust) kai-webhook kai-node kai-csi kai-aggregator kai-demo kubectl-vgpu;
     inherit hami-core image;
     default = image;
   };

@@ -33,6 +33,7 @@ in
 {
   kai-webhook = binary "kai-webhook";
   kai-node = binary "kai-node";
+  kai-csi = binary "kai-csi";
   kai-aggregator = binary "kai-aggregator";
   kai-demo = binary "kai-demo";
   kubectl-vgpu = binary "kubectl-vgpu";
