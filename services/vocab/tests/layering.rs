@@ -8,7 +8,13 @@ use std::process::Command;
 use serde_json::Value;
 
 /// Deployed services: none may depend on another.
-const SERVICES: &[&str] = &["kai-webhook", "kai-node", "kai-aggregator", "kubectl-vgpu"];
+const SERVICES: &[&str] = &[
+    "kai-webhook",
+    "kai-node",
+    "kai-csi",
+    "kai-aggregator",
+    "kubectl-vgpu",
+];
 
 /// Harnesses: they run several services together, so they may depend on
 /// any of them; nothing may depend on a harness.
