@@ -52,7 +52,14 @@ pub(super) fn remove(dirs: &[PathBuf]) {
 }
 
 fn remove_one(dir: &Path) {
-    match std::fs::remove_dir_all(dir) {
+    let mut result = std::fs::remove_dir_all(dir);
+    if matches!(&result, Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied) {
+        // kai-csi makes a pod's directory its own (2775, owned by the pod's
+        // user), and the agent runs as root with CAP_FOWNER but no
+        // CAP_DAC_OVERRIDE: it may change the mode, not write into it.
+        result = open_to_all(dir).and_then(|()| std::fs::remove_dir_all(dir));
+    }
+    match result {
         Ok(()) => {
             tracing::info!(dir = %dir.display(), "removed the cache directory of a pod gone from this node")
         }
@@ -60,6 +67,20 @@ fn remove_one(dir: &Path) {
             tracing::warn!(dir = %dir.display(), %error, "cannot remove orphan cache directory")
         }
     }
+}
+
+/// Makes `dir` writable so its files can be removed, through a descriptor
+/// opened without following a link: a tenant who swaps its directory for a
+/// link to `/etc` gets an error, not a world-writable `/etc`.
+fn open_to_all(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_DIRECTORY)
+        .open(dir)?
+        // Not the owner, so "others" must be allowed to write; the
+        // directory is removed right after.
+        .set_permissions(std::fs::Permissions::from_mode(0o777))
 }
 
 #[cfg(test)]
@@ -103,5 +124,23 @@ mod tests {
         // so a directory still there starts a new grace period.
         let due = orphans.due(&dirs, &gone_and_back, start + grace * 2, grace);
         assert_eq!(due, [PathBuf::from("/containers/back_main")]);
+    }
+
+    #[test]
+    fn a_link_in_place_of_an_orphan_is_never_made_writable() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let target = tmp.path().join("etc");
+        std::fs::create_dir(&target).expect("dir");
+        std::fs::set_permissions(&target, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let link = tmp.path().join("0b1c_main");
+        std::os::unix::fs::symlink(&target, &link).expect("link");
+        assert!(open_to_all(&link).is_err(), "followed a link");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&target)
+            .expect("meta")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755, "the link's target was changed");
     }
 }
