@@ -34,6 +34,9 @@ pub const VOLUME_CONTAINERS: &str = "kai-resource-isolator-containers";
 pub const VOLUME_VGPULOCK: &str = "kai-resource-isolator-vgpulock";
 /// libvgpu's cross-process lock directory (fixed in HAMi-core).
 pub const VGPULOCK_PATH: &str = "/tmp/vgpulock";
+/// Where the Go chart (and this chart before the lock directory moved under
+/// the host directory) kept it on the host: the node's own `/tmp/vgpulock`.
+pub const LEGACY_HOST_VGPULOCK: &str = "/tmp/vgpulock";
 /// Where that directory is on the host: under the host directory, which
 /// libsync creates and only root writes (not the node's `/tmp`, where any
 /// local user could plant a link before it exists).

@@ -220,7 +220,13 @@ fn add(
     Ok(())
 }
 
-fn volume(spec: &VolumeSpec, cfg: &InjectConfig, container: &str, run_as: RunAs) -> Volume {
+/// The volume of `spec` as we add it (and as the API server then stores it).
+pub(super) fn volume(
+    spec: &VolumeSpec,
+    cfg: &InjectConfig,
+    container: &str,
+    run_as: RunAs,
+) -> Volume {
     let mut volume = Volume {
         name: spec.name.to_owned(),
         ..Volume::default()

@@ -3,13 +3,14 @@
 use k8s_openapi::api::core::v1::{EnvVar, Volume, VolumeMount};
 
 use super::items::{
-    ENV_NAMES, FORBIDDEN_ENV, HOST_PATH, Layout, MountSpec, PIN_COUNT, layout, pin_name,
+    Dir, ENV_NAMES, FORBIDDEN_ENV, HOST_PATH, Layout, MountSpec, PIN_COUNT, Source, VolumeSpec,
+    layout, pin_name,
 };
 use super::patch::{Insert, Limits, Missing, Patch, env_value};
 use super::{
     ANNOTATION_CONTAINER_NAME, ANNOTATION_GPU_CORES, ANNOTATION_GPU_FRACTION,
     ANNOTATION_GPU_MEMORY, ANNOTATION_INJECT, ANNOTATION_KAI_CONFIG_MAP, ContainerList, Decision,
-    ENV_MEMORY_LIMIT, ENV_SM_LIMIT, Target,
+    ENV_MEMORY_LIMIT, ENV_SM_LIMIT, LEGACY_HOST_VGPULOCK, Target,
 };
 use crate::config::{Delivery, InjectConfig, TenantEnv};
 use crate::pod::{Container, Pod};
@@ -100,6 +101,14 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
     let volumes = spec.volumes.as_deref();
     let delivery = delivery_for(volumes, mounts, cfg);
     let layout = layout(delivery);
+    let run_as = container.effective_run_as(spec.security_context.as_ref());
+    if let Some(name) = foreign_volume(volumes, layout, cfg, &container.name, run_as) {
+        return Decision::Deny {
+            message: format!(
+                "volume {name:?} is kai-resource-isolator's (it delivers libvgpu to the GPU-sharing container), but the pod declares it with another source: remove it from the pod spec"
+            ),
+        };
+    }
     for want in layout.mounts {
         if let Some(clash) = mounts
             .into_iter()
@@ -159,7 +168,7 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
     let patch = Patch {
         remove_env: found.map(|f| f.foreign.clone()).unwrap_or_default(),
         delivery,
-        run_as: container.effective_run_as(spec.security_context.as_ref()),
+        run_as,
         volumes: Missing::of(volumes.is_some(), layout.volumes.len(), |i| {
             has_volume(volumes, layout.volumes[i].name)
         }),
@@ -449,7 +458,63 @@ fn carries(
         && layout.mounts.iter().all(|m| has_mount(mounts, m, cfg))
 }
 
-/// Volumes compare by name: one of ours already there is kept as it is.
+/// The first volume named as one of `layout`'s whose source is not the
+/// one we would add. Kept as it was, it would let a tenant opt out at
+/// admission: an `emptyDir` named like our library volume hides the library
+/// behind the very mounts we add, and a CSI volume of ours naming another
+/// container gets a region directory libvgpu never writes to. Our own patch
+/// (a reinvocation) and a pod copied from a stored one match exactly; the
+/// hostPath `type` is not compared (releases have written different ones).
+fn foreign_volume<'a>(
+    volumes: Option<&'a [Volume]>,
+    layout: &Layout,
+    cfg: &InjectConfig,
+    container: &str,
+    run_as: crate::pod::RunAs,
+) -> Option<&'a str> {
+    let ours = |have: &Volume, spec: &VolumeSpec| {
+        let want = super::patch::volume(spec, cfg, container, run_as);
+        let mut rest = have.clone();
+        let (host, csi) = (rest.host_path.take(), rest.csi.take());
+        let only_that = rest
+            == Volume {
+                name: have.name.clone(),
+                ..Volume::default()
+            };
+        let same_host = match (host, want.host_path) {
+            (Some(h), Some(w)) => {
+                h.path == w.path
+                    // Where the Go chart and this chart's earlier releases
+                    // kept libvgpu's lock directory: pods they mutated
+                    // keep it.
+                    || (spec.source == Source::HostPath(Dir::HostVgpuLock)
+                        && h.path == LEGACY_HOST_VGPULOCK)
+            }
+            (None, None) => true,
+            _ => false,
+        };
+        let same_csi = match (csi, want.csi) {
+            (Some(h), Some(w)) => {
+                h.driver == w.driver
+                    && h.volume_attributes.unwrap_or_default()
+                        == w.volume_attributes.unwrap_or_default()
+                    && h.read_only != Some(true)
+                    && h.fs_type.is_none()
+                    && h.node_publish_secret_ref.is_none()
+            }
+            (None, None) => true,
+            _ => false,
+        };
+        only_that && same_host && same_csi
+    };
+    volumes?.iter().find_map(|have| {
+        let spec = layout.volumes.iter().find(|v| v.name == have.name)?;
+        (!ours(have, spec)).then_some(have.name.as_str())
+    })
+}
+
+/// Volumes compare by name: one of ours already there is kept as it is
+/// (its source was checked: [`foreign_volume`]).
 fn has_volume(volumes: Option<&[Volume]>, name: &str) -> bool {
     volumes.is_some_and(|found| found.iter().any(|v| v.name == name))
 }

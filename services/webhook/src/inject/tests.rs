@@ -1279,25 +1279,6 @@ fn under_csi_a_foreign_mount_at_our_path_is_denied() {
     assert!(matches!(plan_for(&partial, &csi()), Decision::Deny { .. }));
 }
 
-/// Volumes compare by name under either delivery: a volume of our name
-/// the pod brings is kept, whatever its source, and our mounts use it.
-#[test]
-fn under_csi_a_volume_of_our_name_is_kept_as_it_is() {
-    let mut original = sharing_pod(json!([{"name": "main"}]));
-    original["spec"]["volumes"] = json!([{"name": VOLUME_VGPU, "emptyDir": {}}]);
-    let (decision, doc) = apply_with(&original, &csi());
-    assert_eq!(
-        doc["spec"]["volumes"],
-        json!([{"name": VOLUME_VGPU, "emptyDir": {}}])
-    );
-    assert_eq!(mounts_of(&doc, "containers", 0), csi_mounts());
-    assert!(
-        !paths(&decision).iter().any(|p| p.contains("/spec/volumes")),
-        "{:?}",
-        paths(&decision)
-    );
-}
-
 #[test]
 fn csi_attributes_omit_what_is_unknown() {
     use crate::pod::RunAs;
@@ -1317,4 +1298,73 @@ fn csi_attributes_omit_what_is_unknown() {
         ]
     );
     assert_eq!(csi_attributes("main", RunAs::default()).len(), 1);
+}
+
+/// A volume named like ours with another source would let the tenant opt
+/// out at admission (an emptyDir in place of the library, a CSI volume of
+/// ours for another container): denied, under either delivery. Our own
+/// volume, as a reinvocation or a copied pod carries it, is kept.
+#[test]
+fn a_volume_with_our_name_and_another_source_is_denied() {
+    let denied = |volume: Value, cfg: &InjectConfig| {
+        let mut pod = sharing_pod(json!([{"name": "main"}]));
+        pod["spec"]["volumes"] = json!([volume]);
+        match plan_for(&pod, cfg) {
+            Decision::Deny { message } => message.contains(VOLUME_VGPU),
+            _ => false,
+        }
+    };
+    let main = json!({"kai-resource-isolator.io/container": "main"});
+    for (volume, cfg, why) in [
+        (
+            json!({"name": VOLUME_VGPU, "emptyDir": {}}),
+            csi(),
+            "emptyDir under csi",
+        ),
+        (
+            json!({"name": VOLUME_VGPU, "emptyDir": {}}),
+            cfg(),
+            "emptyDir under hostPath",
+        ),
+        (
+            csi_volume(json!({"kai-resource-isolator.io/container": "other"})),
+            csi(),
+            "our driver for another container",
+        ),
+        (
+            csi_volume(
+                json!({"kai-resource-isolator.io/container": "main", "kai-resource-isolator.io/run-as-user": "0"}),
+            ),
+            csi(),
+            "a user the pod spec does not say",
+        ),
+        (
+            json!({"name": VOLUME_VGPU, "csi": {"driver": "other.example.com", "volumeAttributes": main}}),
+            csi(),
+            "another driver",
+        ),
+        (
+            json!({"name": VOLUME_VGPU, "csi": {"driver": "vgpu.kai-resource-isolator.io", "readOnly": true, "volumeAttributes": main}}),
+            csi(),
+            "read-only (no region)",
+        ),
+        (
+            json!({"name": VOLUME_VGPU, "hostPath": {"path": "/tmp/empty"}}),
+            cfg(),
+            "another host directory",
+        ),
+        (
+            json!({"name": VOLUME_VGPU, "hostPath": {"path": "/usr/local/vgpu"}, "emptyDir": {}}),
+            cfg(),
+            "two sources",
+        ),
+    ] {
+        assert!(denied(volume, &cfg), "{why}: not denied");
+    }
+    // Ours, exactly as we add it (the hostPath type not compared).
+    assert!(!denied(csi_volume(main.clone()), &csi()));
+    assert!(!denied(
+        json!({"name": VOLUME_VGPU, "hostPath": {"path": "/usr/local/vgpu", "type": "Directory"}}),
+        &cfg()
+    ));
 }
