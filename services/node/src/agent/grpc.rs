@@ -1,10 +1,16 @@
-//! `vgpu.v1.VgpuNode` over tonic.
+//! `vgpu.v1.VgpuNode` over tonic: the generated server, prost's codec.
+//!
+//! Every subscriber of a node (in practice one aggregator, now and then a
+//! grpcurl) is sent the same update for a revision, and heartbeats repeat
+//! it. Each revision's unfiltered update is therefore built once
+//! ([`shared_update`]), kept with the published [`NodeState`] and shared
+//! (`Arc`) by every stream; a filtered stream builds its own once per
+//! revision. A message is that update with its send time ([`sent_at`]),
+//! which prost encodes as it goes out.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::Stream;
 use kai_proto::v1 as pb;
 use kai_proto::v1::vgpu_node_server::VgpuNode;
 use kai_runtime::limit::StreamLimit;
@@ -15,7 +21,8 @@ use super::nvml::Devices;
 use super::state::NodeState;
 use super::to_pb::escaped;
 pub use super::to_pb::{
-    checks_to_pb, container_to_pb, escaped_to_pb, filtered, host_to_pb, missing_to_pb, update,
+    checks_to_pb, container_to_pb, escaped_to_pb, filtered, host_to_pb, missing_to_pb, sent_at,
+    shared_update, update,
 };
 
 /// The service; cheap to clone.
@@ -32,23 +39,17 @@ pub(crate) struct Service {
 /// Smallest heartbeat a client may ask for.
 const MIN_INTERVAL: Duration = Duration::from_millis(100);
 
-type UpdateStream = Pin<Box<dyn Stream<Item = Result<pb::ContainersUpdate, Status>> + Send>>;
-
 /// The messages of one `WatchContainers` stream.
-pub type Updates<T> = tokio_stream::wrappers::ReceiverStream<Result<T, Status>>;
+pub type Updates = tokio_stream::wrappers::ReceiverStream<Result<pb::ContainersUpdate, Status>>;
 
 impl Service {
-    /// Sends `next(state, fresh, now_ms)` now, on every new revision
-    /// (`fresh`) and every heartbeat interval (`interval_ms`, 0 = the
-    /// default) until the client goes away. `RESOURCE_EXHAUSTED` when
+    /// `WatchContainers`: the matching update now, on every new revision
+    /// and every heartbeat interval (`interval_ms`, 0 = the default) until
+    /// the client goes away. `RESOURCE_EXHAUSTED` when
     /// `--max-watch-streams` streams are open already.
-    pub fn follow<T: Send + 'static>(
-        &self,
-        interval_ms: u32,
-        next: impl FnMut(&NodeState, bool, u64) -> T + Send + 'static,
-    ) -> Result<Updates<T>, Status> {
+    fn watch(&self, request: pb::WatchContainersRequest) -> Result<Updates, Status> {
         let permit = self.watch_limit.try_acquire()?;
-        let interval = match interval_ms {
+        let interval = match request.interval_ms {
             0 => self.default_interval,
             ms => Duration::from_millis(u64::from(ms)).max(MIN_INTERVAL),
         };
@@ -57,26 +58,30 @@ impl Service {
         // soon as the client's side of the stream is dropped.
         let state = self.state.clone();
         tokio::spawn(async move {
-            send_updates(state, interval, tx, next).await;
+            send_updates(state, interval, request, tx).await;
             drop(permit);
         });
         Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
 }
 
-/// One stream's task: the messages of [`Service::follow`] into `tx`.
-#[tracing::instrument(name = "watch_containers", skip_all, fields(interval_ms = interval.as_millis() as u64))]
-async fn send_updates<T>(
+/// One stream's task: the messages of [`Service::watch`] into `tx`.
+#[tracing::instrument(name = "watch_containers", skip_all, fields(
+    interval_ms = interval.as_millis() as u64,
+    namespace = %filter.namespace,
+    pod = %filter.pod,
+))]
+async fn send_updates(
     mut state: watch::Receiver<Arc<NodeState>>,
     interval: Duration,
-    tx: tokio::sync::mpsc::Sender<Result<T, Status>>,
-    mut next: impl FnMut(&NodeState, bool, u64) -> T,
+    filter: pb::WatchContainersRequest,
+    tx: tokio::sync::mpsc::Sender<Result<pb::ContainersUpdate, Status>>,
 ) {
     let mut current = state.borrow_and_update().clone();
-    let mut fresh = true;
+    let mut update = shared_update(&current, &filter.namespace, &filter.pod);
     loop {
-        let item = next(&current, fresh, kai_runtime::unix_ms());
-        if tx.send(Ok(item)).await.is_err() {
+        let message = sent_at(&update, kai_runtime::unix_ms());
+        if tx.send(Ok(message)).await.is_err() {
             break; // client went away
         }
         tokio::select! {
@@ -85,8 +90,10 @@ async fn send_updates<T>(
             () = tx.closed() => break,
         }
         let latest = state.borrow_and_update().clone();
-        fresh = !Arc::ptr_eq(&latest, &current);
-        current = latest;
+        if !Arc::ptr_eq(&latest, &current) {
+            update = shared_update(&latest, &filter.namespace, &filter.pod);
+            current = latest;
+        }
     }
 }
 
@@ -107,20 +114,13 @@ impl VgpuNode for Service {
         }))
     }
 
-    type WatchContainersStream = UpdateStream;
+    type WatchContainersStream = Updates;
 
     async fn watch_containers(
         &self,
         request: Request<pb::WatchContainersRequest>,
-    ) -> Result<Response<Self::WatchContainersStream>, Status> {
-        // Served by `encoded::NodeServer` in the agent; this typed path is
-        // what a plain `VgpuNodeServer` of this service would use.
-        let req = request.into_inner();
-        let stream = self.follow(req.interval_ms, move |state, _, now| pb::ContainersUpdate {
-            sent_at_unix_ms: now,
-            ..update(state, &req.namespace, &req.pod)
-        })?;
-        Ok(Response::new(Box::pin(stream)))
+    ) -> Result<Response<Updates>, Status> {
+        Ok(Response::new(self.watch(request.into_inner())?))
     }
 
     async fn list_devices(
@@ -163,13 +163,20 @@ impl VgpuNode for Service {
 #[cfg(test)]
 pub(crate) mod tests {
     use std::collections::BTreeSet;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use futures_util::StreamExt;
+    use kai_proto::v1 as pb;
 
     use kai_proto::v1::IsolationState;
     use kai_region::decode;
     use kai_region::discovery::ContainerKey;
     use kai_region::writer::{RegionBuilder, UsageSpec};
 
+    use super::{Service, sent_at, shared_update, update};
     use crate::agent::isolation::Isolation;
+    use crate::agent::nvml::Devices;
     use crate::agent::state::{ContainerView, NodeState, PodMeta};
 
     /// `n` capped containers over 8 GPUs and 10 namespaces.
@@ -215,5 +222,101 @@ pub(crate) mod tests {
             scanned: true,
             ..NodeState::default()
         }
+    }
+
+    #[test]
+    fn a_revision_is_built_once_and_messages_differ_only_in_time() {
+        let state = sample_state(12);
+        for (namespace, pod) in [("", ""), ("team-3", ""), ("", "job-5-0")] {
+            let shared = shared_update(&state, namespace, pod);
+            assert_eq!(
+                *shared,
+                update(&state, namespace, pod),
+                "{namespace:?} {pod:?}"
+            );
+            assert_eq!(shared.sent_at_unix_ms, 0, "the shared update has no time");
+            assert!(!shared.containers.is_empty());
+            let message = sent_at(&shared, 1_796_000_123_456);
+            assert_eq!(
+                message,
+                pb::ContainersUpdate {
+                    sent_at_unix_ms: 1_796_000_123_456,
+                    ..(*shared).clone()
+                }
+            );
+        }
+        let first = shared_update(&state, "", "");
+        assert!(
+            Arc::ptr_eq(&first, &shared_update(&state, "", "")),
+            "every unfiltered stream shares one update per state"
+        );
+        // A new revision is a new state; a copy never carries the update.
+        let next = NodeState {
+            revision: state.revision + 1,
+            ..state.clone()
+        };
+        assert_eq!(shared_update(&next, "", "").revision, state.revision + 1);
+    }
+
+    fn service(state: tokio::sync::watch::Receiver<Arc<NodeState>>) -> Service {
+        let limits = crate::agent::config::Limits::default();
+        Service {
+            state,
+            devices: Arc::new(Devices::unavailable("test".to_owned())),
+            default_interval: Duration::from_secs(3600),
+            watch_limit: crate::agent::exposition::Metrics::new(&limits).watch_streams,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn streams_repeat_the_revision_on_heartbeats_and_follow_new_ones() {
+        let (tx, rx) = tokio::sync::watch::channel(Arc::new(sample_state(20)));
+        let service = service(rx);
+        let mut all = service
+            .watch(pb::WatchContainersRequest::default())
+            .expect("opens");
+        let mut team = service
+            .watch(pb::WatchContainersRequest {
+                namespace: "team-3".into(),
+                interval_ms: 100,
+                ..Default::default()
+            })
+            .expect("opens");
+
+        let first = all.next().await.expect("message").expect("ok");
+        assert_eq!(first.containers.len(), 20);
+        let filtered = team.next().await.expect("message").expect("ok");
+        assert_eq!(
+            filtered
+                .containers
+                .iter()
+                .map(|c| c.pod.as_str())
+                .collect::<Vec<_>>(),
+            ["job-3-0", "job-13-0"]
+        );
+        // A heartbeat: the same revision again, only the time differs.
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let heartbeat = team.next().await.expect("message").expect("ok");
+        assert_eq!(
+            pb::ContainersUpdate {
+                sent_at_unix_ms: 0,
+                ..heartbeat
+            },
+            pb::ContainersUpdate {
+                sent_at_unix_ms: 0,
+                ..filtered.clone()
+            }
+        );
+
+        // A new revision reaches both streams at once, each filtered its way.
+        let next = NodeState {
+            revision: 43,
+            ..sample_state(3)
+        };
+        tx.send(Arc::new(next)).expect("receivers");
+        let update = all.next().await.expect("message").expect("ok");
+        assert_eq!((update.revision, update.containers.len()), (43, 3));
+        let update = team.next().await.expect("message").expect("ok");
+        assert_eq!((update.revision, update.containers.len()), (43, 0));
     }
 }

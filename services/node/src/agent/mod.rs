@@ -1,7 +1,6 @@
 //! The node agent: regions → pods → gRPC and metrics.
 
 mod config;
-pub mod encoded;
 pub mod enforce;
 mod error;
 mod exposition;

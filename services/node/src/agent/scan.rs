@@ -155,7 +155,7 @@ pub(super) async fn poll(
             missing: assessed.missing,
             escaped: assessed.escaped,
             checks: assessed.checks,
-            encoded_update: state::EncodedCache::default(),
+            update: state::UpdateCache::default(),
         };
         scans.fetch_add(1, Ordering::Relaxed);
         tx.send_if_modified(|state| {

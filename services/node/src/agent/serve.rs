@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use kai_proto::v1::vgpu_node_server::VgpuNodeServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -15,7 +16,7 @@ use super::config::GrpcTls;
 use super::error::AgentError;
 use super::nvml::Devices;
 use super::state::NodeState;
-use super::{encoded, exposition, grpc};
+use super::{exposition, grpc};
 
 /// Loads the gRPC certificate (failing fast) and watches it for rotation.
 pub(super) fn grpc_tls_config(
@@ -49,12 +50,12 @@ pub(super) async fn serve_grpc(
     settings: kai_runtime::grpc::ServerSettings,
     shutdown: CancellationToken,
 ) -> Result<(), AgentError> {
-    let router = kai_runtime::grpc::router_with::<encoded::NodeServer>(
+    let router = kai_runtime::grpc::router_with::<VgpuNodeServer<grpc::Service>>(
         settings,
         &[kai_proto::FILE_DESCRIPTOR_SET],
     )
     .await?
-    .add_service(encoded::NodeServer::new(service));
+    .add_service(VgpuNodeServer::new(service));
     kai_runtime::grpc::serve(router, listener, tls, shutdown).await?;
     Ok(())
 }

@@ -1,6 +1,9 @@
 //! What the agent knows about its node at one revision.
 
 use std::collections::BTreeSet;
+use std::sync::{Arc, OnceLock};
+
+use kai_proto::v1 as pb;
 
 use super::model::{Checks, Escaped, MissingRegion, PodSourceStatus};
 pub use super::model::{ContainerView, PodMeta, RunningContainer};
@@ -22,24 +25,24 @@ pub struct NodeState {
     /// GPU processes no region accounts for.
     pub escaped: Vec<Escaped>,
     pub checks: Checks,
-    /// The unfiltered `WatchContainers` update of this state, encoded at
-    /// most once (see `agent::encoded`).
-    pub encoded_update: EncodedCache,
+    /// The unfiltered `WatchContainers` update of this state, built at most
+    /// once and shared by every stream and heartbeat (`to_pb::shared_update`).
+    pub update: UpdateCache,
 }
 
-/// A state's encoded update. Empty in every copy, so a state changed after
-/// cloning never serves the bytes of the one it was cloned from.
+/// A state's unfiltered update. Empty in every copy, so a state changed
+/// after cloning never serves the update of the one it was cloned from.
 #[derive(Debug, Default)]
-pub struct EncodedCache(std::sync::OnceLock<bytes::Bytes>);
+pub struct UpdateCache(OnceLock<Arc<pb::ContainersUpdate>>);
 
-impl Clone for EncodedCache {
+impl Clone for UpdateCache {
     fn clone(&self) -> Self {
         Self::default()
     }
 }
 
-impl std::ops::Deref for EncodedCache {
-    type Target = std::sync::OnceLock<bytes::Bytes>;
+impl std::ops::Deref for UpdateCache {
+    type Target = OnceLock<Arc<pb::ContainersUpdate>>;
 
     fn deref(&self) -> &Self::Target {
         &self.0

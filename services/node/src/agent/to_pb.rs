@@ -1,6 +1,8 @@
 //! Domain → wire: the `vgpu.v1` messages of a [`NodeState`], which the
 //! gRPC service sends and the metrics page renders.
 
+use std::sync::Arc;
+
 use kai_proto::v1 as pb;
 
 use super::model::{Checks, ContainerView, Escaped, MissingRegion};
@@ -137,14 +139,38 @@ pub(super) fn escaped(state: &NodeState) -> Vec<pb::EscapedProcess> {
     state.escaped.iter().map(escaped_to_pb).collect()
 }
 
-/// Builds one `WatchContainers` message.
+/// Builds one revision's `WatchContainers` update, not yet sent
+/// (`sent_at_unix_ms` 0; [`sent_at`] stamps each message).
 pub fn update(state: &NodeState, namespace: &str, pod: &str) -> pb::ContainersUpdate {
     pb::ContainersUpdate {
         node: state.node.clone(),
         revision: state.revision,
         containers: filtered(state, namespace, pod),
-        sent_at_unix_ms: kai_runtime::unix_ms(),
+        sent_at_unix_ms: 0,
         escaped_processes: escaped(state),
         checks: Some(checks_to_pb(&state.checks)),
+    }
+}
+
+/// The update of `state` for this filter, shared by every message of the
+/// revision. The unfiltered one is built at most once per state, kept with
+/// it, and shared by every stream; a filtered stream builds its own.
+pub fn shared_update(state: &NodeState, namespace: &str, pod: &str) -> Arc<pb::ContainersUpdate> {
+    if namespace.is_empty() && pod.is_empty() {
+        state
+            .update
+            .get_or_init(|| Arc::new(update(state, "", "")))
+            .clone()
+    } else {
+        Arc::new(update(state, namespace, pod))
+    }
+}
+
+/// One message of a revision's update, as sent at `now_ms`: only the time
+/// differs between the messages of a revision.
+pub fn sent_at(update: &pb::ContainersUpdate, now_ms: u64) -> pb::ContainersUpdate {
+    pb::ContainersUpdate {
+        sent_at_unix_ms: now_ms,
+        ..update.clone()
     }
 }
