@@ -16,13 +16,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
-        // The aggregator serves the same messages as JSON over HTTP.
-        .type_attribute(".vgpu.v1", "#[derive(serde::Serialize)]")
-        .type_attribute(".vgpu.v1", "#[serde(rename_all = \"camelCase\")]")
+        // The aggregator serves the same messages as JSON over HTTP and
+        // kubectl-vgpu reads them back: one definition for both ends. A
+        // missing field takes its proto default and an unknown one is
+        // ignored, so either end may be newer than the other.
+        .message_attribute(
+            ".vgpu.v1",
+            "#[derive(serde::Serialize, serde::Deserialize)]",
+        )
+        .message_attribute(".vgpu.v1", "#[serde(rename_all = \"camelCase\", default)]")
         // The JSON API shows the state's name, as proto3 JSON does.
         .field_attribute(
             ".vgpu.v1.ContainerUsage.isolation_state",
-            "#[serde(serialize_with = \"crate::serialize_isolation_state\")]",
+            "#[serde(serialize_with = \"crate::serialize_isolation_state\", \
+             deserialize_with = \"crate::deserialize_isolation_state\")]",
         )
         .compile_fds(descriptors)?;
     Ok(())

@@ -90,16 +90,24 @@ mod tests {
     use super::top::top_rows;
     use super::why::{WhyContainer, WhyReport, why_text};
 
-    use crate::model::{self, State};
+    use kai_proto::v1::{self as pb, IsolationState};
 
-    fn container(pod: &str, used: u64, limit: u64, stale: u64, state: &str) -> model::Container {
-        model::Container {
+    use crate::model::State;
+
+    fn container(
+        pod: &str,
+        used: u64,
+        limit: u64,
+        stale: u64,
+        state: IsolationState,
+    ) -> pb::ContainerUsage {
+        pb::ContainerUsage {
             namespace: "team-a".into(),
             pod: pod.into(),
             container: "main".into(),
             node: "gpu-1".into(),
-            isolation_state: state.into(),
-            devices: vec![model::Device {
+            isolation_state: state as i32,
+            devices: vec![pb::DeviceUsage {
                 uuid: "GPU-1".into(),
                 used_bytes: used,
                 limit_bytes: limit,
@@ -115,9 +123,9 @@ mod tests {
     #[test]
     fn top_sorts_by_use_and_derives_percent_and_headroom() {
         let rows = top_rows(&[
-            container("small", 100, 1000, 50, "ISOLATION_STATE_CAPPED"),
-            container("big", 900, 1000, 0, "ISOLATION_STATE_CAPPED"),
-            container("free", 400, 0, 0, "ISOLATION_STATE_UNCAPPED_NO_LIMIT"),
+            container("small", 100, 1000, 50, IsolationState::Capped),
+            container("big", 900, 1000, 0, IsolationState::Capped),
+            container("free", 400, 0, 0, IsolationState::UncappedNoLimit),
         ]);
         let pods: Vec<&str> = rows.iter().map(|r| r.pod.as_str()).collect();
         assert_eq!(pods, ["big", "free", "small"]);
@@ -139,9 +147,9 @@ mod tests {
             containers: vec![WhyContainer {
                 container: "main".into(),
                 node: "gpu-1".into(),
-                state: State::UncappedNoLimit.label(),
+                state: State(IsolationState::UncappedNoLimit).label(),
                 reason: "limit 0".into(),
-                what_to_do: State::UncappedNoLimit.advice(),
+                what_to_do: State(IsolationState::UncappedNoLimit).advice(),
                 stale_slots: 1,
                 devices: vec![],
             }],

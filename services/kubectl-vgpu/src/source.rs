@@ -207,7 +207,7 @@ mod tests {
         let agg = Aggregator::discover(client, None, None)
             .await
             .expect("found");
-        let got: crate::model::Containers = agg
+        let got: kai_proto::v1::ClusterContainersResponse = agg
             .get("/api/v1/containers?namespace=team-a")
             .await
             .expect("answer");

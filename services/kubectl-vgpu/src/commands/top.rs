@@ -3,7 +3,9 @@
 use serde::Serialize;
 
 use super::Output;
-use crate::model::{self, State};
+use kai_proto::v1 as pb;
+
+use crate::model::State;
 use crate::render::{self, Format, bytes};
 use crate::source::{Aggregator, query_value};
 
@@ -29,11 +31,11 @@ pub struct TopRow {
     pub near_cap: bool,
 }
 
-pub fn top_rows(containers: &[model::Container]) -> Vec<TopRow> {
+pub fn top_rows(containers: &[pb::ContainerUsage]) -> Vec<TopRow> {
     let mut rows = Vec::new();
     for c in containers {
-        let state = State::parse(&c.isolation_state).label();
-        let row = |d: Option<&model::Device>| {
+        let state = State::of(c).label();
+        let row = |d: Option<&pb::DeviceUsage>| {
             let d = d.cloned().unwrap_or_default();
             TopRow {
                 namespace: c.namespace.clone(),
@@ -87,7 +89,7 @@ pub(super) async fn top(
     if let Some(node) = node {
         query.push(format!("node={}", query_value(node)));
     }
-    let got: model::Containers = agg
+    let got: pb::ClusterContainersResponse = agg
         .get(&format!("/api/v1/containers?{}", query.join("&")))
         .await?;
     let rows = top_rows(&got.containers);

@@ -2,12 +2,13 @@
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Event;
+use kai_proto::v1 as pb;
 use kube::api::{Api, ListParams};
 use serde::Serialize;
 
 use super::Output;
 use crate::Outcome;
-use crate::model::{self, State};
+use crate::model::State;
 use crate::render::{self, Format, bytes};
 use crate::source::{Aggregator, query_value};
 
@@ -111,7 +112,7 @@ pub(super) async fn why(
     pod: &str,
     format: Format,
 ) -> anyhow::Result<Output> {
-    let got: model::Containers = agg
+    let got: pb::ClusterContainersResponse = agg
         .get(&format!(
             "/api/v1/containers?namespace={}&pod={}",
             query_value(namespace),
@@ -141,7 +142,7 @@ pub(super) async fn why(
             .containers
             .iter()
             .map(|c| {
-                let state = State::parse(&c.isolation_state);
+                let state = State::of(c);
                 WhyContainer {
                     container: c.container.clone(),
                     node: c.node.clone(),
@@ -177,10 +178,7 @@ pub(super) async fn why(
         events,
         events_unavailable,
     };
-    let breach = got
-        .containers
-        .iter()
-        .any(|c| State::parse(&c.isolation_state).is_breach())
+    let breach = got.containers.iter().any(|c| State::of(c).is_breach())
         || !report.escaped_processes.is_empty();
     let outcome = if breach {
         Outcome::NotCapped
