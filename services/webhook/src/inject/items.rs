@@ -33,6 +33,22 @@ pub enum Source {
     Csi,
 }
 
+/// The library volume at `<mount>`, read-only, in both deliveries.
+const LIBRARY_MOUNT: MountSpec = MountSpec {
+    volume: VOLUME_VGPU,
+    path: Dir::VgpuMount,
+    sub_path: None,
+    read_only: true,
+};
+
+/// Its `ld.so.preload` at `/etc/ld.so.preload`, read-only, in both.
+const PRELOAD_MOUNT: MountSpec = MountSpec {
+    volume: VOLUME_VGPU,
+    path: Dir::Fixed(LD_SO_PRELOAD_PATH),
+    sub_path: Some(LD_SO_PRELOAD_SUBPATH),
+    read_only: true,
+};
+
 /// [`Delivery::HostPath`]: the host directory libsync installs into, its
 /// `containers` and `vgpulock`, each a hostPath volume. `<mount>` is
 /// read-only, so a workload (even as root) cannot replace libvgpu.so or
@@ -55,18 +71,8 @@ pub const HOST_PATH: Layout = Layout {
         },
     ],
     mounts: &[
-        MountSpec {
-            volume: VOLUME_VGPU,
-            path: Dir::VgpuMount,
-            sub_path: None,
-            read_only: true,
-        },
-        MountSpec {
-            volume: VOLUME_VGPU,
-            path: Dir::Fixed(LD_SO_PRELOAD_PATH),
-            sub_path: Some(LD_SO_PRELOAD_SUBPATH),
-            read_only: true,
-        },
+        LIBRARY_MOUNT,
+        PRELOAD_MOUNT,
         MountSpec {
             volume: VOLUME_CONTAINERS,
             path: Dir::ContainersDir,
@@ -94,18 +100,8 @@ pub const CSI: Layout = Layout {
         source: Source::Csi,
     }],
     mounts: &[
-        MountSpec {
-            volume: VOLUME_VGPU,
-            path: Dir::VgpuMount,
-            sub_path: None,
-            read_only: true,
-        },
-        MountSpec {
-            volume: VOLUME_VGPU,
-            path: Dir::Fixed(LD_SO_PRELOAD_PATH),
-            sub_path: Some(LD_SO_PRELOAD_SUBPATH),
-            read_only: true,
-        },
+        LIBRARY_MOUNT,
+        PRELOAD_MOUNT,
         MountSpec {
             volume: VOLUME_VGPU,
             path: Dir::ContainersDir,
