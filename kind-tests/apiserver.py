@@ -37,6 +37,11 @@ RELEASE, NS = "kai", "kai-system"
 FULL = f"{RELEASE}-kai-resource-isolator"
 TENANT = "team-a"
 OURS = ("kai-resource-isolator-vgpu", "kai-resource-isolator-containers", "kai-resource-isolator-vgpulock")
+# The chart's default library delivery (values.yaml libraryDelivery): what
+# every injected pod of the default release must carry; the hostPath checks
+# pin hostPath themselves (helm --set libraryDelivery=hostPath).
+DELIVERY = "csi"
+CSI_DRIVER = "vgpu.kai-resource-isolator.io"
 
 passed, failed = 0, []
 
@@ -242,10 +247,14 @@ def create(obj, ns=TENANT, dry_run=False, check=True):
     return json.loads(r.stdout) if r.returncode == 0 else r
 
 
-def pod_checks(mode, pod_obj, *args):
+def pod_checks(mode, pod_obj, *args, delivery=None):
+    """pod_checks.py on the pod; an injected pod must carry `delivery`
+    (default: the chart's default, DELIVERY)."""
     path = os.path.join(WORK, "pod.json")
     with open(path, "w") as f:
         json.dump(pod_obj, f)
+    if mode == "injected":
+        args = (*args, "--delivery", delivery or DELIVERY)
     r = run(sys.executable, os.path.join(HERE, "pod_checks.py"), mode, path, *args, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -320,7 +329,7 @@ def release_objects(release, ns):
     sel = f"app.kubernetes.io/instance={release}"
     names = kubectl("get", "all,secret,configmap,serviceaccount,role,rolebinding,poddisruptionbudget,resourcequota",
                     "-n", ns, "-l", sel, "-o", "name").stdout.split()
-    names += kubectl("get", "clusterrole,clusterrolebinding,mutatingwebhookconfiguration,validatingwebhookconfiguration",
+    names += kubectl("get", "clusterrole,clusterrolebinding,mutatingwebhookconfiguration,validatingwebhookconfiguration,csidriver",
                      "-l", sel, "-o", "name").stdout.split()
     return names
 
@@ -390,6 +399,34 @@ def rollout_started(ns, release):
     return True
 
 
+def release_delivery(ns, release):
+    """The library delivery a release's webhook runs with (its Deployment's
+    LIBRARY_DELIVERY), checked against what the API server holds: with csi,
+    the CSIDriver and a `csi` container in every node DaemonSet pod; with
+    hostPath, neither."""
+    sel = f"app.kubernetes.io/instance={release}"
+    hooks = [c for d in kjson("get", "deployment", "-n", ns, "-l", sel)["items"]
+             for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "webhook"]
+    assert len(hooks) == 1, f"{len(hooks)} webhook containers"
+    env = {e["name"]: e.get("value") for e in hooks[0].get("env", [])}
+    delivery = env.get("LIBRARY_DELIVERY")
+    assert delivery in ("csi", "hostPath"), env
+    drivers = [d["metadata"]["name"] for d in kjson("get", "csidriver", "-l", sel)["items"]]
+    pods = [p for p in kjson("get", "pod", "-n", ns, "-l", sel)["items"] if not p["metadata"].get("deletionTimestamp")]
+    # The node DaemonSet (agent and plugin); libsync's is another.
+    node_pods = [p for p in pods if p["metadata"]["labels"].get("app.kubernetes.io/component") == "node-agent"]
+    with_csi = [p["metadata"]["name"] for p in pods if any(c["name"] == "csi" for c in p["spec"]["containers"])]
+    if delivery == "csi":
+        assert env.get("CSI_DRIVER") == CSI_DRIVER, env
+        assert drivers == [CSI_DRIVER], drivers
+        assert node_pods and sorted(with_csi) == sorted(p["metadata"]["name"] for p in node_pods), \
+            f"csi container in {with_csi}, node pods {[p['metadata']['name'] for p in node_pods]}"
+    else:
+        assert drivers == [], drivers
+        assert with_csi == [], with_csi
+    return delivery
+
+
 def helm_matrix():
     # CRDs the chart's optional objects use (cert-manager, Prometheus
     # Operator): stand-ins with open schemas, so the real API server stores
@@ -411,7 +448,11 @@ def helm_matrix():
             r = helm("install", release, CHART, "-n", ns, "--create-namespace", *args, check=False)
             assert r.returncode == 0, r.stderr[-800:]
             eventually("DaemonSet and Deployment pods scheduled on the GPU nodes", lambda: workloads_scheduled(ns, release))
-        check(f"helm install ({name}): accepted by the API server, every DaemonSet/Deployment pod scheduled on the fake GPU nodes", installs)
+            delivery = release_delivery(ns, release)
+            want = "hostPath" if name == "hostpath-delivery-values.yaml" else DELIVERY
+            assert delivery == want, f"libraryDelivery {delivery}, want {want}"
+        check(f"helm install ({name}): accepted by the API server, every DaemonSet/Deployment pod scheduled on the fake GPU nodes; "
+              "the CSIDriver and the node pods' csi container exactly when the delivery is csi", installs)
 
         def upgrades():
             r = helm("upgrade", release, CHART, "-n", ns, *args, "--set", "webhook.replicaCount=2",
@@ -535,7 +576,7 @@ def route_service_to_webhook():
 def admission():
     def mutated():
         r = create(pod("probe", {"gpu-memory": "1024"}), dry_run=True)
-        return ours_in(r)[0] == list(OURS)
+        return ours_in(r)[0] == [OURS[0]] and "csi" in [v for v in r["spec"]["volumes"] if v["name"] == OURS[0]][0]
     check("the chart's Service resolves to the webhook on this host; its caBundle verifies the chart's certificate",
           lambda: eventually("a dry-run sharing pod comes back mutated", mutated, timeout=60))
 
@@ -640,15 +681,141 @@ def admission():
     check("opt-out: the tenant's annotation and pod label count for nothing in a normal namespace, and are honoured in an admin-labelled one", opt_out_gate)
     check("a 586 KiB env value of '<' (a 3.4 MiB review: the API server escapes < as \\u003c) is reviewed and capped; over the webhook's body limit it is denied, never admitted unpatched", big_review)
 
-    def pod_security():
-        kubectl("create", "namespace", "baseline-ns", check=False)
-        kubectl("label", "namespace", "baseline-ns", "pod-security.kubernetes.io/enforce=baseline", "--overwrite")
-        r = create(pod("psa", {"gpu-memory": "1024"}), ns="baseline-ns", check=False)
-        assert not isinstance(r, dict), "admitted"
-        assert "violates PodSecurity" in r.stderr and "hostPath" in r.stderr, r.stderr
-    check("PodSecurity baseline runs after us and refuses the injected hostPath volumes (why the CSI delivery exists)", pod_security)
+    library_delivery()
 
     check("reinvocation: a second mutating webhook after ours, ours runs again and adds nothing twice", reinvocation)
+
+
+def psa_namespace(name, level):
+    """A namespace enforcing Pod Security `level`, its default ServiceAccount
+    made (the ServiceAccount admission plugin wants it)."""
+    kubectl("create", "namespace", name, check=False)
+    kubectl("label", "namespace", name, f"pod-security.kubernetes.io/enforce={level}", "--overwrite")
+    eventually(f"the default ServiceAccount of {name}",
+               lambda: kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0, timeout=60)
+
+
+def restricted_pod(name):
+    """A GPU-sharing pod that satisfies Pod Security restricted as written:
+    runAsUser on the container, runAsGroup on the pod."""
+    p = pod(name, {"gpu-memory": "1024"})
+    p["spec"]["securityContext"] = {"runAsNonRoot": True, "runAsGroup": 2000,
+                                    "seccompProfile": {"type": "RuntimeDefault"}}
+    p["spec"]["containers"][0]["securityContext"] = {"runAsUser": 1000, "allowPrivilegeEscalation": False,
+                                                     "capabilities": {"drop": ["ALL"]}}
+    return p
+
+
+def webhook_delivery():
+    """LIBRARY_DELIVERY of the chart's webhook Deployment as it is stored now."""
+    env = {e["name"]: e.get("value") for e in container_of("deployment", f"{FULL}-webhook", "webhook").get("env", [])}
+    return env.get("LIBRARY_DELIVERY")
+
+
+def switch_delivery(delivery):
+    """helm upgrade to libraryDelivery=`delivery` (None: the chart's default;
+    a bare upgrade would reuse the last values) and the webhook restarted
+    with the Deployment's new environment, as a rollout would."""
+    stop("webhook")
+    try:
+        values = ("--set", f"libraryDelivery={delivery}") if delivery else ("--reset-values",)
+        r = helm("upgrade", RELEASE, CHART, "-n", NS, *values, check=False)
+        assert r.returncode == 0, r.stderr[-600:]
+    finally:
+        start_webhook()
+
+
+def library_delivery():
+    def csi_driver():
+        d = kjson("get", "csidriver", CSI_DRIVER)
+        assert d["metadata"]["labels"].get("app.kubernetes.io/instance") == RELEASE, d["metadata"]["labels"]
+        spec = d["spec"]
+        got = {k: spec.get(k) for k in ("volumeLifecycleModes", "attachRequired", "podInfoOnMount", "fsGroupPolicy")}
+        assert got == {"volumeLifecycleModes": ["Ephemeral"], "attachRequired": False, "podInfoOnMount": True,
+                       "fsGroupPolicy": "File"}, spec
+    check(f"CSIDriver {CSI_DRIVER} as stored: volumeLifecycleModes [Ephemeral], attachRequired false, podInfoOnMount true, fsGroupPolicy File", csi_driver)
+
+    def node_pods_run_the_plugin():
+        assert webhook_delivery() == "csi", webhook_delivery()
+        kubelet_confirms_terminations(NS)
+        pods = [p for p in kjson("get", "pod", "-n", NS, "-l", "app.kubernetes.io/component=node-agent")["items"]
+                if not p["metadata"].get("deletionTimestamp")]
+        assert pods and all(p["spec"].get("nodeName") in NODES for p in pods), [p["spec"].get("nodeName") for p in pods]
+        for p in pods:
+            cs = {c["name"]: c for c in p["spec"]["containers"]}
+            assert sorted(cs) == ["agent", "csi"], sorted(cs)
+            c = cs["csi"]
+            assert c["command"] == ["/bin/kai-csi"], c["command"]
+            assert f"--kubelet-endpoint=/var/lib/kubelet/plugins/{CSI_DRIVER}/csi.sock" in c["args"], c["args"]
+            assert c["securityContext"].get("privileged") is True, c["securityContext"]
+            # The API server keeps Bidirectional propagation for privileged
+            # containers only: the stored pod has it on kubelet's directory.
+            (kubelet_dir,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/var/lib/kubelet"]
+            assert kubelet_dir.get("mountPropagation") == "Bidirectional", kubelet_dir
+            assert not cs["agent"].get("securityContext", {}).get("privileged"), cs["agent"]["securityContext"]
+        release_delivery(NS, RELEASE)
+    check("the node DaemonSet's pods (scheduled by the controller) carry the privileged csi container (kai-csi, Bidirectional kubelet dir); the agent is not privileged", node_pods_run_the_plugin)
+
+    # (a) csi, the default: restricted admits the sharing pod, mutated.
+    def restricted_admits_csi():
+        psa_namespace("restricted-ns", "restricted")
+        # The namespace enforces restricted: a pod that does not satisfy it
+        # is refused (so the admission below means something).
+        r = create(pod("not-restricted"), ns="restricted-ns", check=False)
+        assert not isinstance(r, dict) and 'violates PodSecurity "restricted' in r.stderr, getattr(r, "stderr", "admitted")
+        before = webhook_reviews()
+        r = create(restricted_pod("restricted-gpu"), ns="restricted-ns", check=False)
+        assert isinstance(r, dict), r.stderr[-600:]
+        assert delta(before, webhook_reviews()) == {"injected": 1}, delta(before, webhook_reviews())
+        stored = kjson("get", "pod", "restricted-gpu", "-n", "restricted-ns")
+        pod_checks("injected", stored, "main", delivery="csi")
+        ours = [v for v in stored["spec"]["volumes"] if v["name"] in OURS]
+        assert ours == [{"name": OURS[0], "csi": {"driver": CSI_DRIVER, "readOnly": False, "volumeAttributes": {
+            "kai-resource-isolator.io/container": "main", "kai-resource-isolator.io/run-as-user": "1000",
+            "kai-resource-isolator.io/run-as-group": "2000"}}}], ours
+        host = [v["name"] for v in stored["spec"]["volumes"] if "hostPath" in v]
+        assert host == [], host
+        # And at baseline (hostPath refused there too): admitted, csi.
+        psa_namespace("baseline-ns", "baseline")
+        pod_checks("injected", create(pod("psa-csi", {"gpu-memory": "1024"}), ns="baseline-ns"), "main", delivery="csi")
+    check("csi (the chart's default): a restricted-compliant GPU-sharing pod is admitted in a Pod Security restricted namespace; "
+          "stored with exactly the csi volume (container main, run-as-user 1000, run-as-group 2000), no hostPath; baseline admits one too",
+          restricted_admits_csi)
+
+    # (b) the webhook in hostPath mode: Pod Security refuses what it adds.
+    switched = {}
+
+    def hostpath_refused():
+        switch_delivery("hostPath")
+        switched["yes"] = True
+        assert webhook_delivery() == "hostPath", webhook_delivery()
+        eventually("the CSIDriver removed with libraryDelivery=hostPath",
+                   lambda: kubectl("get", "csidriver", CSI_DRIVER, check=False).returncode != 0, timeout=60)
+        # Mutated as hostPath where nothing refuses it (the tenant namespace).
+        pod_checks("injected", create(restricted_pod("restricted-gpu-hostpath")), "main", delivery="hostPath")
+        for ns, level in (("restricted-ns", "restricted"), ("baseline-ns", "baseline")):
+            before = webhook_reviews()
+            r = create(restricted_pod("restricted-gpu-hp"), ns=ns, check=False)
+            assert not isinstance(r, dict), f"admitted in {ns}"
+            assert f'violates PodSecurity "{level}' in r.stderr and "hostPath" in r.stderr, r.stderr[-600:]
+            for v in OURS:
+                assert v in r.stderr, f"{v} not named: {r.stderr[-600:]}"
+            # Our webhook did mutate it: Pod Security, after us, refused the result.
+            assert delta(before, webhook_reviews()) == {"injected": 1}, delta(before, webhook_reviews())
+    check("libraryDelivery=hostPath (helm upgrade, webhook restarted from the Deployment): the stored pod carries the hostPath volumes; "
+          "the same restricted pod is refused by Pod Security restricted and baseline, the message naming our hostPath volumes", hostpath_refused)
+
+    def back_to_csi():
+        assert switched, "hostPath was never switched on"
+        switch_delivery(None)
+        assert webhook_delivery() == "csi", webhook_delivery()
+        eventually("the CSIDriver back", lambda: kubectl("get", "csidriver", CSI_DRIVER, check=False).returncode == 0, timeout=60)
+        eventually("the node pods run the plugin again",
+                   lambda: kubelet_confirms_terminations(NS) or release_delivery(NS, RELEASE) == "csi", timeout=90)
+        r = create(restricted_pod("restricted-gpu-again"), ns="restricted-ns", check=False)
+        assert isinstance(r, dict), r.stderr[-600:]
+        pod_checks("injected", r, "main", delivery="csi")
+    check("back to the default (csi): CSIDriver and plugin back, the restricted namespace admits the sharing pod again", back_to_csi)
 
 
 class SecondWebhook(http.server.BaseHTTPRequestHandler):
@@ -792,7 +959,7 @@ def reinvocation():
         assert d == {"injected": 1, "already_injected": 1}, f"our webhook was not called twice: {d}"
         pod_checks("injected", stored, "main")
         names = [v["name"] for v in stored["spec"]["volumes"]]
-        assert "second-webhook" in names and all(names.count(v) == 1 for v in OURS), names
+        assert "second-webhook" in names and [names.count(v) for v in OURS] == [1, 0, 0], names
         env = [e["name"] for e in stored["spec"]["containers"][0]["env"]]
         assert env.count("SECOND_WEBHOOK") == 1 and env.count("POD_UID") == 1, env
     finally:
@@ -821,7 +988,8 @@ def fail_closed():
         stored = create(pod("while-down-ignore", {"gpu-memory": "1024"}))
         pod_checks("untouched", stored)
     check("webhook.failurePolicy=Ignore (the old behaviour): the sharing pod is admitted unpatched", fail_open_switch)
-    r = helm("upgrade", RELEASE, CHART, "-n", NS, check=False)
+    # --reset-values: a bare upgrade would keep failurePolicy=Ignore.
+    r = helm("upgrade", RELEASE, CHART, "-n", NS, "--reset-values", check=False)
     assert r.returncode == 0, r.stderr
     start_webhook()
 

@@ -2,9 +2,11 @@
 # The kind suite's assertions against the real binaries started locally, as
 # separate processes on 127.0.0.1, without Kubernetes (run by .ci/run):
 #   libsync installs into a temp "host"; the webhook (TLS, openssl-made
-#   certificate) mutates a GPU-sharing pod and leaves a plain one alone; a
-#   region written like libvgpu's is served by the agent (grpcurl) and by the
-#   aggregator's :9394 metrics. The host starts with the empty directory
+#   certificate) mutates a GPU-sharing pod and leaves a plain one alone, with
+#   its default library delivery (one inline CSI volume) and, as a second
+#   process, with LIBRARY_DELIVERY=hostPath (the Go webhook's three hostPath
+#   volumes); a region written like libvgpu's is served by the agent
+#   (grpcurl) and by the aggregator's :9394 metrics. The host starts with the empty directory
 #   kubelet leaves at ld.so.preload when a pod mounted it before libsync ran.
 # Usage: kind-tests/local.sh [BIN_DIR]   (default target/debug; needs
 # curl, openssl, python3, grpcurl on PATH or $GRPCURL)
@@ -54,10 +56,16 @@ wait_for "http://127.0.0.1:$ls_port/readyz"
 openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost \
   -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
   -keyout "$work/tls.key" -out "$work/tls.crt" >/dev/null 2>&1
+# The default delivery (csi): no LIBRARY_DELIVERY in the environment.
 wh_port=$(free_port)
-"$bin/kai-webhook" --listen "127.0.0.1:$wh_port" --tls-cert-file "$work/tls.crt" \
+env -u LIBRARY_DELIVERY -u CSI_DRIVER "$bin/kai-webhook" --listen "127.0.0.1:$wh_port" --tls-cert-file "$work/tls.crt" \
+  --tls-private-key-file "$work/tls.key" --log-level warn & pids+=($!)
+# The same webhook pinned to hostPath delivery (chart: libraryDelivery: hostPath).
+hp_port=$(free_port)
+LIBRARY_DELIVERY=hostPath "$bin/kai-webhook" --listen "127.0.0.1:$hp_port" --tls-cert-file "$work/tls.crt" \
   --tls-private-key-file "$work/tls.key" --log-level warn & pids+=($!)
 wait_for "https://localhost:$wh_port/readyz" --cacert "$work/tls.crt"
+wait_for "https://localhost:$hp_port/readyz" --cacert "$work/tls.crt"
 review() { # review NAME ANNOTATIONS-JSON
   python3 - "$1" "$2" <<'PY'
 import json, sys
@@ -71,8 +79,9 @@ print(json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"
 PY
 }
 # mutate BODY [PATH]: /mutate, or /mutate/allow-opt-out (where the chart
-# sends pods of namespaces that may opt out).
-mutate() { curl -fsS --cacert "$work/tls.crt" -H 'Content-Type: application/json' --data "$1" "https://localhost:$wh_port${2:-/mutate}"; }
+# sends pods of namespaces that may opt out); to the csi webhook, or to the
+# one on $port when set (port=$hp_port mutate ...: the hostPath one).
+mutate() { curl -fsS --cacert "$work/tls.crt" -H 'Content-Type: application/json' --data "$1" "https://localhost:${port:-$wh_port}${2:-/mutate}"; }
 gpu=$(mutate "$(review e2e-gpu '{"gpu-memory":"1024"}')")
 echo "$gpu" | python3 -c '
 import base64, json, sys
@@ -84,9 +93,13 @@ assert r["allowed"] and r["uid"] == "uid-e2e-gpu" and "/etc/ld.so.preload" in pa
 writable = sorted(m["mountPath"] for m in mounts if not m.get("readOnly"))
 assert writable == ["/tmp/vgpulock", "/usr/local/vgpu/containers"], mounts
 assert any(m["mountPath"] == "/usr/local/vgpu" and m.get("readOnly") for m in mounts), mounts
+assert {m["name"] for m in mounts} == {"kai-resource-isolator-vgpu"}, mounts
+vols = [v for o in ops if o["path"].startswith("/spec/volumes") for v in (o["value"] if isinstance(o["value"], list) else [o["value"]])]
+assert vols == [{"name": "kai-resource-isolator-vgpu", "csi": {"driver": "vgpu.kai-resource-isolator.io", "readOnly": False,
+                 "volumeAttributes": {"kai-resource-isolator.io/container": "main"}}}], vols
 env = [e for o in ops if "/env" in o["path"] for e in (o["value"] if isinstance(o["value"], list) else [o["value"]])]
 assert {"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "1024m"} in env, env
-' && ok "webhook mutates a gpu-memory pod (ld.so.preload, <mount> read-only, only containers/ writable, literal 1024m limit)" || bad "webhook mutation"
+' && ok "webhook (default delivery) mutates a gpu-memory pod: one csi volume, no hostPath; ld.so.preload, <mount> read-only, only containers/ and the lock dir writable, literal 1024m limit" || bad "webhook mutation: $gpu"
 cores=$(mutate "$(review e2e-cores '{"gpu-fraction":"0.5","kai-resource-isolator.io/gpu-cores":"30"}')")
 echo "$cores" | python3 -c '
 import base64, json, sys
@@ -111,7 +124,7 @@ assert r["allowed"] and "patch" not in r, r
 # The patch applied to the pod as the API server would store it, checked with
 # kind-tests/pod_checks.py: the same checks run.sh makes on the live pods.
 checks="$root/kind-tests/pod_checks.py"
-admit() { # admit NAME ANNOTATIONS-JSON SPEC-JSON: the patched pod in $work/NAME.patched.json
+admit() { # admit NAME ANNOTATIONS-JSON SPEC-JSON [PATH]: the patched pod in $work/NAME.patched.json
   python3 - "$work" "$1" "$2" "$3" <<'PY'
 import json, sys
 work, name, annotations, spec = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
@@ -127,14 +140,14 @@ PY
 }
 two='{"containers":[{"name":"main","image":"ubuntu:24.04"},{"name":"sidecar","image":"ubuntu:24.04"}]}'
 admit e2e-fraction '{"gpu-fraction":"0.5"}' "$two"
-python3 "$checks" injected "$work/e2e-fraction.patched.json" main \
-  && ok "gpu-fraction pod: three volumes, four mounts at their paths, three env vars on main only" \
+python3 "$checks" injected "$work/e2e-fraction.patched.json" main --delivery csi \
+  && ok "gpu-fraction pod (csi): one csi volume naming main, four mounts at their paths, three env vars on main only" \
   || bad "gpu-fraction pod as patched"
 admit e2e-named '{"gpu-memory":"1024","gpu-fraction-container-name":"sidecar"}' "$two"
-python3 "$checks" injected "$work/e2e-named.patched.json" sidecar \
+python3 "$checks" injected "$work/e2e-named.patched.json" sidecar --delivery csi \
   && ok "gpu-fraction-container-name: only the named container is injected" || bad "named container as patched"
 admit e2e-append '{"gpu-memory":"1024"}' '{"volumes":[{"name":"data","emptyDir":{}}],"containers":[{"name":"main","image":"ubuntu:24.04","env":[{"name":"FOO","value":"bar"}],"volumeMounts":[{"name":"data","mountPath":"/data"}]}]}'
-python3 "$checks" injected "$work/e2e-append.patched.json" main \
+python3 "$checks" injected "$work/e2e-append.patched.json" main --delivery csi \
   && python3 -c '
 import json, sys
 spec = json.load(open(sys.argv[1]))["spec"]; main = spec["containers"][0]
@@ -143,7 +156,7 @@ assert main["env"][0] == {"name": "FOO", "value": "bar"} and main["volumeMounts"
 ' "$work/e2e-append.patched.json" \
   && ok "a pod with volumes, env and mounts of its own keeps them and gains ours" || bad "appending to existing arrays"
 admit e2e-optout-ignored '{"gpu-memory":"1024","kai-resource-isolator.io/inject":"false"}' "$two"
-python3 "$checks" injected "$work/e2e-optout-ignored.patched.json" main \
+python3 "$checks" injected "$work/e2e-optout-ignored.patched.json" main --delivery csi \
   && ok "on /mutate the tenant's opt-out annotation counts for nothing" || bad "opt-out honoured on /mutate"
 admit e2e-optout '{"gpu-memory":"1024","kai-resource-isolator.io/inject":"false"}' "$two" /mutate/allow-opt-out
 python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))["response"]; assert r["allowed"] and "patch" not in r, r' \
@@ -154,6 +167,42 @@ admit e2e-again '{"gpu-fraction":"0.5"}' "$(python3 -c 'import json, sys; print(
 python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))["response"]; assert r["allowed"] and "patch" not in r, r' \
     "$work/e2e-again.response.json" \
   && ok "reinvocation on the injected pod adds nothing" || bad "reinvocation patched again"
+# Pod Security restricted: the effective runAsUser / runAsGroup become the
+# volume's attributes (the container's over the pod's), for kai-csi.
+restricted='{"securityContext":{"runAsNonRoot":true,"runAsUser":1000,"runAsGroup":3000,"fsGroup":2000,"seccompProfile":{"type":"RuntimeDefault"}},"containers":[{"name":"main","image":"ubuntu:24.04","securityContext":{"runAsUser":1001,"allowPrivilegeEscalation":false,"capabilities":{"drop":["ALL"]}}}]}'
+admit e2e-restricted '{"gpu-memory":"1024"}' "$restricted"
+python3 "$checks" injected "$work/e2e-restricted.patched.json" main --delivery csi \
+  && python3 -c '
+import json, sys
+(v,) = [v for v in json.load(open(sys.argv[1]))["spec"]["volumes"] if v["name"] == "kai-resource-isolator-vgpu"]
+assert v["csi"]["volumeAttributes"] == {"kai-resource-isolator.io/container": "main",
+    "kai-resource-isolator.io/run-as-user": "1001", "kai-resource-isolator.io/run-as-group": "3000"}, v
+' "$work/e2e-restricted.patched.json" \
+  && ok "restricted pod (csi): the volume carries the container's runAsUser 1001 and the pod's runAsGroup 3000" || bad "run-as attributes"
+
+# --- the same webhook pinned to hostPath delivery -----------------------------
+port=$hp_port admit e2e-hp-fraction '{"gpu-fraction":"0.5"}' "$two"
+python3 "$checks" injected "$work/e2e-hp-fraction.patched.json" main --delivery hostPath \
+  && ok "LIBRARY_DELIVERY=hostPath: three hostPath volumes, four mounts at their paths, three env vars on main only" \
+  || bad "gpu-fraction pod as patched by the hostPath webhook"
+port=$hp_port admit e2e-hp-restricted '{"gpu-memory":"1024"}' "$restricted"
+python3 "$checks" injected "$work/e2e-hp-restricted.patched.json" main --delivery hostPath \
+  && ok "LIBRARY_DELIVERY=hostPath: a restricted pod gets the hostPath volumes too (no csi volume)" \
+  || bad "restricted pod as patched by the hostPath webhook"
+# A pod a hostPath replica mutated, reviewed again by a csi one (the
+# switch): it stays on hostPath, nothing added.
+admit e2e-hp-again '{"gpu-fraction":"0.5"}' "$(python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))["spec"]))' "$work/e2e-hp-fraction.patched.json")"
+python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))["response"]; assert r["allowed"] and "patch" not in r, r' \
+    "$work/e2e-hp-again.response.json" \
+  && python3 "$checks" injected "$work/e2e-hp-again.patched.json" main --delivery hostPath \
+  && ok "a hostPath-injected pod reviewed by the csi webhook keeps hostPath, nothing added" || bad "hostPath pod converted or patched again"
+if timeout 10 "$bin/kai-webhook" --library-delivery hostpath --tls-cert-file "$work/tls.crt" --tls-private-key-file "$work/tls.key" \
+    --listen "127.0.0.1:$(free_port)" >"$work/bad-delivery.log" 2>&1; then
+  bad "the webhook started with --library-delivery hostpath"
+else
+  grep -q "possible values: csi, hostPath" "$work/bad-delivery.log" \
+    && ok "an unknown delivery (hostpath) stops the webhook at start-up" || bad "bad delivery: $(cat "$work/bad-delivery.log")"
+fi
 code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$wh_port/healthz" || true)
 [ "$code" = 400 ] && ok "plain HTTP to the webhook is refused (400)" || bad "plain HTTP got $code"
 

@@ -346,6 +346,15 @@ def monitor_disabled():
     assert sorted(v["name"] for v in pod_spec(node)["volumes"]) == ["csi-socket", "host-vgpu", "kubelet-dir", "plugins-registry"]
     assert not [d for d in csi_only if d["kind"] == "Service" and d["metadata"]["name"].endswith("-node")]
     assert "ClusterRole" not in kinds(csi_only)
+    # The API token is the agent's alone: never in the privileged plugin.
+    full = one(render(), "DaemonSet", "-node")
+    assert pod_spec(full)["automountServiceAccountToken"] is False
+    token = "/var/run/secrets/kubernetes.io/serviceaccount"
+    by_name = containers(full)
+    assert [m["name"] for m in by_name["agent"]["volumeMounts"] if m["mountPath"] == token] == ["kube-api-access"]
+    assert not [m for m in by_name["csi"]["volumeMounts"] if m["mountPath"] == token], by_name["csi"]
+    projected = next(v for v in pod_spec(full)["volumes"] if v["name"] == "kube-api-access")["projected"]
+    assert [next(iter(s)) for s in projected["sources"]] == ["serviceAccountToken", "configMap", "downwardAPI"]
     ds = one(docs, "DaemonSet", "-libsync")
     assert list(containers(ds)) == ["libsync"]
     assert pod_spec(ds)["automountServiceAccountToken"] is False
@@ -898,7 +907,7 @@ def csi_kubelet_dir():
     validate_docs(docs)
     ds = one(docs, "DaemonSet", "-node")
     plugin = containers(ds)["csi"]
-    vols = {v["name"]: v["hostPath"]["path"] for v in pod_spec(ds)["volumes"]}
+    vols = {v["name"]: v["hostPath"]["path"] for v in pod_spec(ds)["volumes"] if "hostPath" in v}
     assert (vols["kubelet-dir"], vols["csi-socket"], vols["plugins-registry"]) == (
         "/var/lib/k0s/kubelet", f"/var/lib/k0s/kubelet/plugins/{DRIVER}", "/var/lib/k0s/kubelet/plugins_registry")
     assert {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}["kubelet-dir"] == "/var/lib/k0s/kubelet"
