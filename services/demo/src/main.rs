@@ -4,6 +4,7 @@
 //! checks with `--check`).
 
 mod aggregator;
+mod csi;
 mod node;
 mod samples;
 
@@ -114,6 +115,13 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     node::check(&node).await?;
+    let published = csi::start(
+        work.path(),
+        &node.host.join("usr/local/vgpu"),
+        node::trainer(),
+        shutdown.clone(),
+    )
+    .await?;
     let aggregator = aggregator::start(
         node.agent.grpc_addr,
         args.aggregator_listen,
@@ -167,6 +175,12 @@ async fn main() -> anyhow::Result<()> {
         "  ls -la {}/usr/local/vgpu   # what libsync installed",
         node.host.display()
     );
+    if let Some(published) = &published {
+        println!(
+            "  ls -laR {}   # what a pod sees with CSI delivery (the library read-only, only its own region)",
+            published.target.display()
+        );
+    }
 
     if args.check {
         shutdown.cancel();
@@ -179,6 +193,8 @@ async fn main() -> anyhow::Result<()> {
     webhook.task.await?;
     node.agent.wait().await?;
     aggregator.wait().await?;
+    // Before the demo's files are removed.
+    drop(published);
     Ok(())
 }
 

@@ -82,6 +82,13 @@ const SIMS: [Sim; 4] = [
     },
 ];
 
+/// trainer-0 as (namespace, pod, pod UID, container): the pod the demo's
+/// CSI plugin publishes a volume for.
+pub fn trainer() -> (&'static str, &'static str, &'static str, &'static str) {
+    let t = &SIMS[0];
+    (t.namespace, t.pod, t.uid, t.container)
+}
+
 fn region(sim: &Sim, used: u64) -> RegionBuilder {
     // The demo's own PID as the slot's host PID, so the agent's liveness
     // check against this machine's /proc sees a live process.
