@@ -7,7 +7,9 @@ use std::process::Command;
 
 use serde_json::Value;
 
-/// Deployed services: none may depend on another.
+/// Deployed services: none may depend on another, in any kind of
+/// dependency (normal, build or dev): tests that run services together
+/// live in a harness.
 const SERVICES: &[&str] = &[
     "kai-webhook",
     "kai-node",
@@ -19,13 +21,6 @@ const SERVICES: &[&str] = &[
 /// Harnesses: they run several services together, so they may depend on
 /// any of them; nothing may depend on a harness.
 const HARNESSES: &[&str] = &["kai-demo", "kai-fuzz"];
-
-/// The one test-only exception, and why: the aggregator's end-to-end
-/// tests and its soak bench run real node agents against it, and the soak
-/// bench starts the `kai-aggregator` binary through
-/// `CARGO_BIN_EXE_kai-aggregator`, which cargo only provides to targets
-/// of the same package. A dev-dependency is never linked into the service.
-const DEV_EXCEPTIONS: &[(&str, &str)] = &[("kai-aggregator", "kai-node")];
 
 /// Every module that allows `unsafe` (the workspace denies it), with why.
 const UNSAFE_MODULES: &[(&str, &str)] = &[
@@ -121,20 +116,46 @@ fn no_service_depends_on_another_service_or_a_harness() {
     for service in SERVICES {
         assert!(names.contains(*service), "{service} is a workspace member");
     }
-    let broken: Vec<_> = edges
-        .iter()
-        .filter(|(p, d, kind)| {
-            let service_to_service =
-                SERVICES.contains(&p.as_str()) && SERVICES.contains(&d.as_str());
-            let on_harness = HARNESSES.contains(&d.as_str());
-            let excepted = kind == "dev" && DEV_EXCEPTIONS.contains(&(p.as_str(), d.as_str()));
-            (service_to_service || on_harness) && !excepted
-        })
-        .collect();
+    let broken = broken(&edges);
     assert!(
         broken.is_empty(),
         "services depend on each other: {broken:?}"
     );
+}
+
+/// The edges the rule forbids: a service on another service, or anything on
+/// a harness, whatever the dependency's kind.
+fn broken(edges: &[(String, String, String)]) -> Vec<&(String, String, String)> {
+    edges
+        .iter()
+        .filter(|(p, d, _)| {
+            let service_to_service =
+                SERVICES.contains(&p.as_str()) && SERVICES.contains(&d.as_str());
+            let on_harness = HARNESSES.contains(&d.as_str());
+            service_to_service || on_harness
+        })
+        .collect()
+}
+
+#[test]
+fn the_rule_rejects_every_kind_of_service_to_service_edge() {
+    let edge = |p: &str, d: &str, kind: &str| (p.to_owned(), d.to_owned(), kind.to_owned());
+    let forbidden = [
+        edge("kai-aggregator", "kai-node", "normal"),
+        edge("kai-aggregator", "kai-node", "dev"),
+        edge("kai-node", "kai-webhook", "build"),
+        edge("kai-node", "kai-demo", "dev"),
+        edge("kai-region", "kai-demo", "normal"),
+    ];
+    let allowed = [
+        edge("kai-demo", "kai-node", "normal"),
+        edge("kai-demo", "kai-aggregator", "dev"),
+        edge("kai-aggregator", "kai-vocab", "normal"),
+        edge("kai-node", "kai-region", "dev"),
+    ];
+    let all: Vec<_> = forbidden.iter().chain(&allowed).cloned().collect();
+    let found: Vec<_> = broken(&all).into_iter().cloned().collect();
+    assert_eq!(found, forbidden);
 }
 
 #[test]

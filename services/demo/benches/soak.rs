@@ -1,7 +1,13 @@
-//! Soak: the real `kai-aggregator` binary subscribed over real gRPC sockets
-//! to NODES simulated node agents (the agent's own `VgpuNode` service on
-//! loopback), CONTAINERS each, replacing CHURN_PERCENT of all containers per
-//! minute, for SOAK_SECONDS.
+//! Soak: the aggregator, in a process of its own, subscribed over real gRPC
+//! sockets to NODES simulated node agents (the agent's own `VgpuNode`
+//! service on loopback), CONTAINERS each, replacing CHURN_PERCENT of all
+//! containers per minute, for SOAK_SECONDS.
+//!
+//! The aggregator's process is this bench run again with
+//! `KAI_SOAK_AGGREGATOR` set, doing what `kai-aggregator`'s `main` does with
+//! the same flags: cargo gives `CARGO_BIN_EXE_kai-aggregator` only to the
+//! aggregator's own targets, and the aggregator may not depend on the node
+//! agent (docs/architecture.md, "Dependency rule").
 //!
 //! Every SAMPLE_SECONDS it records the aggregator's RSS, open fds, memory
 //! mappings and threads (from /proc/<pid>), and scrapes /metrics: the
@@ -9,7 +15,7 @@
 //! exist now (replacements are 1:1, so a stale or duplicate series shows as
 //! a different count). Fails on a wrong count or on fd growth.
 //!
-//! `cargo bench -p kai-aggregator --bench soak` (defaults: NODES=1000,
+//! `cargo bench -p kai-demo --bench soak` (defaults: NODES=1000,
 //! CONTAINERS=10, CHURN_PERCENT=10, SOAK_SECONDS=120, SAMPLE_SECONDS=10).
 //! Needs about 3 file descriptors per node (`ulimit -n`).
 
@@ -20,6 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use clap::Parser;
 use kai_node::agent::isolation::Isolation;
 use kai_node::agent::state::{ContainerView, NodeState, PodMeta};
 use kai_proto::v1::IsolationState;
@@ -144,8 +151,31 @@ fn count(metrics: &str, prefix: &str) -> usize {
     metrics.lines().filter(|l| l.starts_with(prefix)).count()
 }
 
+/// Set in the child process: there the bench is the aggregator.
+const AS_AGGREGATOR: &str = "KAI_SOAK_AGGREGATOR";
+
+fn main() -> anyhow::Result<()> {
+    if std::env::var_os(AS_AGGREGATOR).is_some() {
+        aggregator()
+    } else {
+        soak()
+    }
+}
+
+/// The aggregator's process: what services/aggregator/src/main.rs does.
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn aggregator() -> anyhow::Result<()> {
+    kai_runtime::install_crypto_provider();
+    let args = kai_aggregator::Args::parse();
+    args.log.init().context("cannot set up logging")?;
+    let shutdown = kai_runtime::shutdown::on_signal();
+    let running = kai_aggregator::start(args.config().await?, shutdown).await?;
+    running.wait().await?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn soak() -> anyhow::Result<()> {
     let nodes = env_or("NODES", 1000) as usize;
     let per_node = env_or("CONTAINERS", 10);
     let churn_percent = env_or("CHURN_PERCENT", 10);
@@ -161,7 +191,8 @@ async fn main() -> anyhow::Result<()> {
     }
     let endpoints: Vec<String> = agents.iter().map(|(a, _)| a.to_string()).collect();
 
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kai-aggregator"))
+    let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .env(AS_AGGREGATOR, "1")
         .args([
             "--log-format",
             "json",
@@ -174,7 +205,7 @@ async fn main() -> anyhow::Result<()> {
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
         .spawn()
-        .context("starting kai-aggregator")?;
+        .context("starting the aggregator")?;
     let pid = child.id().context("aggregator pid")?;
     let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
     let http: SocketAddr = loop {

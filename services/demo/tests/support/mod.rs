@@ -1,4 +1,5 @@
-//! Helpers shared by the aggregator's integration tests.
+//! Helpers shared by the end-to-end tests (the aggregator against real node
+//! agents).
 #![allow(dead_code)]
 
 use std::time::Duration;
