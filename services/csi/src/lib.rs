@@ -202,6 +202,23 @@ pub async fn start(args: &Args, shutdown: CancellationToken) -> Result<Running, 
     })
 }
 
+/// A gRPC channel to a plugin socket, as kubelet dials one: for callers
+/// that drive the plugin as kubelet would (tests, the demo).
+pub async fn connect(socket: &Path) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let socket = socket.to_owned();
+    // The URI is required by the builder and ignored by the connector.
+    tonic::transport::Endpoint::from_static("http://[::]:50051")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let socket = socket.clone();
+            async move {
+                Ok::<_, io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(socket).await?,
+                ))
+            }
+        }))
+        .await
+}
+
 /// `unix:///path` or `/path`.
 fn socket_path(endpoint: &str) -> Result<PathBuf, StartError> {
     let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);

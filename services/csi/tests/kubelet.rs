@@ -120,17 +120,7 @@ impl Drop for Node {
 }
 
 async fn channel(socket: &Path) -> Channel {
-    let socket = socket.to_owned();
-    tonic::transport::Endpoint::try_from("http://[::]:50051")
-        .expect("endpoint")
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let socket = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(socket).await?,
-                ))
-            }
-        }))
+    kai_csi::connect(socket)
         .await
         .expect("connect to the plugin's socket")
 }

@@ -71,15 +71,7 @@ pub async fn start(
     let parent = pods.join(format!("{pod_uid}/volumes/kubernetes.io~csi/{VOLUME}"));
     std::fs::create_dir_all(&parent)?;
     let target = parent.join("mount");
-    let channel = tonic::transport::Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let socket = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(socket).await?,
-                ))
-            }
-        }))
+    let channel = kai_csi::connect(&socket)
         .await
         .context("connecting to kai-csi's socket")?;
     let context: HashMap<String, String> = [
