@@ -2,6 +2,9 @@
 // /api/v1/view/events says the cluster changed (or every 5 s when the
 // event stream cannot be held open). Lists are virtualised: only the rows
 // in sight exist in the DOM, and an update rewrites those rows in place.
+// With access control on, the API answers 401 until the page sends a
+// Kubernetes bearer token: the page asks for one, keeps it in this tab's
+// sessionStorage only and sends it as X-Kai-Authorization on every call.
 "use strict";
 
 (function () {
@@ -284,16 +287,19 @@
     document.body.dataset.revision = v.revision;
   }
 
-  let inflight = false;
-  let again = false;
-  function refresh() {
-    if (inflight) { again = true; return; }
-    inflight = true;
-    fetch("api/v1/view", { cache: "no-store" })
-      .then((r) => { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
-      .then(apply)
-      .catch((e) => setStatus("error", "cannot load the view: " + e.message))
-      .finally(() => { inflight = false; if (again) { again = false; refresh(); } });
+  // Forgets the model: on sign-out, and when the server refuses this tab
+  // (what it drew belongs to a token that could see it).
+  function clearView() {
+    view = null;
+    all = [];
+    $("summary").replaceChildren();
+    for (const id of ["gpu-count", "container-count", "escaped-count"]) $(id).textContent = "";
+    $("escaped").replaceChildren();
+    setOptions("namespaces", []);
+    setOptions("nodes", []);
+    containerList.setItems([], "");
+    gpuList.setItems([], "");
+    delete document.body.dataset.revision;
   }
 
   function setStatus(state, text) {
@@ -302,27 +308,322 @@
     s.textContent = text;
   }
 
+  // --- Access ----------------------------------------------------------------
+  // The token lives in sessionStorage (this tab, until it closes or signs
+  // out): never localStorage, a cookie or the URL. It goes in
+  // X-Kai-Authorization, not Authorization: the API server's service proxy
+  // (reached directly or through kubectl proxy) authenticates the request
+  // itself and strips Authorization before passing it on, but keeps this.
+  const TOKEN_KEY = "kai-aggregator.token";
+  let bearer = "";
+  try { bearer = sessionStorage.getItem(TOKEN_KEY) || ""; } catch (e) { /* storage off: memory only */ }
+  function setToken(t) {
+    bearer = t;
+    try {
+      if (t) sessionStorage.setItem(TOKEN_KEY, t);
+      else sessionStorage.removeItem(TOKEN_KEY);
+    } catch (e) { /* storage off: memory only */ }
+  }
+  function apiInit(signal) {
+    const init = { cache: "no-store", headers: {} };
+    if (bearer) init.headers["X-Kai-Authorization"] = "Bearer " + bearer;
+    if (signal) init.signal = signal;
+    return init;
+  }
+
+  class ApiError extends Error {
+    constructor(status, message, retryAfter) {
+      super(message);
+      this.status = status;
+      this.retryAfter = retryAfter;
+    }
+  }
+  // A refusal's message: {"error": …} from the aggregator, a Status
+  // {"message": …} from an API server in front of it, else the text.
+  async function refusal(r) {
+    let text = "";
+    try { text = await r.text(); } catch (e) { /* no body */ }
+    let message = "";
+    try {
+      const body = JSON.parse(text);
+      message = String(body.error || body.message || "");
+    } catch (e) { /* not JSON */ }
+    if (!message) message = text.trim().slice(0, 300) || "HTTP " + r.status + (r.statusText ? " " + r.statusText : "");
+    const after = Number(r.headers.get("Retry-After"));
+    return new ApiError(r.status, message, after > 0 ? after : 0);
+  }
+
+  // Each sign-in and sign-out starts a new epoch: answers to calls of an
+  // older one are dropped (a 401 to the call before sign-in must not undo it).
+  let epoch = 0;
+  let locked = false; // the prompt waits for a token: no API calls
+  const signin = $("signin");
+
+  function showPrompt(message, state) {
+    locked = true;
+    signin.hidden = false;
+    signin.dataset.state = state;
+    $("signin-message").textContent = message || "";
+    $("signout").hidden = true;
+    document.body.dataset.auth = "signin";
+    setStatus("error", "sign in required");
+    $("token").focus();
+  }
+  // An API call answered 2xx (or 403: the token is good, the caller not
+  // allowed): whoever asked is signed in.
+  function accepted() {
+    signin.hidden = true;
+    signin.dataset.state = "";
+    $("signin-message").textContent = "";
+    $("signout").hidden = !bearer;
+    document.body.dataset.auth = bearer ? "token" : "open";
+  }
+  function showNotice(kind, text) {
+    const n = $("notice");
+    n.hidden = false;
+    n.dataset.kind = kind;
+    n.textContent = text;
+    // Signing in and the server cannot tell yet: say so in the prompt too.
+    if (!signin.hidden && !locked) $("signin-message").textContent = text;
+  }
+  function hideNotice() {
+    const n = $("notice");
+    n.hidden = true;
+    n.textContent = "";
+    delete n.dataset.kind;
+  }
+
+  // A 401 anywhere: stop, forget the token (the server rejected it) and
+  // what it showed, and ask for a token with the server's reason.
+  function requireSignIn(message) {
+    const rejected = !!bearer;
+    epoch += 1;
+    stop();
+    setToken("");
+    clearView();
+    hideNotice();
+    showPrompt(message, rejected ? "error" : "idle");
+  }
+
+  $("signin-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const input = $("token");
+    // Pasted with its scheme or wrapped over lines: the token alone.
+    const t = input.value.trim().replace(/^bearer\s+/i, "").replace(/\s+/g, "");
+    input.value = "";
+    if (!t) {
+      showPrompt("Paste a token first.", "error");
+      return;
+    }
+    setToken(t);
+    epoch += 1;
+    stop();
+    locked = false;
+    signin.dataset.state = "busy";
+    $("signin-message").textContent = "Signing in…";
+    setStatus("connecting", "signing in…");
+    listen();
+  });
+  $("signout").addEventListener("click", () => {
+    epoch += 1;
+    stop();
+    setToken("");
+    clearView();
+    hideNotice();
+    showPrompt("Signed out: the token is gone from this tab.", "idle");
+  });
+
+  // --- The model and its change stream ----------------------------------------
+
+  let inflight = false;
+  let again = false;
+  let retry = null; // a timer: the next try after a 503
+  let retryDelay = 0; // seconds
+  function refresh() {
+    if (locked) return;
+    if (inflight) { again = true; return; }
+    inflight = true;
+    const my = epoch;
+    clearTimeout(retry);
+    retry = null;
+    fetch("api/v1/view", apiInit())
+      .then(async (r) => { if (!r.ok) throw await refusal(r); return r.json(); })
+      .then((v) => {
+        if (my !== epoch) return;
+        retryDelay = 0;
+        accepted();
+        hideNotice();
+        apply(v);
+        // Past a refusal, the status says how changes arrive again.
+        if (stream && streamOpen) setStatus("live", "live · revision " + v.revision);
+        else if (streamLost) setStatus("error", streamLost);
+      })
+      .catch((e) => { if (my === epoch) failed(e); })
+      .finally(() => { inflight = false; if (again) { again = false; refresh(); } });
+  }
+
+  function failed(e) {
+    if (e.status === 401) {
+      requireSignIn(e.message);
+    } else if (e.status === 403) {
+      // Signed in, but this caller may not see the view.
+      accepted();
+      clearView();
+      showNotice("forbidden", "Signed in, but not allowed: " + e.message);
+      setStatus("error", "not allowed");
+    } else if (e.status === 503) {
+      // The API server that checks tokens (or the aggregator behind a
+      // proxy) is unreachable: try again, less often each time.
+      retryDelay = Math.min(60, Math.max(e.retryAfter || 0, retryDelay ? retryDelay * 2 : 2));
+      showNotice("unavailable", e.message + " (trying again in " + retryDelay + " s)");
+      setStatus("error", "unavailable; trying again in " + retryDelay + " s");
+      retry = setTimeout(() => { retry = null; refresh(); }, retryDelay * 1000);
+    } else {
+      setStatus("error", "cannot load the view: " + e.message);
+      if (!signin.hidden && !locked) $("signin-message").textContent = "cannot load the view: " + e.message;
+    }
+  }
+
   let poll = null;
   let missed = false;
+  function startPolling() {
+    // A pending retry after a 503 sets the pace instead.
+    if (!poll) poll = setInterval(() => { if (!retry) refresh(); }, 5000);
+  }
+  function stopPolling() {
+    if (poll) { clearInterval(poll); poll = null; }
+  }
   document.addEventListener("visibilitychange", () => {
     if (!document.hidden && missed) { missed = false; refresh(); }
   });
-  function listen() {
-    if (!window.EventSource) { poll = setInterval(refresh, 5000); refresh(); return; }
-    const events = new EventSource("api/v1/view/events");
-    events.addEventListener("change", (e) => {
-      setStatus("live", "live · revision " + e.data);
-      // A hidden tab does not fetch (a large cluster's model is megabytes);
-      // it catches up when shown.
-      if (document.hidden) missed = true;
-      else refresh();
-    });
-    events.onopen = () => { if (poll) { clearInterval(poll); poll = null; } };
-    // A proxy that will not hold the stream: fall back to polling until it reconnects.
-    events.onerror = () => {
-      setStatus("error", "event stream lost; polling every 5 s");
-      if (!poll) poll = setInterval(refresh, 5000);
+
+  // The change stream is read with fetch rather than EventSource, which
+  // cannot send the token's header; without a token it is the same path.
+  const STREAM_SILENCE_MS = 45000; // the server sends a keep-alive every 15 s
+  const canStream = !!(window.fetch && window.AbortController && window.TextDecoder && window.ReadableStream);
+  let stream = null; // the open stream's AbortController
+  let streamOpen = false; // it answered 200
+  let streamLost = ""; // why the page polls instead, if it does
+  let reconnect = null; // a timer
+  let reconnectDelay = 0; // seconds
+
+  // A text/event-stream body, by the WHATWG rules: field lines up to a
+  // blank line make an event; lines that start with ":" are comments (the
+  // server's keep-alives). `alive` is called on every chunk.
+  async function readEvents(reader, alive, dispatch) {
+    const decoder = new TextDecoder();
+    let buf = "";
+    let name = "";
+    let data = [];
+    const line = (l) => {
+      if (l === "") {
+        if (data.length) dispatch(name || "message", data.join("\n"));
+        name = "";
+        data = [];
+        return;
+      }
+      if (l[0] === ":") return;
+      const colon = l.indexOf(":");
+      const field = colon < 0 ? l : l.slice(0, colon);
+      let value = colon < 0 ? "" : l.slice(colon + 1);
+      if (value[0] === " ") value = value.slice(1);
+      if (field === "event") name = value;
+      else if (field === "data") data.push(value);
+      // "id" and "retry": the page reconnects on its own terms.
     };
+    let cr = false; // the last chunk ended in "\r": a "\n" next belongs to it
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      alive();
+      buf += decoder.decode(value, { stream: true });
+      if (cr && buf[0] === "\n") buf = buf.slice(1);
+      cr = false;
+      const eol = /\r\n|\r|\n/g;
+      let start = 0;
+      let m;
+      while ((m = eol.exec(buf))) {
+        line(buf.slice(start, m.index));
+        start = eol.lastIndex;
+        cr = m[0] === "\r" && start === buf.length;
+      }
+      buf = buf.slice(start);
+    }
+  }
+
+  function onChange(revision) {
+    setStatus("live", "live · revision " + revision);
+    // A hidden tab does not fetch (a large cluster's model is megabytes);
+    // it catches up when shown.
+    if (document.hidden) missed = true;
+    else refresh();
+  }
+
+  function listen() {
+    reconnect = null;
+    if (locked) return;
+    if (!canStream) {
+      streamLost = "polling every 5 s";
+      startPolling();
+      refresh();
+      return;
+    }
+    const my = epoch;
+    const ctl = new AbortController();
+    stream = ctl;
+    let silence = null;
+    const alive = () => {
+      clearTimeout(silence);
+      silence = setTimeout(() => { ctl.why = "silent for " + STREAM_SILENCE_MS / 1000 + " s"; ctl.abort(); }, STREAM_SILENCE_MS);
+    };
+    alive();
+    let opened = 0;
+    streamOpen = false;
+    fetch("api/v1/view/events", apiInit(ctl.signal))
+      .then(async (r) => {
+        if (!r.ok) throw await refusal(r);
+        if (!r.body) throw new Error("the browser cannot read a stream");
+        opened = Date.now();
+        streamOpen = true;
+        streamLost = "";
+        accepted();
+        stopPolling();
+        await readEvents(r.body.getReader(), alive, (name, data) => {
+          if (name === "change" && my === epoch) onChange(data);
+        });
+        throw new Error("closed by the server");
+      })
+      .catch((e) => {
+        clearTimeout(silence);
+        if (my !== epoch || stream !== ctl) return; // signed out, or a newer stream
+        stream = null;
+        streamOpen = false;
+        if (e.status === 401) { requireSignIn(e.message); return; }
+        // A proxy that will not hold the stream, a server at its limit of
+        // streams (503), a restart: poll until the stream is back.
+        if (opened && Date.now() - opened > 30000) reconnectDelay = 0;
+        reconnectDelay = Math.min(60, Math.max(e.retryAfter || 0, reconnectDelay ? reconnectDelay * 2 : 2));
+        streamLost = "event stream lost (" + (ctl.why || e.message) + "); polling every 5 s";
+        setStatus("error", streamLost);
+        startPolling();
+        if (!view) refresh();
+        reconnect = setTimeout(listen, reconnectDelay * 1000);
+      });
+  }
+
+  function stop() {
+    if (stream) { const s = stream; stream = null; s.abort(); }
+    streamOpen = false;
+    streamLost = "";
+    clearTimeout(reconnect);
+    reconnect = null;
+    reconnectDelay = 0;
+    clearTimeout(retry);
+    retry = null;
+    retryDelay = 0;
+    stopPolling();
+    again = false;
+    missed = false;
   }
 
   for (const [id, key] of [["f-namespace", "namespace"], ["f-node", "node"], ["sort", "sort"]]) {
