@@ -174,7 +174,7 @@ fi
 
 # --- 4. the node agent over those regions, real NVML ---------------------------
 log "kai-node agent over $MOUNT/containers with $NVML_LIBRARY"
-"$KAI_NODE" --log-format json agent --no-kube --node-name gpu-tier \
+"$KAI_NODE" --log-format json agent --no-kube --metrics-auth=none --node-name gpu-tier \
   --containers-dir "$MOUNT/containers" --grpc-listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
   --host-proc /proc --nvml-library "$NVML_LIBRARY" > "$RESULTS_DIR/agent.log" 2>&1 &
 AGENT_PID=$!

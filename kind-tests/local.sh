@@ -220,7 +220,7 @@ uncapped=6f1c2d3e-0000-4000-8000-0000000000f3
 printf '[{"uid":"%s","namespace":"e2e","name":"e2e-gpu"},{"uid":"%s","namespace":"e2e-uncapped","name":"e2e-nolimit"}]' \
   "$uid" "$uncapped" > "$work/pods.json"
 ag_grpc=$(free_port); ag_metrics=$(free_port)
-"$bin/kai-node" --log-level warn agent --no-kube --no-nvml --static-pods "$work/pods.json" \
+"$bin/kai-node" --log-level warn agent --no-kube --no-nvml --static-pods "$work/pods.json" --metrics-auth=none \
   --containers-dir "$work/host/usr/local/vgpu/containers" \
   --grpc-listen "127.0.0.1:$ag_grpc" --metrics-listen "127.0.0.1:$ag_metrics" --node-name e2e-node & pids+=($!)
 wait_for "http://127.0.0.1:$ag_metrics/readyz"
@@ -248,7 +248,7 @@ assert c[0]["isolationState"] == "ISOLATION_STATE_UNCAPPED_NO_LIMIT", c
 
 agg_http=$(free_port); agg_grpc=$(free_port)
 "$bin/kai-aggregator" --node-agent "127.0.0.1:$ag_grpc" --listen "127.0.0.1:$agg_http" \
-  --grpc-listen "127.0.0.1:$agg_grpc" --log-level warn & pids+=($!)
+  --grpc-listen "127.0.0.1:$agg_grpc" --auth=none --log-level warn & pids+=($!)
 wait_for "http://127.0.0.1:$agg_http/readyz"
 series='hami_vgpu_memory_used_bytes{namespace="e2e",pod="e2e-gpu",container="main",vdevice_index="0",device_uuid="GPU-e2e00000-0000-4000-8000-000000000000",node="e2e-node",zone="vGPU"} 536870912'
 found=no

@@ -741,6 +741,8 @@ fn main() {
         let addr = listener.local_addr().expect("addr");
         let state = http::State {
             cluster: cluster.clone(),
+            access: kai_access::Access::open(),
+            metrics_access: kai_access::Access::open(),
             legacy: false,
             synced: tokio::sync::watch::channel(true).1,
             limits: http::Limits::new(cluster.health(), &kai_aggregator::Limits::default()),

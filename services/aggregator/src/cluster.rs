@@ -53,7 +53,7 @@ pub struct NodeEntry {
 }
 
 impl NodeEntry {
-    fn new(endpoint: &str) -> Self {
+    pub(crate) fn new(endpoint: &str) -> Self {
         Self {
             endpoint: endpoint.to_owned(),
             node: endpoint.to_owned(),

@@ -89,6 +89,16 @@ impl Health {
         )
     }
 
+    /// Caller checks through the API server of `client`, counted on this
+    /// recorder (`kai_access_*`).
+    pub fn access(
+        &self,
+        client: kube::Client,
+        settings: kai_access::Settings,
+    ) -> kai_access::Access {
+        kai_access::Access::kubernetes(client, settings, &self.recorder)
+    }
+
     /// The counted series, in the text format.
     pub(crate) fn render(&self, out: &mut String) {
         self.recorder.render_into(out);

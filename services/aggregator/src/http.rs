@@ -7,6 +7,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kai_access::{Access, AccessError};
 use kai_exposition::{NodeView, Options, Page, View};
 use kai_proto::v1 as pb;
 use kai_runtime::limit::{StreamLimit, StreamPermit};
@@ -18,11 +19,15 @@ use warp::{Filter, Reply};
 
 use crate::cluster::{Cluster, NodeEntry};
 use crate::metrics::{self, Health};
-use crate::query;
+use crate::{query, visible};
 
 #[derive(Clone)]
 pub struct State {
     pub cluster: Arc<Cluster>,
+    /// Who may see what of the API (`--auth`).
+    pub access: Access,
+    /// Who may read `/metrics` (`--metrics-auth`).
+    pub metrics_access: Access,
     pub legacy: bool,
     pub synced: watch::Receiver<bool>,
     pub limits: Limits,
@@ -233,6 +238,99 @@ fn json<T: serde::Serialize>(value: &T) -> warp::reply::Response {
     warp::reply::json(value).into_response()
 }
 
+/// Who may use a route (docs/security.md, "Access control").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    /// Anyone: probes and the page's static assets, which carry no data.
+    Open,
+    /// A caller allowed `get` on `/metrics` (or anyone with
+    /// `--metrics-auth=none`).
+    Metrics,
+    /// A known caller; it gets what its scope lets it see.
+    Caller,
+}
+
+/// Every route of the port and its guard. `/metrics` and everything under
+/// `/api/` go through one handler that knows the caller before it looks at
+/// the path ([`guarded`]), so no data route can be added without a
+/// decision; the open ones are the probes and the page's assets.
+pub const ROUTES: &[(&str, Guard)] = &[
+    ("/metrics", Guard::Metrics),
+    ("/api/v1/containers", Guard::Caller),
+    ("/api/v1/nodes", Guard::Caller),
+    ("/api/v1/devices", Guard::Caller),
+    ("/api/v1/view", Guard::Caller),
+    ("/api/v1/view/events", Guard::Caller),
+    ("/healthz", Guard::Open),
+    ("/readyz", Guard::Open),
+    ("/", Guard::Open),
+    ("/ui/app.js", Guard::Open),
+    ("/ui/app.css", Guard::Open),
+];
+
+/// The paths [`guarded`] answers: `/metrics` and `/api/…`.
+fn is_guarded(path: &str) -> bool {
+    path == "/metrics" || path.starts_with("/api/")
+}
+
+/// The index as `caller` may see it (see [`visible::for_caller`]).
+async fn visible(
+    state: &State,
+    caller: &kai_access::Caller,
+    namespace: &str,
+) -> Result<Vec<NodeEntry>, AccessError> {
+    visible::for_caller(&state.access, caller, state.cluster.snapshot(), namespace).await
+}
+
+/// `/metrics` and the API, for the caller of `headers` only.
+async fn guarded(
+    path: &str,
+    headers: &http::HeaderMap,
+    query: &HashMap<String, String>,
+    state: &State,
+    shutdown: &CancellationToken,
+) -> Result<warp::reply::Response, AccessError> {
+    if path == "/metrics" {
+        state.metrics_access.metrics_reader(headers).await?;
+        return Ok(match state.limits.scrapes.try_acquire() {
+            Ok(permit) => limited_metrics_response(MetricsPage::current(state), permit),
+            Err(refused) => refused.into_response(),
+        });
+    }
+    let caller = state.access.caller(headers).await?;
+    let response = match path {
+        "/api/v1/containers" => {
+            let nodes = visible(state, &caller, param(query, "namespace")).await?;
+            json(&query::list_containers(
+                &nodes,
+                param(query, "namespace"),
+                param(query, "pod"),
+                param(query, "node"),
+            ))
+        }
+        "/api/v1/nodes" => json(&pb::ListNodesResponse {
+            nodes: query::nodes(&visible(state, &caller, "").await?),
+        }),
+        "/api/v1/devices" => json(&pb::ClusterDevicesResponse {
+            devices: query::devices(&visible(state, &caller, "").await?, param(query, "node")),
+        }),
+        "/api/v1/view" => {
+            let revision = *state.cluster.subscribe().borrow();
+            crate::web::model(&visible(state, &caller, "").await?, revision)
+        }
+        "/api/v1/view/events" => {
+            crate::web::events(&state.cluster, &state.limits.events, shutdown.clone())
+        }
+        _ => warp::reply::with_status(
+            warp::reply::json(&serde_json::json!({"error": format!("no route {path}")})),
+            http::StatusCode::NOT_FOUND,
+        )
+        .into_response(),
+    };
+    tracing::debug!(caller = caller.name(), path, "served");
+    Ok(response)
+}
+
 pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationToken) {
     // The health series are rendered here; their histogram is folded in
     // between scrapes too, for as long as the page is served.
@@ -240,47 +338,35 @@ pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationTo
         let (health, shutdown) = (state.cluster.health().clone(), shutdown.clone());
         async move { health.upkeep(shutdown).await }
     });
-    let with = {
-        let state = state.clone();
-        warp::any().map(move || state.clone())
+    let api = {
+        let (state, shutdown) = (state.clone(), shutdown.clone());
+        warp::get()
+            .and(warp::path::full())
+            .and_then(|path: warp::path::FullPath| async move {
+                if is_guarded(path.as_str()) {
+                    Ok(path)
+                } else {
+                    Err(warp::reject::not_found())
+                }
+            })
+            .and(warp::header::headers_cloned())
+            .and(warp::query::<HashMap<String, String>>())
+            .then(
+                move |path: warp::path::FullPath,
+                      headers: http::HeaderMap,
+                      query: HashMap<String, String>| {
+                    let (state, shutdown) = (state.clone(), shutdown.clone());
+                    async move {
+                        guarded(path.as_str(), &headers, &query, &state, &shutdown)
+                            .await
+                            .unwrap_or_else(|refused| {
+                                tracing::debug!(path = path.as_str(), %refused, "refused");
+                                refused.response().into_response()
+                            })
+                    }
+                },
+            )
     };
-    let metrics = warp::path!("metrics")
-        .and(warp::get())
-        .and(with.clone())
-        .map(|s: State| match s.limits.scrapes.try_acquire() {
-            Ok(permit) => limited_metrics_response(MetricsPage::current(&s), permit),
-            Err(refused) => refused.into_response(),
-        });
-    let query_params = warp::query::<HashMap<String, String>>();
-    let containers = warp::path!("api" / "v1" / "containers")
-        .and(warp::get())
-        .and(query_params)
-        .and(with.clone())
-        .map(|q: HashMap<String, String>, s: State| {
-            json(&query::list_containers(
-                &s.cluster.snapshot(),
-                param(&q, "namespace"),
-                param(&q, "pod"),
-                param(&q, "node"),
-            ))
-        });
-    let nodes = warp::path!("api" / "v1" / "nodes")
-        .and(warp::get())
-        .and(with.clone())
-        .map(|s: State| {
-            json(&pb::ListNodesResponse {
-                nodes: query::nodes(&s.cluster.snapshot()),
-            })
-        });
-    let devices = warp::path!("api" / "v1" / "devices")
-        .and(warp::get())
-        .and(warp::query::<HashMap<String, String>>())
-        .and(with.clone())
-        .map(|q: HashMap<String, String>, s: State| {
-            json(&pb::ClusterDevicesResponse {
-                devices: query::devices(&s.cluster.snapshot(), param(&q, "node")),
-            })
-        });
     let synced = state.synced.clone();
     let health = kai_runtime::health::routes(move || {
         if *synced.borrow() {
@@ -289,21 +375,7 @@ pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationTo
             Err("discovery not synced yet")
         }
     });
-    let routes = metrics
-        .or(containers)
-        .unify()
-        .or(nodes)
-        .unify()
-        .or(devices)
-        .unify()
-        .or(health)
-        .unify()
-        .or(crate::web::routes(
-            state.cluster.clone(),
-            state.limits.events.clone(),
-            shutdown.clone(),
-        ))
-        .unify();
+    let routes = api.or(health).unify().or(crate::web::assets()).unify();
     kai_runtime::https::serve_plain(
         listener,
         warp::service(routes),

@@ -17,6 +17,7 @@ pub mod http;
 pub mod metrics;
 pub mod query;
 pub mod subscriber;
+pub mod visible;
 pub mod web;
 
 use std::collections::{BTreeSet, HashMap};
@@ -85,10 +86,53 @@ pub struct Args {
     /// `/metrics` pages, idle connections and gRPC streams per connection.
     #[command(flatten)]
     pub serve: kai_runtime::limit::ServeBoundArgs<8>,
+    /// Who may see what: `kubernetes` (callers' bearer tokens checked with
+    /// TokenReview, what they see with SubjectAccessReview) or `none`
+    /// (anyone who reaches the ports sees every tenant).
+    #[arg(long, env = "AUTH", value_enum, default_value_t = AuthMode::Kubernetes)]
+    pub auth: AuthMode,
+    #[command(flatten)]
+    pub access: kai_access::AccessArgs,
     #[command(flatten)]
     pub agent_tls: TlsArgs<AgentTlsFlags>,
     #[command(flatten)]
     pub log: kai_runtime::telemetry::LogArgs,
+}
+
+/// `--auth`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuthMode {
+    Kubernetes,
+    None,
+}
+
+/// How callers are checked.
+#[derive(Clone)]
+pub enum Auth {
+    /// Anyone sees everything (`--auth=none`).
+    Open,
+    /// Through the API server of `client`.
+    Kubernetes {
+        client: kube::Client,
+        settings: kai_access::Settings,
+        /// `/metrics` checked too (`--metrics-auth=rbac`).
+        metrics: bool,
+    },
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Open => f.write_str("Open"),
+            Self::Kubernetes {
+                settings, metrics, ..
+            } => f
+                .debug_struct("Kubernetes")
+                .field("settings", settings)
+                .field("metrics", metrics)
+                .finish_non_exhaustive(),
+        }
+    }
 }
 
 /// Bounds on what clients may hold open (docs/security.md).
@@ -186,6 +230,7 @@ pub struct Config {
     pub subscriber: subscriber::Settings,
     pub legacy_metrics: bool,
     pub limits: Limits,
+    pub auth: Auth,
 }
 
 impl Args {
@@ -209,11 +254,33 @@ impl Args {
             }),
             None => None,
         };
-        let discovery = if self.node_agents.is_empty() {
-            Discovery::Kube {
-                client: kube::Client::try_default()
+        // One client for discovery and the caller checks, made only when
+        // one of them needs it (static agents with --auth=none need none).
+        let client = if self.node_agents.is_empty() || self.auth == AuthMode::Kubernetes {
+            Some(
+                kube::Client::try_default()
                     .await
                     .map_err(AggregatorError::Kube)?,
+            )
+        } else {
+            None
+        };
+        let auth = match (&client, self.auth) {
+            (Some(client), AuthMode::Kubernetes) => Auth::Kubernetes {
+                client: client.clone(),
+                settings: self.access.settings(),
+                metrics: self.access.metrics_auth == kai_access::MetricsAuth::Rbac,
+            },
+            _ => {
+                tracing::warn!(
+                    "--auth=none: anyone who reaches the aggregator's ports sees every tenant's containers"
+                );
+                Auth::Open
+            }
+        };
+        let discovery = if let (true, Some(client)) = (self.node_agents.is_empty(), client) {
+            Discovery::Kube {
+                client,
                 namespace: self.agent_namespace.clone(),
                 selector: self.agent_selector.clone(),
                 port: self.agent_port,
@@ -221,10 +288,15 @@ impl Args {
         } else {
             Discovery::Static(self.node_agents.clone())
         };
-        Ok(self.config_with(discovery, tls))
+        Ok(self.config_with(discovery, tls, auth))
     }
 
-    fn config_with(&self, discovery: Discovery, tls: Option<subscriber::AgentTls>) -> Config {
+    fn config_with(
+        &self,
+        discovery: Discovery,
+        tls: Option<subscriber::AgentTls>,
+        auth: Auth,
+    ) -> Config {
         Config {
             discovery,
             listen: self.listen,
@@ -242,6 +314,7 @@ impl Args {
                 max_event_streams: self.max_event_streams as usize,
                 serve: self.serve.bounds(),
             },
+            auth,
         }
     }
 }
@@ -252,7 +325,7 @@ pub enum AggregatorError {
     #[error(transparent)]
     Bind(#[from] kai_runtime::net::BindError),
     #[error(
-        "no Kubernetes client for node-agent discovery ({0}); pass --node-agent to list agents instead"
+        "no Kubernetes client for node-agent discovery or caller checks ({0}); pass --node-agent to list agents instead, and --auth=none only where nobody else can reach the ports"
     )]
     Kube(#[source] kube::Error),
     #[error(transparent)]
@@ -302,6 +375,22 @@ pub async fn start(
     let (http_listener, http_addr) = kai_runtime::net::bind(config.listen).await?;
     let (grpc_listener, grpc_addr) = kai_runtime::net::bind(config.grpc_listen).await?;
     let cluster = Arc::new(Cluster::default());
+    let (access, metrics_access) = match config.auth.clone() {
+        Auth::Open => (kai_access::Access::open(), kai_access::Access::open()),
+        Auth::Kubernetes {
+            client,
+            settings,
+            metrics,
+        } => {
+            let access = cluster.health().access(client, settings);
+            let metrics_access = if metrics {
+                access.clone()
+            } else {
+                kai_access::Access::open()
+            };
+            (access, metrics_access)
+        }
+    };
 
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(supervise(
@@ -317,12 +406,17 @@ pub async fn start(
     )));
     tasks.push(tokio::spawn(serve_grpc(
         grpc_listener,
-        cluster.clone(),
+        grpc::Service {
+            cluster: cluster.clone(),
+            access: access.clone(),
+        },
         config.limits.serve.grpc,
         shutdown.clone(),
     )));
     let state = http::State {
         cluster: cluster.clone(),
+        access,
+        metrics_access,
         legacy: config.legacy_metrics,
         synced: targets.synced.clone(),
         limits: http::Limits::new(cluster.health(), &config.limits),
@@ -331,7 +425,7 @@ pub async fn start(
         http::serve(http_listener, state, shutdown).await;
         Ok(())
     }));
-    tracing::info!(%http_addr, %grpc_addr, discovery = ?config.discovery, "aggregator serving");
+    tracing::info!(%http_addr, %grpc_addr, discovery = ?config.discovery, auth = ?config.auth, "aggregator serving");
     Ok(Running {
         http_addr,
         grpc_addr,
@@ -408,7 +502,7 @@ async fn prune(
 
 async fn serve_grpc(
     listener: TcpListener,
-    cluster: Arc<Cluster>,
+    service: grpc::Service,
     settings: kai_runtime::grpc::ServerSettings,
     shutdown: CancellationToken,
 ) -> Result<(), AggregatorError> {
@@ -416,7 +510,7 @@ async fn serve_grpc(
     let router =
         kai_runtime::grpc::router_with::<Server>(settings, &[kai_proto::FILE_DESCRIPTOR_SET])
             .await?
-            .add_service(Server::new(grpc::Service { cluster }));
+            .add_service(Server::new(service));
     kai_runtime::grpc::serve(router, listener, None, shutdown).await?;
     Ok(())
 }

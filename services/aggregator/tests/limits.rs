@@ -42,6 +42,8 @@ async fn serve(cluster: Cluster, limits: kai_aggregator::Limits) -> Server {
     let limits = http::Limits::new(cluster.health(), &limits);
     let state = http::State {
         cluster: cluster.clone(),
+        access: kai_access::Access::open(),
+        metrics_access: kai_access::Access::open(),
         legacy: false,
         synced: tokio::sync::watch::channel(true).1,
         limits: limits.clone(),

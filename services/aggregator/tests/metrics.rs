@@ -223,6 +223,8 @@ async fn serve(cluster: Arc<Cluster>, legacy: bool, shutdown: CancellationToken)
     let state = http::State {
         limits: http::Limits::new(cluster.health(), &kai_aggregator::Limits::default()),
         cluster,
+        access: kai_access::Access::open(),
+        metrics_access: kai_access::Access::open(),
         legacy,
         synced: tokio::sync::watch::channel(true).1,
     };

@@ -34,6 +34,7 @@ async fn aggregator(
             },
             legacy_metrics: false,
             limits: kai_aggregator::Limits::default(),
+            auth: kai_aggregator::Auth::Open,
         },
         shutdown.clone(),
     )

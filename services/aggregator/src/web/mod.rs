@@ -10,7 +10,6 @@
 pub mod view;
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::Stream;
@@ -21,7 +20,7 @@ use warp::{Filter, Reply};
 use kai_runtime::limit::StreamLimit;
 use kai_runtime::unix_ms;
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, NodeEntry};
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const APP_JS: &str = include_str!("assets/app.js");
@@ -69,13 +68,11 @@ pub fn change_events(
     )
 }
 
-/// The web view's routes.
-pub fn routes(
-    cluster: Arc<Cluster>,
-    events_limit: StreamLimit,
-    shutdown: CancellationToken,
-) -> impl Filter<Extract = (warp::reply::Response,), Error = warp::Rejection> + Clone {
-    let with = warp::any().map(move || cluster.clone());
+/// The page and its assets: open to anyone, they carry no data (the data
+/// routes are [`model`] and [`events`], behind the caller checks of
+/// [`crate::http`]).
+pub fn assets() -> impl Filter<Extract = (warp::reply::Response,), Error = warp::Rejection> + Clone
+{
     let index = warp::path::end()
         .and(warp::get())
         .map(|| asset(INDEX_HTML, "text/html; charset=utf-8"));
@@ -85,47 +82,42 @@ pub fn routes(
     let css = warp::path!("ui" / "app.css")
         .and(warp::get())
         .map(|| asset(APP_CSS, "text/css; charset=utf-8"));
-    let model = warp::path!("api" / "v1" / "view")
-        .and(warp::get())
-        .and(with.clone())
-        .map(|cluster: Arc<Cluster>| {
-            let revision = *cluster.subscribe().borrow();
-            let nodes = cluster.snapshot();
-            warp::reply::json(&view::build(&nodes, revision, unix_ms())).into_response()
-        });
-    let events = warp::path!("api" / "v1" / "view" / "events")
-        .and(warp::get())
-        .and(with)
-        .map(move |cluster: Arc<Cluster>| {
-            // Each open page holds a connection and a task; past
-            // `--max-event-streams` the next is refused (503), and the
-            // page falls back to fetching the model on its own.
-            let permit = match events_limit.try_acquire() {
-                Ok(permit) => permit,
-                Err(refused) => return refused.into_response(),
-            };
-            let stream = change_events(cluster.subscribe(), MIN_EVENT_GAP, shutdown.clone());
-            let stream = kai_runtime::limit::hold(stream, permit);
-            let events = futures_util::StreamExt::map(stream, |revision| {
-                Ok::<_, Infallible>(
-                    warp::sse::Event::default()
-                        .event("change")
-                        .data(revision.to_string()),
-                )
-            });
-            // Keep-alive comments stop proxies (the API server's among them)
-            // from closing a quiet stream.
-            warp::sse::reply(warp::sse::keep_alive().stream(events)).into_response()
-        });
-    index
-        .or(js)
-        .unify()
-        .or(css)
-        .unify()
-        .or(model)
-        .unify()
-        .or(events)
-        .unify()
+    index.or(js).unify().or(css).unify()
+}
+
+/// `GET /api/v1/view`: the model of `nodes` (what the caller may see) at
+/// the cluster's current revision.
+pub fn model(nodes: &[NodeEntry], revision: u64) -> warp::reply::Response {
+    warp::reply::json(&view::build(nodes, revision, unix_ms())).into_response()
+}
+
+/// `GET /api/v1/view/events`: the change events of one page. They say
+/// only that something changed (a revision number), so any caller the
+/// server knows may follow them.
+pub fn events(
+    cluster: &Cluster,
+    limit: &StreamLimit,
+    shutdown: CancellationToken,
+) -> warp::reply::Response {
+    // Each open page holds a connection and a task; past
+    // `--max-event-streams` the next is refused (503), and the page falls
+    // back to fetching the model on its own.
+    let permit = match limit.try_acquire() {
+        Ok(permit) => permit,
+        Err(refused) => return refused.into_response(),
+    };
+    let stream = change_events(cluster.subscribe(), MIN_EVENT_GAP, shutdown);
+    let stream = kai_runtime::limit::hold(stream, permit);
+    let events = futures_util::StreamExt::map(stream, |revision| {
+        Ok::<_, Infallible>(
+            warp::sse::Event::default()
+                .event("change")
+                .data(revision.to_string()),
+        )
+    });
+    // Keep-alive comments stop proxies (the API server's among them) from
+    // closing a quiet stream.
+    warp::sse::reply(warp::sse::keep_alive().stream(events)).into_response()
 }
 
 #[cfg(test)]

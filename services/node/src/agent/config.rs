@@ -96,6 +96,9 @@ pub struct Args {
     /// `/metrics` pages, idle connections and gRPC streams per connection.
     #[command(flatten)]
     pub serve: kai_runtime::limit::ServeBoundArgs<4>,
+    /// Who may read `/metrics` (the per-container series name tenants' pods).
+    #[command(flatten)]
+    pub access: kai_access::AccessArgs,
 }
 
 /// Bounds on what clients may hold open (docs/security.md).
@@ -181,6 +184,31 @@ pub struct Config {
     pub enforce: enforce::Policy,
     pub reclaim_stale_slots: bool,
     pub limits: Limits,
+    pub metrics_auth: MetricsAuth,
+}
+
+/// Who may read `/metrics`.
+#[derive(Clone)]
+pub enum MetricsAuth {
+    /// Anyone who reaches the port (`--metrics-auth=none`).
+    Open,
+    /// A caller the API server of `client` allows `get` on `/metrics`.
+    Kubernetes {
+        client: kube::Client,
+        settings: kai_access::Settings,
+    },
+}
+
+impl std::fmt::Debug for MetricsAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Open => f.write_str("Open"),
+            Self::Kubernetes { settings, .. } => f
+                .debug_struct("Kubernetes")
+                .field("settings", settings)
+                .finish_non_exhaustive(),
+        }
+    }
 }
 
 /// Where pod names come from.
@@ -227,6 +255,7 @@ impl Config {
             enforce: enforce::Policy::None,
             reclaim_stale_slots: false,
             limits: Limits::default(),
+            metrics_auth: MetricsAuth::Open,
         }
     }
 }
@@ -252,7 +281,22 @@ impl Args {
                 }
             },
         };
+        let metrics_auth = match (self.access.metrics_auth, &pods) {
+            (kai_access::MetricsAuth::None, _) => MetricsAuth::Open,
+            (kai_access::MetricsAuth::Rbac, PodsConfig::Kube(client)) => MetricsAuth::Kubernetes {
+                client: client.clone(),
+                settings: self.access.settings(),
+            },
+            (kai_access::MetricsAuth::Rbac, _) => match client().await {
+                Ok(client) => MetricsAuth::Kubernetes {
+                    client,
+                    settings: self.access.settings(),
+                },
+                Err(error) => return Err(AgentError::MetricsAuth(error)),
+            },
+        };
         Ok(Config {
+            metrics_auth,
             node_name,
             containers_dir: self.containers_dir.clone(),
             grpc_listen: self.grpc_listen,

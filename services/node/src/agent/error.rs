@@ -18,4 +18,8 @@ pub enum AgentError {
     Tls(#[from] kai_runtime::tls::TlsError),
     #[error("gRPC TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
+    #[error(
+        "--metrics-auth=rbac checks scrapers with the API server, but there is no Kubernetes client ({0}); outside a cluster pass --metrics-auth=none"
+    )]
+    MetricsAuth(#[source] kube::Error),
 }

@@ -52,6 +52,18 @@ impl Metrics {
     }
 }
 
+impl Metrics {
+    /// Who may read `/metrics`, the checks counted here (`kai_access_*`).
+    pub fn metrics_access(&self, auth: &super::config::MetricsAuth) -> kai_access::Access {
+        match auth {
+            super::config::MetricsAuth::Open => kai_access::Access::open(),
+            super::config::MetricsAuth::Kubernetes { client, settings } => {
+                kai_access::Access::kubernetes(client.clone(), settings.clone(), &self.recorder)
+            }
+        }
+    }
+}
+
 /// A limit whose series are on `recorder`, at 0 from the start.
 fn stream_limit(recorder: &Recorder, stream: &'static str, max: usize) -> StreamLimit {
     let labels = [("stream", stream)];

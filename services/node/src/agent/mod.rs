@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub use self::config::{Args, Config, GrpcTls, Limits, PodsConfig};
+pub use self::config::{Args, Config, GrpcTls, Limits, MetricsAuth, PodsConfig};
 pub use self::error::AgentError;
 use self::nvml::Devices;
 use self::pods::PodSource;
@@ -164,6 +164,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
             rx.clone(),
             devices,
             scans.clone(),
+            own_metrics.metrics_access(&config.metrics_auth),
             own_metrics,
             config.legacy_metrics,
             config.limits.serve.http_idle_timeout,

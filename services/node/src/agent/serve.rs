@@ -89,48 +89,60 @@ pub(super) async fn serve_http(
     state: watch::Receiver<Arc<NodeState>>,
     devices: Arc<Devices>,
     scans: Arc<AtomicU64>,
+    access: kai_access::Access,
     own: Arc<exposition::Metrics>,
     legacy: bool,
     idle_timeout: Duration,
     shutdown: CancellationToken,
 ) -> Result<(), AgentError> {
     let metrics_state = state.clone();
-    let metrics = warp::path!("metrics").and(warp::get()).then(move || {
-        // Taken before anything is read: a refused scrape costs nothing
-        // but its connection, and the permit covers the NVML read too.
-        let permit = own.scrapes.try_acquire();
-        let state = metrics_state.borrow().clone();
-        let devices = devices.clone();
-        let scans = scans.load(Ordering::Relaxed);
-        let own = own.clone();
-        async move {
-            let permit = match permit {
-                Ok(permit) => permit,
-                Err(refused) => return refused.into_response(),
-            };
-            let host = tokio::task::spawn_blocking(move || devices.list())
-                .await
-                .unwrap_or_default();
-            let now = kai_runtime::unix_ms() / 1000;
-            let page = exposition::render(&state, &host, now, scans, &own, legacy);
-            drop(state);
-            // The page is one chunk; the body holds the permit until hyper
-            // has taken it, and the idle timeout bounds the connection
-            // after that.
-            let body = kai_runtime::limit::hold(
-                futures_util::stream::once(std::future::ready(Ok::<_, Infallible>(
-                    bytes::Bytes::from(page),
-                ))),
-                permit,
+    let metrics = warp::path!("metrics")
+        .and(warp::get())
+        .and(warp::header::headers_cloned())
+        .then(move |headers: http::HeaderMap| {
+            let (access, state, devices, scans, own) = (
+                access.clone(),
+                metrics_state.clone(),
+                devices.clone(),
+                scans.clone(),
+                own.clone(),
             );
-            warp::reply::with_header(
-                warp::reply::stream(body),
-                http::header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )
-            .into_response()
-        }
-    });
+            async move {
+                // The caller first: the page names every tenant's pods.
+                if let Err(refused) = access.metrics_reader(&headers).await {
+                    return refused.response().into_response();
+                }
+                // Taken before anything is read: a refused scrape costs nothing
+                // but its connection, and the permit covers the NVML read too.
+                let permit = match own.scrapes.try_acquire() {
+                    Ok(permit) => permit,
+                    Err(refused) => return refused.into_response(),
+                };
+                let state = state.borrow().clone();
+                let scans = scans.load(Ordering::Relaxed);
+                let host = tokio::task::spawn_blocking(move || devices.list())
+                    .await
+                    .unwrap_or_default();
+                let now = kai_runtime::unix_ms() / 1000;
+                let page = exposition::render(&state, &host, now, scans, &own, legacy);
+                drop(state);
+                // The page is one chunk; the body holds the permit until hyper
+                // has taken it, and the idle timeout bounds the connection
+                // after that.
+                let body = kai_runtime::limit::hold(
+                    futures_util::stream::once(std::future::ready(Ok::<_, Infallible>(
+                        bytes::Bytes::from(page),
+                    ))),
+                    permit,
+                );
+                warp::reply::with_header(
+                    warp::reply::stream(body),
+                    http::header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )
+                .into_response()
+            }
+        });
     let health = kai_runtime::health::routes(move || {
         if state.borrow().scanned {
             Ok(())
