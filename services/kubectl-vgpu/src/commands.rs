@@ -11,9 +11,11 @@ use self::nodes::nodes;
 use self::top::top;
 use self::why::why;
 
-/// The user's kube client, when there is a kubeconfig (or in-cluster config).
-async fn kube_client(context: Option<&str>) -> Result<kube::Client, crate::source::SourceError> {
-    let config = match context {
+/// The user's kube config, when there is a kubeconfig (or in-cluster
+/// config), without kube's retries of 429/503/504: an aggregator that says
+/// 503 (its API server is unreachable) is reported at once.
+async fn kube_config(context: Option<&str>) -> Result<kube::Config, crate::source::SourceError> {
+    let mut config = match context {
         Some(context) => kube::Config::from_kubeconfig(&kube::config::KubeConfigOptions {
             context: Some(context.to_owned()),
             ..Default::default()
@@ -24,23 +26,32 @@ async fn kube_client(context: Option<&str>) -> Result<kube::Client, crate::sourc
             .await
             .map_err(|e| crate::source::SourceError::Config(e.to_string()))?,
     };
-    kube::Client::try_from(config).map_err(|e| crate::source::SourceError::Config(e.to_string()))
+    config.default_retry = false;
+    Ok(config)
 }
 
 pub async fn run(cli: &Cli) -> anyhow::Result<Outcome> {
     // With --aggregator the kubeconfig is optional (namespace default, Events).
-    let kube = kube_client(cli.context.as_deref()).await;
-    let aggregator = match (&cli.aggregator, &kube) {
-        (Some(url), _) => Aggregator::direct(url)?,
-        (None, Ok(client)) => {
+    let config = kube_config(cli.context.as_deref()).await;
+    let kube = config
+        .as_ref()
+        .map_err(ToString::to_string)
+        .and_then(|c| kube::Client::try_from(c.clone()).map_err(|e| e.to_string()));
+    let token = cli.token.as_deref();
+    let aggregator = match (&cli.aggregator, &config, &kube) {
+        (Some(url), config, _) => Aggregator::direct(url, config.as_ref().ok(), token)?,
+        (None, Ok(config), Ok(client)) => {
             Aggregator::discover(
                 client.clone(),
+                config,
+                token,
                 cli.aggregator_namespace.as_deref(),
                 cli.aggregator_service.as_deref(),
             )
             .await?
         }
-        (None, Err(e)) => anyhow::bail!("{e}"),
+        (None, Err(e), _) => anyhow::bail!("{e}"),
+        (None, _, Err(e)) => anyhow::bail!("{e}"),
     };
     let default_ns = kube
         .as_ref()

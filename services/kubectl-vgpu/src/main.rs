@@ -25,7 +25,9 @@ use crate::render::Format;
     about = "GPU memory of GPU-sharing containers (kai-resource-isolator)",
     long_about = "GPU memory of GPU-sharing containers, from the kai-resource-isolator aggregator.\n\n\
         The aggregator is reached through the API server's service proxy with your kubeconfig \
-        (needs get on services/proxy in its namespace), or directly with --aggregator.",
+        (needs get on services/proxy in its namespace; the chart grants it to every authenticated user), \
+        or directly with --aggregator. It shows what your Kubernetes identity may see: your \
+        namespaces' containers, or the whole cluster with list on containers.vgpu.kai-resource-isolator.io.",
     after_help = "Exit codes: 0 ok; 1 cannot reach the aggregator or the API server; 2 bad usage; \
         3 (why) no GPU-sharing container of that pod; 4 (why) a cap does not hold or the pod has escaped processes."
 )]
@@ -45,6 +47,16 @@ pub struct Cli {
     /// Name of the aggregator Service (default: found by its labels).
     #[arg(long, global = true)]
     aggregator_service: Option<String>,
+    /// Bearer token for the aggregator (default: the one your kubeconfig's
+    /// credentials give, token or exec plugin). Needed when the kubeconfig
+    /// uses a client certificate, which cannot pass the service proxy.
+    #[arg(
+        long,
+        global = true,
+        env = "KUBECTL_VGPU_TOKEN",
+        hide_env_values = true
+    )]
+    token: Option<String>,
     /// kubeconfig context to use.
     #[arg(long, global = true)]
     context: Option<String>,
