@@ -200,3 +200,68 @@ Fail
 Ignore
 {{- end -}}
 {{- end -}}
+
+{{- /* The aggregator checks callers' tokens (monitor.aggregator.auth.mode kubernetes). */ -}}
+{{- define "kai.aggregatorAuth" -}}
+{{- if eq (toString .Values.monitor.aggregator.auth.mode) "kubernetes" -}}true{{- end -}}
+{{- end -}}
+
+{{- /* The aggregator's /metrics needs a token (mode kubernetes, metrics rbac). */ -}}
+{{- define "kai.aggregatorMetricsAuth" -}}
+{{- if and (include "kai.aggregatorAuth" .) (eq (toString .Values.monitor.aggregator.auth.metrics) "rbac") -}}true{{- end -}}
+{{- end -}}
+
+{{- /* The agents' /metrics needs a token (monitor.agent.auth.metrics rbac). */ -}}
+{{- define "kai.agentMetricsAuth" -}}
+{{- if eq (toString .Values.monitor.agent.auth.metrics) "rbac" -}}true{{- end -}}
+{{- end -}}
+
+{{- define "kai.grpcTlsOn" -}}
+{{- if and .Values.monitor.enabled .Values.monitor.grpcTls.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{- /*
+The gRPC mutual-TLS material (monitor.grpcTls), as JSON:
+{"node": {Secret data}, "aggregator": {Secret data}}. Two CAs, so that
+neither side's key can act as the other: agents serve "kai-node-agent"
+(issued by the agents' CA) and accept clients of the aggregator's CA only;
+the aggregator presents "kai-aggregator" (issued by the aggregator's CA) and
+trusts the agents' CA only. Each Secret's ca.crt is the CA its holder checks
+the peer against. No CA key is kept. Both Secrets are reused when both exist
+(helm lookup), else both are generated anew (first install, an upgrade from
+the single-certificate layout, a rotation: delete either Secret). Computed
+once per render and kept under .Values, so the Secrets and the pods'
+checksum annotations agree.
+*/ -}}
+{{- define "kai.grpcTlsData" -}}
+{{- if not (hasKey .Values "_kaiGrpcTls") -}}
+{{- $ns := include "kai.namespace" . -}}
+{{- $node := lookup "v1" "Secret" $ns (printf "%s-node-grpc-tls" (include "kai.fullname" .)) -}}
+{{- $agg := lookup "v1" "Secret" $ns (printf "%s-aggregator-grpc-tls" (include "kai.fullname" .)) -}}
+{{- $keys := list "tls.crt" "tls.key" "ca.crt" -}}
+{{- $reuse := and $node $agg $node.data $agg.data -}}
+{{- range $keys -}}
+{{- if $reuse -}}{{- $reuse = and (hasKey $node.data .) (hasKey $agg.data .) -}}{{- end -}}
+{{- end -}}
+{{- $data := dict -}}
+{{- if $reuse -}}
+{{- $data = dict "node" (pick $node.data "tls.crt" "tls.key" "ca.crt") "aggregator" (pick $agg.data "tls.crt" "tls.key" "ca.crt") -}}
+{{- else -}}
+{{- $days := int .Values.tls.validityDays -}}
+{{- $nodeCA := genCA "kai-node-agent-ca" $days -}}
+{{- $aggCA := genCA "kai-aggregator-ca" $days -}}
+{{- $nodeCert := genSignedCert "kai-node-agent" nil (list "kai-node-agent") $days $nodeCA -}}
+{{- $aggCert := genSignedCert "kai-aggregator" nil (list "kai-aggregator") $days $aggCA -}}
+{{- $data = dict
+  "node" (dict "tls.crt" ($nodeCert.Cert | b64enc) "tls.key" ($nodeCert.Key | b64enc) "ca.crt" ($aggCA.Cert | b64enc))
+  "aggregator" (dict "tls.crt" ($aggCert.Cert | b64enc) "tls.key" ($aggCert.Key | b64enc) "ca.crt" ($nodeCA.Cert | b64enc)) -}}
+{{- end -}}
+{{- $_ := set .Values "_kaiGrpcTls" $data -}}
+{{- end -}}
+{{- toJson (get .Values "_kaiGrpcTls") -}}
+{{- end -}}
+
+{{- /* Pod annotation: a new certificate pair rolls the pods (the CA files are read at start). */ -}}
+{{- define "kai.grpcTlsChecksum" -}}
+{{- include "kai.grpcTlsData" . | sha256sum -}}
+{{- end -}}

@@ -5,10 +5,16 @@ asserts on the rendered objects. Prints 'N passed, N failed'.
 
 Usage: chart_test.py HELM_BINARY
 """
+import base64
+import hashlib
+import json
 import os
+import socket
+import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 
 import yaml
 
@@ -71,6 +77,10 @@ def arg(container, flag):
         if a.startswith(flag + "="):
             return a.split("=", 1)[1]
     return None
+
+
+def sets(*pairs):
+    return tuple(x for p in pairs for x in ("--set", p))
 
 
 SCENARIOS = sorted(f for f in os.listdir(os.path.join(CHART, "ci")) if f.endswith("-values.yaml"))
@@ -154,7 +164,7 @@ def ca_bundle_matches_secret():
 
 def cert_manager_injects_the_ca():
     docs = render("certmanager-values.yaml")
-    assert "Secret" not in kinds(docs), "cert-manager owns the Secret"
+    assert not [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-webhook-tls")], "cert-manager owns the Secret"
     cert = one(docs, "Certificate")
     issuer = one(docs, "Issuer")
     assert issuer["spec"] == {"selfSigned": {}}
@@ -247,10 +257,14 @@ def rbac_least_privilege():
     docs = render()
     roles = [d for d in docs if d["kind"] in ("Role", "ClusterRole")]
     assert sorted((r["kind"], r["metadata"]["name"]) for r in roles) == [
+        ("ClusterRole", f"{RELEASE}-kai-resource-isolator-metrics-reader"),
         ("ClusterRole", f"{RELEASE}-kai-resource-isolator-node"),
+        ("ClusterRole", f"{RELEASE}-kai-resource-isolator-vgpu-view"),
         ("ClusterRole", f"{RELEASE}-kai-resource-isolator-webhook"),
         ("Role", f"{RELEASE}-kai-resource-isolator-aggregator"),
+        ("Role", f"{RELEASE}-kai-resource-isolator-aggregator-proxy"),
     ]
+    # What the access-control roles grant is asserted in access_* below.
     pods = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}
     events = {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}
     assert one(docs, "ClusterRole", "-node")["rules"] == [pods, events]
@@ -421,31 +435,111 @@ check("aggregator discovers the DaemonSet's agent pods on their port", aggregato
 check("global.imageRegistry, image.tag and pullSecrets", images)
 
 
+def grpc_tls_material(docs):
+    """The two gRPC Secrets' PEMs: {"node": {...}, "aggregator": {...}}."""
+    return {side: {k: base64.b64decode(v).decode() for k, v in one(docs, "Secret", f"-{side}-grpc-tls")["data"].items()}
+            for side in ("node", "aggregator")}
+
+
+def tls_handshake(server, client, server_name="kai-node-agent"):
+    """A TLS handshake (and one byte each way) between a server holding
+    `server` (tls.crt, tls.key, and ca.crt: the clients it accepts) and a
+    client holding `client` (its certificate, and ca.crt: the servers it
+    trusts), as the agent (rustls, client certificate required) and the
+    aggregator do. Returns (server error, client error), None for success."""
+    with tempfile.TemporaryDirectory() as d:
+        def files(name, pems):
+            crt, key = os.path.join(d, name + ".crt"), os.path.join(d, name + ".key")
+            open(crt, "w").write(pems["tls.crt"])
+            open(key, "w").write(pems["tls.key"])
+            return crt, key
+        sctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        sctx.load_cert_chain(*files("server", server))
+        sctx.verify_mode = ssl.CERT_REQUIRED
+        sctx.load_verify_locations(cadata=server["ca.crt"])
+        cctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        cctx.load_verify_locations(cadata=client["ca.crt"])
+        cctx.load_cert_chain(*files("client", client))
+        a, b = socket.socketpair()
+        a.settimeout(10)
+        b.settimeout(10)
+        errors = {}
+
+        def serve():
+            try:
+                with sctx.wrap_socket(a, server_side=True) as s:
+                    s.sendall(s.recv(1))
+            except (ssl.SSLError, OSError) as e:
+                errors["server"] = e
+        t = threading.Thread(target=serve)
+        t.start()
+        try:
+            with cctx.wrap_socket(b, server_hostname=server_name) as c:
+                c.sendall(b"x")
+                assert c.recv(1) == b"x"
+        except (ssl.SSLError, OSError, AssertionError) as e:
+            errors["client"] = e
+        t.join(15)
+        a.close()
+        b.close()
+        return errors.get("server"), errors.get("client")
+
+
 def grpc_mutual_tls():
-    docs = render("grpc-tls-values.yaml")
-    secret = one(docs, "Secret", "-grpc-tls")
-    assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    # On by default: each side its own Secret, certificate and CA.
+    docs = render()
     ds = one(docs, "DaemonSet", "-node")
     agent = containers(ds)["agent"]
     dep = one(docs, "Deployment", "-aggregator")
     agg = containers(dep)["aggregator"]
-    for spec, c in ((pod_spec(ds), agent), (pod_spec(dep), agg)):
+    for side, spec, c in (("node", pod_spec(ds), agent), ("aggregator", pod_spec(dep), agg)):
+        secret = one(docs, "Secret", f"-{side}-grpc-tls")
+        assert secret["type"] == "kubernetes.io/tls" and set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
         vols = {v["name"]: v for v in spec["volumes"]}
-        assert vols["grpc-tls"]["secret"]["secretName"] == secret["metadata"]["name"]
+        assert vols["grpc-tls"]["secret"]["secretName"] == secret["metadata"]["name"], side
         mounts = {m["name"]: m for m in c["volumeMounts"]}
         assert mounts["grpc-tls"]["mountPath"] == "/etc/kai/grpc-tls" and mounts["grpc-tls"]["readOnly"] is True
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-kai-resource-isolator-grpc-tls")], "the single-certificate Secret is gone"
     assert arg(agent, "--grpc-tls-cert-file") == "/etc/kai/grpc-tls/tls.crt"
+    assert arg(agent, "--grpc-tls-key-file") == "/etc/kai/grpc-tls/tls.key"
     assert arg(agent, "--grpc-tls-client-ca-file") == "/etc/kai/grpc-tls/ca.crt", "agents require client certificates"
     assert arg(agg, "--agent-tls-ca-file") == "/etc/kai/grpc-tls/ca.crt"
     assert arg(agg, "--agent-tls-cert-file") == "/etc/kai/grpc-tls/tls.crt"
+    assert arg(agg, "--agent-tls-key-file") == "/etc/kai/grpc-tls/tls.key"
     assert arg(agg, "--agent-tls-server-name") == "kai-node-agent"
     assert "httpGet" in agent["livenessProbe"], "kubelet gRPC probes cannot speak TLS"
-    plain = render()
-    assert not [d for d in plain if d["metadata"]["name"].endswith("-grpc-tls")]
-    assert arg(containers(one(plain, "DaemonSet", "-node"))["agent"], "--grpc-tls-cert-file") is None
+    # The certificates work for what each side does with them, and only that.
+    pem = grpc_tls_material(docs)
+    assert pem["node"]["ca.crt"] != pem["aggregator"]["ca.crt"], "two CAs"
+    assert tls_handshake(pem["node"], pem["aggregator"]) == (None, None), "the aggregator subscribes to an agent"
+    server_err, _ = tls_handshake(pem["node"], dict(pem["aggregator"], **{k: pem["node"][k] for k in ("tls.crt", "tls.key")}))
+    assert server_err is not None, "an agent's own certificate is no client certificate to another agent"
+    _, client_err = tls_handshake(dict(pem["node"], **{k: pem["aggregator"][k] for k in ("tls.crt", "tls.key")}), pem["aggregator"])
+    assert client_err is not None, "the aggregator's certificate cannot serve as an agent"
+    _, client_err = tls_handshake(pem["node"], pem["aggregator"], server_name="kai-aggregator")
+    assert client_err is not None, "the agents' certificate names kai-node-agent only"
+    # A rotation rolls both: their pods carry a checksum of both Secrets.
+    digest = hashlib.sha256(json.dumps({side: one(docs, "Secret", f"-{side}-grpc-tls")["data"] for side in ("node", "aggregator")},
+                                       sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    for w in (ds, dep):
+        assert w["spec"]["template"]["metadata"]["annotations"]["checksum/grpc-tls"] == digest, w["metadata"]["name"]
+    # monitor.podAnnotations still reach the agents beside it.
+    ann = one(render(extra=sets("monitor.podAnnotations.team=ml")), "DaemonSet", "-node")["spec"]["template"]["metadata"]["annotations"]
+    assert ann["team"] == "ml" and "checksum/grpc-tls" in ann
+    assert grpc_tls_material(render("grpc-tls-values.yaml")).keys() == {"node", "aggregator"}
+    # Off: plaintext, no Secret, no checksum.
+    plain = render(extra=sets("monitor.grpcTls.enabled=false"))
+    assert not [d for d in plain if "grpc-tls" in d["metadata"]["name"]]
+    pds, pdep = one(plain, "DaemonSet", "-node"), one(plain, "Deployment", "-aggregator")
+    assert arg(containers(pds)["agent"], "--grpc-tls-cert-file") is None
+    assert arg(containers(pdep)["aggregator"], "--agent-tls-ca-file") is None
+    for w in (pds, pdep):
+        assert "annotations" not in w["spec"]["template"]["metadata"], w["metadata"]["name"]
+    # Nothing of it without the monitor.
+    assert not [d for d in render("monitor-disabled-values.yaml") if "grpc-tls" in d["metadata"]["name"]]
 
 
-check("monitor.grpcTls: agents serve mTLS, the aggregator presents the same CA's certificate", grpc_mutual_tls)
+check("monitor.grpcTls (default on): agents serve kai-node-agent and accept only the aggregator's CA, the aggregator trusts only the agents' CA; a checksum rolls both", grpc_mutual_tls)
 
 
 def isolation_settings():
@@ -489,10 +583,6 @@ def validate_docs(docs):
     r = subprocess.run(["kubernetes-validate", "--strict", "-k", K8S, "--quiet", f.name], capture_output=True, text=True)
     os.unlink(f.name)
     assert r.returncode == 0, (r.stdout + r.stderr)[:2000]
-
-
-def sets(*pairs):
-    return tuple(x for p in pairs for x in ("--set", p))
 
 
 def go_chart_values_mean_what_they_meant():
@@ -944,6 +1034,288 @@ check("libraryDelivery=hostPath: no CSIDriver, no csi container, nothing privile
 check("NOTES name the delivery and the Pod Security level it needs", notes_name_the_delivery)
 
 
+# --- access control: who may see what (#27) ----------------------------------
+
+FULL = f"{RELEASE}-kai-resource-isolator"
+VGPU = "vgpu.kai-resource-isolator.io"
+TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+AUTH_FLAGS = ("--metrics-auth", "--auth-audiences", "--auth-cache-ttl-seconds", "--auth-denied-cache-ttl-seconds", "--auth-cache-entries")
+
+
+def agg_container(docs):
+    return containers(one(docs, "Deployment", "-aggregator"))["aggregator"]
+
+
+def agent_container(docs):
+    return containers(one(docs, "DaemonSet", "-node"))["agent"]
+
+
+def named(docs, kind, name):
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) <= 1, name
+    return found[0] if found else None
+
+
+def auth_delegator(docs, who):
+    b = named(docs, "ClusterRoleBinding", f"{FULL}-{who}-auth-delegator")
+    if b is None:
+        return None
+    assert b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:auth-delegator"}
+    return b["subjects"]
+
+
+def access_defaults():
+    docs = render()
+    validate_docs(docs)
+    agg, agent = agg_container(docs), agent_container(docs)
+    # The aggregator: Kubernetes authentication and authorization, /metrics
+    # included, the binaries' defaults written out; no audiences flag (the
+    # API server's own).
+    assert [arg(agg, f) for f in ("--auth",) + AUTH_FLAGS] == ["kubernetes", "rbac", None, "60", "10", "4096"], agg["args"]
+    # The agent: its /metrics checked too.
+    assert arg(agent, "--metrics-auth") == "rbac" and arg(agent, "--auth-audiences") is None
+    assert agent["args"].index("--metrics-auth=rbac") > agent["args"].index("agent"), "a flag of the agent subcommand"
+    # Both may create TokenReviews and SubjectAccessReviews (system:auth-delegator).
+    assert auth_delegator(docs, "aggregator") == [{"kind": "ServiceAccount", "name": f"{FULL}-aggregator", "namespace": NS}]
+    assert auth_delegator(docs, "node") == [{"kind": "ServiceAccount", "name": f"{FULL}-node", "namespace": NS}]
+    # ...with a token: the aggregator's automounted, the agent's projected.
+    assert pod_spec(one(docs, "Deployment", "-aggregator")).get("automountServiceAccountToken") is not False
+    assert one(docs, "ServiceAccount", "-aggregator").get("automountServiceAccountToken") is not False
+    assert TOKEN_FILE in [m["mountPath"] + "/token" for m in agent["volumeMounts"]]
+    # Tenants: containers' GPU use as a resource RBAC can grant, aggregated
+    # into view, edit and admin.
+    view = named(docs, "ClusterRole", f"{FULL}-vgpu-view")
+    assert view["rules"] == [{"apiGroups": [VGPU], "resources": ["containers"], "verbs": ["get", "list", "watch"]}]
+    labels = view["metadata"]["labels"]
+    for role in ("view", "edit", "admin"):
+        assert labels[f"rbac.authorization.k8s.io/aggregate-to-{role}"] == "true", role
+    # Scrapers: get on /metrics; no binding until someone is named.
+    reader = named(docs, "ClusterRole", f"{FULL}-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert named(docs, "ClusterRoleBinding", f"{FULL}-metrics-reader") is None
+    # Nothing else is granted to anyone: the new bindings are exactly these.
+    bindings = sorted(d["metadata"]["name"] for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding"))
+    assert bindings == sorted([f"{FULL}-aggregator", f"{FULL}-aggregator-auth-delegator", f"{FULL}-aggregator-proxy",
+                               f"{FULL}-node", f"{FULL}-node-auth-delegator", f"{FULL}-webhook"]), bindings
+
+
+def access_service_proxy():
+    docs = render()
+    svc = one(docs, "Service", "-aggregator")
+    name = svc["metadata"]["name"]
+    port = svc["spec"]["ports"][0]
+    assert port["name"] == "http-metrics" and port["targetPort"] == "http-metrics"
+    role = named(docs, "Role", f"{FULL}-aggregator-proxy")
+    assert role["metadata"]["namespace"] == NS == svc["metadata"]["namespace"]
+    # GET through /api/v1/namespaces/NS/services/<name>[:<port>]/proxy/…, on
+    # this Service's HTTP port only (kubectl vgpu uses <name>:http-metrics).
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["services/proxy"], "verbs": ["get"],
+                              "resourceNames": [name, f"{name}:{port['name']}", f"http:{name}:{port['name']}"]}], role["rules"]
+    binding = named(docs, "RoleBinding", f"{FULL}-aggregator-proxy")
+    assert binding["metadata"]["namespace"] == NS
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:authenticated"}]
+    # Off on request, and never when the aggregator checks nobody.
+    for extra in (sets("monitor.aggregator.auth.serviceProxyForAllUsers=false"), sets("monitor.aggregator.auth.mode=none"),
+                  sets("rbac.create=false")):
+        off = render(extra=extra)
+        assert named(off, "Role", f"{FULL}-aggregator-proxy") is None and named(off, "RoleBinding", f"{FULL}-aggregator-proxy") is None, extra
+    # namespaceOverride moves it with the Service.
+    moved = render(extra=sets("namespaceOverride=gpu-system"))
+    assert named(moved, "Role", f"{FULL}-aggregator-proxy")["metadata"]["namespace"] == "gpu-system"
+
+
+def access_modes():
+    # The aggregator's mode none: one flag, no review rights, no proxy grant.
+    docs = render(extra=sets("monitor.aggregator.auth.mode=none"))
+    agg = agg_container(docs)
+    assert arg(agg, "--auth") == "none" and all(arg(agg, f) is None for f in AUTH_FLAGS), agg["args"]
+    assert auth_delegator(docs, "aggregator") is None
+    assert auth_delegator(docs, "node") is not None, "the agents still check /metrics"
+    # /metrics open on the aggregator only: its other checks stay.
+    docs = render(extra=sets("monitor.aggregator.auth.metrics=none"))
+    agg = agg_container(docs)
+    assert (arg(agg, "--auth"), arg(agg, "--metrics-auth")) == ("kubernetes", "none")
+    assert auth_delegator(docs, "aggregator") is not None
+    # The agents' /metrics open: no review rights for them.
+    docs = render(extra=sets("monitor.agent.auth.metrics=none"))
+    assert arg(agent_container(docs), "--metrics-auth") == "none"
+    assert auth_delegator(docs, "node") is None
+    # Both open (ci/open-metrics-values.yaml): as before #27.
+    docs = render("open-metrics-values.yaml", PROM_API)
+    assert arg(agg_container(docs), "--auth") == "none" and arg(agent_container(docs), "--metrics-auth") == "none"
+    assert auth_delegator(docs, "aggregator") is None and auth_delegator(docs, "node") is None
+    assert named(docs, "Role", f"{FULL}-aggregator-proxy") is None
+    # The settings follow the values; audiences joined, also for the agent.
+    docs = render(extra=(
+        "--set-json", 'monitor.aggregator.auth.audiences=["kai-aggregator","https://kubernetes.default.svc"]',
+        "--set-json", 'monitor.agent.auth.audiences=["kai-node"]',
+        *sets("monitor.aggregator.auth.cacheTTLSeconds=30", "monitor.aggregator.auth.deniedCacheTTLSeconds=0",
+              "monitor.aggregator.auth.cacheEntries=100000")))
+    validate_docs(docs)
+    agg, agent = agg_container(docs), agent_container(docs)
+    assert [arg(agg, f) for f in AUTH_FLAGS] == ["rbac", "kai-aggregator,https://kubernetes.default.svc", "30", "0", "100000"], agg["args"]
+    assert arg(agent, "--auth-audiences") == "kai-node"
+    # No audiences flag where nothing is checked.
+    docs = render(extra=("--set-json", 'monitor.agent.auth.audiences=["kai-node"]', *sets("monitor.agent.auth.metrics=none")))
+    assert arg(agent_container(docs), "--auth-audiences") is None
+    # rbac.create=false: the ServiceAccounts need system:auth-delegator from you (values.yaml says so).
+    docs = render(extra=sets("rbac.create=false"))
+    assert auth_delegator(docs, "aggregator") is None and auth_delegator(docs, "node") is None
+    assert arg(agg_container(docs), "--auth") == "kubernetes"
+
+
+def access_roles_and_readers():
+    # Not aggregated on request: the ClusterRole stays, for your own bindings.
+    docs = render(extra=sets("rbac.aggregateToDefaultRoles=false"))
+    view = named(docs, "ClusterRole", f"{FULL}-vgpu-view")
+    assert not [k for k in view["metadata"]["labels"] if k.startswith("rbac.authorization.k8s.io/aggregate-to-")]
+    # Readers of /metrics (ci/network-policy-values.yaml names two).
+    docs = render("network-policy-values.yaml")
+    b = named(docs, "ClusterRoleBinding", f"{FULL}-metrics-reader")
+    assert b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{FULL}-metrics-reader"}
+    assert b["subjects"] == [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "kube-prometheus-stack"},
+                             {"kind": "Group", "name": "gpu-operators", "apiGroup": "rbac.authorization.k8s.io"}], b["subjects"]
+    # No monitor, no aggregator to see through: none of it.
+    off = render("monitor-disabled-values.yaml")
+    assert not [d for d in off if d["metadata"]["name"] in (f"{FULL}-vgpu-view", f"{FULL}-metrics-reader")]
+    assert auth_delegator(off, "node") is None
+
+
+def service_monitor_sends_tokens():
+    both = sets("monitor.serviceMonitor.enabled=true", "monitor.serviceMonitor.targets.nodeAgents=true")
+
+    def endpoints(*extra):
+        docs = render(extra=both + PROM_API + extra)
+        return {d["metadata"]["name"].rsplit("-", 1)[-1]: d["spec"]["endpoints"] for d in docs if d["kind"] == "ServiceMonitor"}
+    # Default: both targets check tokens, so Prometheus sends its own.
+    eps = endpoints()
+    assert set(eps) == {"aggregator", "node"}
+    for target, (ep,) in eps.items():
+        assert ep["bearerTokenFile"] == TOKEN_FILE and "authorization" not in ep, target
+        assert ep["port"] == "http-metrics" and ep["honorLabels"] is True
+    # Only where the target checks it.
+    eps = endpoints(*sets("monitor.aggregator.auth.metrics=none"))
+    assert "bearerTokenFile" not in eps["aggregator"][0] and eps["node"][0]["bearerTokenFile"] == TOKEN_FILE
+    eps = endpoints(*sets("monitor.aggregator.auth.mode=none"))
+    assert "bearerTokenFile" not in eps["aggregator"][0], "mode none checks nothing"
+    eps = endpoints(*sets("monitor.agent.auth.metrics=none"))
+    assert eps["aggregator"][0]["bearerTokenFile"] == TOKEN_FILE and "bearerTokenFile" not in eps["node"][0]
+    # The operator's authorization (a token from a Secret) instead.
+    eps = endpoints(*sets("monitor.serviceMonitor.authorization.type=Bearer",
+                          "monitor.serviceMonitor.authorization.credentials.name=kai-metrics-token",
+                          "monitor.serviceMonitor.authorization.credentials.key=token"))
+    for target, (ep,) in eps.items():
+        assert ep["authorization"] == {"type": "Bearer", "credentials": {"name": "kai-metrics-token", "key": "token"}}, target
+        assert "bearerTokenFile" not in ep, target
+    # ci/open-metrics-values.yaml: anonymous scrapes, as HAMi's were.
+    docs = render("open-metrics-values.yaml", PROM_API)
+    for sm in (d for d in docs if d["kind"] == "ServiceMonitor"):
+        assert not {"bearerTokenFile", "authorization"} & set(sm["spec"]["endpoints"][0]), sm["metadata"]["name"]
+    # ci/servicemonitor-values.yaml (the aggregator only, by default).
+    (sm,) = [d for d in render("servicemonitor-values.yaml", PROM_API) if d["kind"] == "ServiceMonitor"]
+    assert sm["spec"]["endpoints"][0]["bearerTokenFile"] == TOKEN_FILE
+
+
+def notes_say_how_to_authenticate():
+    def notes(*extra):
+        r = helm("install", RELEASE, CHART, "-n", NS, "--dry-run=client", *extra)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split("NOTES:", 1)[-1]
+    on = notes()
+    assert 'curl -s -H "Authorization: Bearer $TOKEN" localhost:9394/api/v1/devices' in on, on[:2500]
+    assert 'curl -s -H "Authorization: Bearer $TOKEN" <node-agent-pod-ip>:9394/metrics' in on
+    assert f"{FULL}-metrics-reader" in on and f"{FULL}-aggregator-proxy" in on
+    off = notes(*sets("monitor.aggregator.auth.mode=none", "monitor.agent.auth.metrics=none"))
+    assert "Bearer" not in off and "curl -s localhost:9394/metrics" in off
+    assert "Access control is off" in off
+
+
+check("access control by default: --auth=kubernetes, /metrics by RBAC on agents and aggregator, system:auth-delegator for both, vgpu-view aggregated into view/edit/admin, metrics-reader", access_defaults)
+check("service proxy: every authenticated user may GET the aggregator's HTTP port through the API server (it checks tokens itself); not with mode none", access_service_proxy)
+check("auth modes: none / metrics none / agent metrics none render their flags and drop the review rights; audiences and cache settings follow the values", access_modes)
+check("rbac.aggregateToDefaultRoles=false keeps an unaggregated vgpu-view; monitor.metricsReaders bind metrics-reader", access_roles_and_readers)
+check("ServiceMonitors send Prometheus' token (bearerTokenFile, or monitor.serviceMonitor.authorization) exactly where the target checks it", service_monitor_sends_tokens)
+check("NOTES show the token on every curl while access control is on, none when off", notes_say_how_to_authenticate)
+
+
+# --- NetworkPolicies (opt-in) --------------------------------------------------
+
+def policies(docs):
+    return {d["metadata"]["name"].rsplit("-", 1)[-1]: d for d in docs if d["kind"] == "NetworkPolicy"}
+
+
+def selects(policy, workload):
+    return policy["spec"]["podSelector"]["matchLabels"].items() <= workload["spec"]["template"]["metadata"]["labels"].items()
+
+
+def network_policies_default():
+    for s in SCENARIOS:
+        if s != "network-policy-values.yaml":
+            assert not policies(render(s)), f"{s}: NetworkPolicies are opt-in"
+    docs = render(extra=sets("networkPolicy.enabled=true"))
+    validate_docs(docs)
+    nps = policies(docs)
+    assert set(nps) == {"webhook", "node", "aggregator"}, list(nps)
+    for name, np in nps.items():
+        # Ingress only: the agents' and aggregator's API server, the
+        # aggregator's agents are never cut.
+        assert np["spec"]["policyTypes"] == ["Ingress"] and "egress" not in np["spec"], name
+        assert np["metadata"]["namespace"] == NS
+    webhook, node, agg = one(docs, "Deployment", "-webhook"), one(docs, "DaemonSet", "-node"), one(docs, "Deployment", "-aggregator")
+    assert selects(nps["webhook"], webhook) and selects(nps["node"], node) and selects(nps["aggregator"], agg)
+    assert not selects(nps["node"], agg) and not selects(nps["aggregator"], node) and not selects(nps["webhook"], agg)
+    # The webhook: its port only, any source (the API server's address is the cluster's).
+    (rule,) = nps["webhook"]["spec"]["ingress"]
+    assert rule == {"ports": [{"protocol": "TCP", "port": containers(webhook)["webhook"]["ports"][0]["containerPort"]}]}, rule
+    # The agents: gRPC from the aggregator's pods only, metrics from Prometheus' namespace.
+    ports = {p["name"]: p["containerPort"] for p in containers(node)["agent"]["ports"]}
+    grpc, metrics = nps["node"]["spec"]["ingress"]
+    assert grpc["ports"] == [{"protocol": "TCP", "port": ports["grpc"]}]
+    (peer,) = grpc["from"]
+    assert list(peer) == ["podSelector"] and peer["podSelector"]["matchLabels"].items() <= agg["spec"]["template"]["metadata"]["labels"].items()
+    assert metrics["ports"] == [{"protocol": "TCP", "port": ports["node-metrics"]}]
+    assert metrics["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    # The CSI plugin's health port is kubelet's (always allowed from the node): no rule.
+    assert 9809 not in [p["port"] for r in nps["node"]["spec"]["ingress"] for p in r["ports"]]
+    # The aggregator: HTTP and gRPC from anywhere (the API server's service
+    # proxy, users; it checks tokens itself).
+    (rule,) = nps["aggregator"]["spec"]["ingress"]
+    aports = {p["name"]: p["containerPort"] for p in containers(agg)["aggregator"]["ports"]}
+    assert rule == {"ports": [{"protocol": "TCP", "port": aports["http-metrics"]}, {"protocol": "TCP", "port": aports["grpc"]}]}, rule
+
+
+def network_policies_narrowed():
+    docs = render("network-policy-values.yaml")
+    nps = policies(docs)
+    assert nps["webhook"]["spec"]["ingress"][0]["from"] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    prom = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-prometheus-stack"}},
+             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+    grpc, metrics = nps["node"]["spec"]["ingress"]
+    assert grpc["from"][1:] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gpu-admin"}}}]
+    assert "podSelector" in grpc["from"][0], "the aggregator stays first"
+    assert metrics["from"] == prom
+    # Prometheus, then the users' peers.
+    assert nps["aggregator"]["spec"]["ingress"][0]["from"] == prom + [
+        {"ipBlock": {"cidr": "10.0.0.0/24"}}, {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gpu-dashboards"}}}]
+    # Ports follow the values.
+    moved = policies(render(extra=sets("networkPolicy.enabled=true", "webhook.port=9443", "monitor.grpcPort=50061",
+                                       "monitor.nodeMetricsPort=9395", "monitor.metricsPort=9396", "monitor.aggregator.grpcPort=50062")))
+    assert moved["webhook"]["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 9443}]
+    assert [r["ports"][0]["port"] for r in moved["node"]["spec"]["ingress"]] == [50061, 9395]
+    assert [p["port"] for p in moved["aggregator"]["spec"]["ingress"][0]["ports"]] == [9396, 50062]
+    # No monitor: the webhook's, and with CSI delivery the plugin's pods take no traffic at all.
+    off = render("monitor-disabled-values.yaml", sets("networkPolicy.enabled=true"))
+    validate_docs(off)
+    nps = policies(off)
+    assert set(nps) == {"webhook", "node"} and nps["node"]["spec"]["ingress"] == []
+    assert set(policies(render("monitor-disabled-values.yaml", sets("networkPolicy.enabled=true", "libraryDelivery=hostPath")))) == {"webhook"}
+
+
+check("networkPolicy.enabled: ingress-only policies selecting the webhook, the agents (gRPC from the aggregator only, metrics from Prometheus) and the aggregator (open by default); none unless enabled", network_policies_default)
+check("networkPolicy from-lists narrow each port (ci/network-policy-values.yaml); ports follow the values; without the monitor only what runs", network_policies_narrowed)
+
+
 # --- the schema rejects bad values ------------------------------------------
 
 def rejects(*sets):
@@ -977,6 +1349,26 @@ check("schema rejects an unknown libraryDelivery", rejects("libraryDelivery=empt
 check("schema rejects libraryDelivery spelled otherwise than the webhook's flag", rejects("libraryDelivery=hostpath"))
 check("schema rejects a relative csi.kubeletDir", rejects("csi.kubeletDir=var/lib/kubelet"))
 check("schema rejects an unknown key under csi", rejects("csi.kubeletdir=/var/lib/kubelet"))
+check("schema rejects an unknown auth mode", rejects("monitor.aggregator.auth.mode=oidc"))
+check("schema rejects an unknown aggregator metrics auth", rejects("monitor.aggregator.auth.metrics=open"))
+check("schema rejects an unknown agent metrics auth", rejects("monitor.agent.auth.metrics=anonymous"))
+check("schema rejects an unknown key under monitor.aggregator.auth", rejects("monitor.aggregator.auth.ttl=5"))
+check("schema rejects a cache of 0 entries", rejects("monitor.aggregator.auth.cacheEntries=0"))
+check("schema rejects a cache TTL over an hour", rejects("monitor.aggregator.auth.cacheTTLSeconds=3601"))
+check("schema rejects an audience with a comma (the flag's separator)", rejects("monitor.aggregator.auth.audiences[0]=a\\,b"))
+check("schema rejects a ServiceAccount metrics reader without a namespace", rejects("monitor.metricsReaders[0].kind=ServiceAccount", "monitor.metricsReaders[0].name=prometheus"))
+check("schema rejects a metrics reader of an unknown kind", rejects("monitor.metricsReaders[0].kind=Robot", "monitor.metricsReaders[0].name=r2"))
+def rejects_json(key, value):
+    def t():
+        r = helm("template", RELEASE, CHART, "--set-json", f"{key}={value}")
+        assert r.returncode != 0, f"accepted {key}={value}"
+        assert "schema" in r.stderr.lower() or "values don't meet" in r.stderr.lower(), r.stderr[:400]
+    return t
+
+
+check("schema rejects an empty networkPolicy.prometheus.from (every source: [{namespaceSelector: {}}])", rejects_json("networkPolicy.prometheus.from", "[]"))
+check("schema rejects an unknown key under networkPolicy", rejects("networkPolicy.enable=true"))
+check("schema rejects a NetworkPolicy peer that is none", rejects("networkPolicy.webhook.from[0].pods.a=b"))
 
 print(f"\n{passed} passed, {len(failed)} failed")
 sys.exit(1 if failed else 0)
