@@ -139,12 +139,17 @@ def free_port(host="127.0.0.1"):
     return port
 
 
-def http_get(url, timeout=5):
+def http_get(url, timeout=5, token=None, header="Authorization", stream=False):
+    """GET with a bearer token in `header`; with `stream`, only the status
+    (an event stream never ends)."""
     host, _, rest = url.removeprefix("http://").partition("/")
     h, p = host.rsplit(":", 1)
     c = http.client.HTTPConnection(h, int(p), timeout=timeout)
-    c.request("GET", "/" + rest)
+    c.request("GET", "/" + rest, headers={header: f"Bearer {token}"} if token else {})
     r = c.getresponse()
+    if stream:
+        c.close()
+        return r.status, ""
     return r.status, r.read().decode()
 
 
@@ -1066,6 +1071,41 @@ def agent_pod(node):
     return eventually(f"a node-agent pod on {node}", on_node, timeout=60)[0]
 
 
+def grpc_tls_files(side):
+    """The chart's gRPC TLS Secret of `side` ("node" or "aggregator") as the
+    kubelet would mount it; None when the release has none."""
+    r = kubectl("get", "secret", f"{FULL}-{side}-grpc-tls", "-n", NS, "-o", "json", check=False)
+    if r.returncode != 0:
+        return None
+    d = os.path.join(WORK, f"grpc-tls-{side}")
+    os.makedirs(d, exist_ok=True)
+    for k, v in json.loads(r.stdout)["data"].items():
+        with open(os.path.join(d, k), "wb") as f:
+            f.write(base64.b64decode(v))
+    return d
+
+
+def mount_grpc_tls(args, side):
+    """`args` with the chart's mount path of the gRPC TLS Secret replaced by
+    its files here."""
+    if not any("/etc/kai/grpc-tls/" in a for a in args):
+        return args
+    d = grpc_tls_files(side)
+    assert d, f"the release renders gRPC TLS flags but has no {side} Secret"
+    return [a.replace("/etc/kai/grpc-tls/", d + "/") for a in args]
+
+
+def grpcurl_tls(cert_side="aggregator"):
+    """grpcurl's flags towards an agent: TLS with `cert_side`'s client
+    certificate (the aggregator's is the one agents accept), or plaintext
+    where the release has no gRPC TLS."""
+    if not AGENT.get("tls"):
+        return ["-plaintext"]
+    agg, own = grpc_tls_files("aggregator"), grpc_tls_files(cert_side)
+    return ["-cacert", os.path.join(agg, "ca.crt"), "-cert", os.path.join(own, "tls.crt"),
+            "-key", os.path.join(own, "tls.key"), "-servername", "kai-node-agent"]
+
+
 def start_agent(node=NODES[0]):
     """The chart's node-agent container, run here as its ServiceAccount,
     with a fake NVML and a fake host /proc (this machine has no GPU)."""
@@ -1084,6 +1124,8 @@ def start_agent(node=NODES[0]):
                                (r"^--log-format=.*", "--log-format=plain")])
     if not any(a.startswith("--nvml-library=") for a in args):
         args.append(f"--nvml-library={fake_nvml_library()}")
+    AGENT["tls"] = any(a.startswith("--grpc-tls-cert-file=") for a in args)
+    args = mount_grpc_tls(args, "node")
     env = chart_env(c, NODE_NAME=node, POD_NAME=f"{FULL}-node-test")
     # The token of the agent's DaemonSet pod on that node, as the kubelet
     # projects it: it names the node, which the node guard checks.
@@ -1106,7 +1148,7 @@ def write_region(uid, container, limit_mib, used_mib, pid=MY_PID):
 
 def grpc_containers(port=None, namespace=TENANT):
     grpcurl = os.environ.get("GRPCURL", "grpcurl")
-    r = run(grpcurl, "-plaintext", "-d", json.dumps({"namespace": namespace}),
+    r = run(grpcurl, *grpcurl_tls(), "-d", json.dumps({"namespace": namespace}),
             f"{NODE_IP}:{port or AGENT['grpc']}", "vgpu.v1.VgpuNode/ListContainers")
     return json.loads(r.stdout).get("containers", [])
 
@@ -1198,7 +1240,9 @@ def components():
         elsewhere = create(holder, ns=NS)
         other = sa_kubeconfig(f"{FULL}-node", pod=elsewhere)
         r = kubectl("create", "--raw", path, "-f", eviction, kubeconfig=other, check=False)
-        assert r.returncode != 0 and "may not act on pod" in r.stderr and NODES[0] in r.stderr, r.stderr
+        # The denial names the asking node only, never where the pod runs.
+        assert r.returncode != 0 and "may not act on pod" in r.stderr and NODES[1] in r.stderr, r.stderr
+        assert NODES[0] not in r.stderr, r.stderr
         assert not kjson("get", "pod", "guarded", "-n", TENANT)["metadata"].get("deletionTimestamp")
         mine = sa_kubeconfig(f"{FULL}-node", pod=agent_pod(NODES[0]))
         r = kubectl("create", "--raw", path, "-f", eviction, kubeconfig=mine, check=False)
@@ -1209,7 +1253,8 @@ def components():
 
 
 def series(url, name):
-    _, text = http_get(url)
+    status, text = http_get(url, token=prometheus_token())
+    assert status == 200, f"{url}: {status} {text[:200]}"
     out = {}
     for line in text.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
@@ -1248,21 +1293,283 @@ def aggregator():
     served_pod = create(pod("agg-job", {"gpu-memory": "1024"}, node=NODES[0]))
     write_region(served_pod["metadata"]["uid"], "main", 1024, 256)
     c = container_of("deployment", f"{FULL}-aggregator", "aggregator")
-    http_port, grpc_port = free_port(), free_port()
-    args = rewrite(c["args"], [(r"^--listen=.*", f"--listen=127.0.0.1:{http_port}"),
-                               (r"^--grpc-listen=.*", f"--grpc-listen=127.0.0.1:{grpc_port}"),
+    # The chart's HTTP port on this node's address, and the Deployment's pod
+    # Running there: the EndpointSlice controller then points the Service
+    # at it, and the API server's service proxy (kubectl vgpu) reaches it.
+    http_port, grpc_port = 9394, free_port(NODE_IP)
+    (agg_pod,) = [p for p in kjson("get", "pod", "-n", NS, "-l", "app.kubernetes.io/component=aggregator")["items"]
+                  if not p["metadata"].get("deletionTimestamp")]
+    kubelet_reports_running(agg_pod["metadata"]["name"], NS)
+    AGG["pod"] = agg_pod["metadata"]["name"]
+    args = rewrite(c["args"], [(r"^--listen=.*", f"--listen={NODE_IP}:{http_port}"),
+                               (r"^--grpc-listen=.*", f"--grpc-listen={NODE_IP}:{grpc_port}"),
                                (r"^--agent-port=.*", f"--agent-port={AGENT['grpc']}"),
                                (r"^--log-format=.*", "--log-format=plain")])
     env = chart_env(c, POD_NAMESPACE=NS)
     env["KUBECONFIG"] = sa_kubeconfig(f"{FULL}-aggregator")
-    AGG["url"] = f"http://127.0.0.1:{http_port}"
+    args = mount_grpc_tls(args, "aggregator")
+    AGG["url"], AGG["grpc"] = f"http://{NODE_IP}:{http_port}", f"{NODE_IP}:{grpc_port}"
     start("aggregator", [os.path.join(TARGET, "kai-aggregator"), *args], env=env)
 
     def served():
-        _, text = http_get(AGG["url"] + "/metrics")
+        status, text = http_get(AGG["url"] + "/metrics", token=prometheus_token())
+        assert status == 200, f"{status} {text[:200]}"
         return [l for l in text.splitlines() if l.startswith("hami_vgpu_memory_used_bytes{")
                 and 'pod="agg-job"' in l and f'node="{NODES[0]}"' in l and l.endswith(f" {256 << 20}")]
     eventually("the aggregator serves the agent's series with its node label", served, timeout=60)
+
+
+# ============================================================================
+# 4b. who may see what (docs/security.md, "Access control")
+# ============================================================================
+
+USERS_NS = "kai-users"
+TOKENS = {}
+
+
+def prometheus_token():
+    """A token of Prometheus' ServiceAccount, bound as kube-prometheus binds
+    it (its ClusterRole grants get on the non-resource URL /metrics): what
+    a ServiceMonitor's bearerTokenFile sends."""
+    if "prometheus" not in TOKENS:
+        kubectl("create", "namespace", "monitoring", check=False)
+        kubectl("create", "serviceaccount", "prometheus-k8s", "-n", "monitoring", check=False)
+        apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": "prometheus-k8s"},
+               "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]},
+                         {"apiGroups": [""], "resources": ["nodes/metrics"], "verbs": ["get"]}]})
+        kubectl("create", "clusterrolebinding", "prometheus-k8s", "--clusterrole=prometheus-k8s",
+                "--serviceaccount=monitoring:prometheus-k8s", check=False)
+        TOKENS["prometheus"] = kubectl("create", "token", "prometheus-k8s", "-n", "monitoring",
+                                       "--duration=2h").stdout.strip()
+    return TOKENS["prometheus"]
+
+
+def user_token(name, *extra):
+    return kubectl("create", "token", name, "-n", USERS_NS, "--duration=2h", *extra).stdout.strip()
+
+
+def user_kubeconfig(name, token):
+    path = os.path.join(WORK, f"user-{name}.kubeconfig")
+    with open(path, "w") as f:
+        f.write(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:{ENV['API_PORT']}", certificate-authority: "{PKI}/ca.crt"}}}}]
+users: [{{name: {name}, user: {{token: "{token}"}}}}]
+contexts: [{{name: c, context: {{cluster: c, user: {name}, namespace: {TENANT}}}}}]
+current-context: c
+""")
+    return path
+
+
+def expired(token):
+    """`token` with its times moved two hours back, signed again with the
+    cluster's ServiceAccount key: a genuine token that has expired."""
+    def b64(raw):
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+    header, payload, _ = token.split(".")
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    # Issued for 2 h: four hours back is well past expiry and any leeway.
+    for k in ("exp", "iat", "nbf"):
+        if k in claims:
+            claims[k] -= 4 * 3600
+    signing = f"{header}.{b64(json.dumps(claims).encode())}"
+    # The raw signature is binary: no text mode.
+    raw = subprocess.run(["openssl", "dgst", "-sha256", "-sign", os.path.join(PKI, "sa.key")],
+                         input=signing.encode(), capture_output=True, check=True).stdout
+    return f"{signing}.{b64(raw)}"
+
+
+# Every route of the aggregator's HTTP port (services/aggregator/src/http.rs
+# ROUTES) and the ones nobody routed; the open ones carry no data.
+GUARDED = ["/metrics", "/api/v1/containers", "/api/v1/nodes", "/api/v1/devices", "/api/v1/view",
+           "/api/v1/view/events", "/api/v1/unrouted", "/api/v2/containers"]
+OPEN = ["/healthz", "/readyz", "/", "/ui/app.js", "/ui/app.css"]
+
+
+def grpc_cluster(token, method, body=None, header="authorization"):
+    grpcurl = os.environ.get("GRPCURL", "grpcurl")
+    auth = ["-H", f"{header}: Bearer {token}"] if token else []
+    return run(grpcurl, "-plaintext", *auth, "-d", json.dumps(body or {}), AGG["grpc"],
+               f"vgpu.v1.VgpuCluster/{method}", check=False)
+
+
+def kubectl_vgpu(kubeconfig, *args, check=True):
+    return run(os.path.join(TARGET, "kubectl-vgpu"), *args, check=check,
+               env={**os.environ, "KUBECONFIG": kubeconfig, "NO_COLOR": "1"})
+
+
+def access():
+    kubectl("create", "namespace", USERS_NS, check=False)
+    kubectl("create", "namespace", "team-b", check=False)
+    for sa in ("viewer", "alice", "podlister", "nobody"):
+        kubectl("create", "serviceaccount", sa, "-n", USERS_NS, check=False)
+    # viewer: the built-in view cluster-wide; alice: view in team-a only
+    # (our ClusterRole aggregates into view); podlister: list pods in team-a
+    # and nothing else; nobody: no binding at all.
+    kubectl("create", "clusterrolebinding", "kai-test-viewer", "--clusterrole=view",
+            f"--serviceaccount={USERS_NS}:viewer", check=False)
+    kubectl("create", "rolebinding", "alice-view", "-n", TENANT, "--clusterrole=view",
+            f"--serviceaccount={USERS_NS}:alice", check=False)
+    kubectl("create", "role", "pod-lister", "-n", TENANT, "--verb=list", "--resource=pods", check=False)
+    kubectl("create", "rolebinding", "podlister", "-n", TENANT, "--role=pod-lister",
+            f"--serviceaccount={USERS_NS}:podlister", check=False)
+    tok = {u: user_token(u) for u in ("viewer", "alice", "podlister", "nobody")}
+    secret = create(pod("b-secret", {"gpu-memory": "2048"}, node=NODES[0]), ns="team-b")
+    write_region(secret["metadata"]["uid"], "main", 2048, 300)
+    own = "agg-job"
+
+    def listed(token, query="", header="Authorization"):
+        status, text = http_get(AGG["url"] + "/api/v1/containers" + query, token=token, header=header)
+        assert status == 200, f"{status} {text[:300]}"
+        return sorted(c["pod"] for c in json.loads(text).get("containers", []))
+    eventually("the aggregator has team-b's pod (viewer's view)", lambda: "b-secret" in listed(tok["viewer"]), timeout=60)
+
+    def unauthenticated():
+        for path in GUARDED:
+            status, text = http_get(AGG["url"] + path)
+            assert status == 401, f"{path} without a token: {status} {text[:200]}"
+            status, _ = http_get(AGG["url"] + path, token="not-a-token", stream=path.endswith("/events"))
+            assert status == 401, f"{path} with a forged token: {status}"
+        for path in OPEN:
+            status, text = http_get(AGG["url"] + path)
+            assert status == 200, f"{path}: {status}"
+            assert "b-secret" not in text and own not in text and "team-b" not in text, f"{path} carries data"
+        status, _ = http_get(AGENT["metrics_url"] + "/metrics")
+        assert status == 401, f"agent /metrics without a token: {status}"
+        assert http_get(AGENT["metrics_url"] + "/readyz")[0] == 200
+    check("no aggregator route and no agent /metrics answers without a token (every route; probes and assets open, without data)", unauthenticated)
+
+    def agent_mtls():
+        assert AGENT.get("tls"), "the chart's default runs the agents' gRPC with mutual TLS"
+        grpcurl = os.environ.get("GRPCURL", "grpcurl")
+        target = f"{NODE_IP}:{AGENT['grpc']}"
+        ca = os.path.join(grpc_tls_files("aggregator"), "ca.crt")
+        for flags, what in ((["-plaintext"], "plaintext"),
+                            (["-cacert", ca, "-servername", "kai-node-agent"], "TLS without a client certificate"),
+                            (grpcurl_tls("node"), "a certificate of the agents' own CA")):
+            r = run(grpcurl, *flags, target, "vgpu.v1.VgpuNode/ListContainers", check=False)
+            assert r.returncode != 0, f"{what}: served ({r.stdout[:200]})"
+        r = run(grpcurl, *grpcurl_tls(), target, "vgpu.v1.VgpuNode/ListContainers")
+        assert "b-secret" in r.stdout, r.stdout[:300]
+    check("node agent gRPC (chart default): refuses plaintext, TLS without a certificate and the agents' own certificate; serves the aggregator's", agent_mtls)
+
+    def viewer():
+        pods = listed(tok["viewer"])
+        assert own in pods and "b-secret" in pods, pods
+        status, text = http_get(AGG["url"] + "/api/v1/nodes", token=tok["viewer"])
+        assert status == 200 and NODES[0] in text, text[:300]
+        status, text = http_get(AGG["url"] + "/api/v1/devices", token=tok["viewer"])
+        assert status == 200 and json.loads(text)["devices"], text[:300]
+    check("cluster viewer (view through a ClusterRoleBinding): every namespace, nodes and devices", viewer)
+
+    def scoped(user, header="Authorization"):
+        def fn():
+            assert listed(tok[user], header=header) == [own], listed(tok[user], header=header)
+            for path in ("/api/v1/containers", "/api/v1/nodes", "/api/v1/devices", "/api/v1/view"):
+                status, text = http_get(AGG["url"] + path, token=tok[user], header=header)
+                assert status == 200, f"{path}: {status} {text[:200]}"
+                for other in ("b-secret", "team-b"):
+                    assert other not in text, f"{path} shows {user} {other}"
+            status, text = http_get(AGG["url"] + "/api/v1/containers?namespace=team-b", token=tok[user])
+            assert status == 403 and "may not list" in text, f"{status} {text[:200]}"
+            status, _ = http_get(AGG["url"] + "/api/v1/view/events", token=tok[user], stream=True)
+            assert status == 200, status
+            status, _ = http_get(AGG["url"] + "/metrics", token=tok[user])
+            assert status == 403, f"a tenant reads /metrics: {status}"
+        return fn
+    check("team-a user (view in team-a, our ClusterRole aggregated): team-a only in every API, 403 for team-b and /metrics", scoped("alice"))
+    check("user who may only list pods in team-a: team-a only, token in X-Kai-Authorization", scoped("podlister", header="X-Kai-Authorization"))
+
+    def nobody():
+        assert listed(tok["nobody"]) == []
+        status, text = http_get(AGG["url"] + "/api/v1/nodes", token=tok["nobody"])
+        assert status == 200 and json.loads(text).get("nodes", []) == [], text[:200]
+        status, _ = http_get(AGG["url"] + f"/api/v1/containers?namespace={TENANT}", token=tok["nobody"])
+        assert status == 403, status
+    check("user with no permission: nothing, 403 for a named namespace", nobody)
+
+    def prometheus():
+        for url in (AGG["url"], AGENT["metrics_url"]):
+            status, text = http_get(url + "/metrics", token=prometheus_token())
+            assert status == 200 and "hami_vgpu_memory_used_bytes" in text, f"{url}: {status} {text[:200]}"
+            assert "kai_access_reviews_total" in text, "the checks are counted"
+            status, _ = http_get(url + "/metrics", token=tok["viewer"])
+            assert status == 403, f"{url}: viewer reads /metrics: {status}"
+    check("Prometheus' own ServiceAccount token (get on /metrics) scrapes the aggregator and the agent; others get 403", prometheus)
+
+    def grpc():
+        r = grpc_cluster(None, "ListContainers")
+        assert r.returncode != 0 and "Unauthenticated" in r.stderr, r.stderr
+        r = grpc_cluster(tok["alice"], "ListContainers", header="x-kai-authorization")
+        assert r.returncode == 0, r.stderr
+        assert sorted(c["pod"] for c in json.loads(r.stdout).get("containers", [])) == [own], r.stdout
+        r = grpc_cluster(tok["alice"], "ListContainers", {"namespace": "team-b"})
+        assert r.returncode != 0 and "PermissionDenied" in r.stderr, r.stderr
+        r = grpc_cluster(tok["viewer"], "ListContainers")
+        assert "b-secret" in r.stdout, r.stdout[:300]
+        r = grpc_cluster(tok["nobody"], "ListNodes")
+        assert r.returncode == 0 and "nodes" not in json.loads(r.stdout), r.stdout
+    check("gRPC VgpuCluster: no token Unauthenticated, team-a user team-a only (PermissionDenied for team-b), viewer all", grpc)
+
+    def bad_tokens():
+        other = user_token("viewer", "--audience=not-the-api-server")
+        status, text = http_get(AGG["url"] + "/api/v1/containers", token=other)
+        assert status == 401, f"wrong audience: {status} {text[:200]}"
+        old = expired(tok["viewer"])
+        status, text = http_get(AGG["url"] + "/api/v1/containers", token=old)
+        assert status == 401, f"expired: {status} {text[:200]}"
+    check("a token for another audience and an expired token (re-signed with the cluster's key) are refused", bad_tokens)
+
+    def kubectl_plugin():
+        alice = user_kubeconfig("alice", tok["alice"])
+        # A tenant may not list Services cluster-wide: told to name the
+        # namespace, where the chart lets every user find the Service.
+        r = kubectl_vgpu(alice, "top", "-A", check=False)
+        assert r.returncode == 1 and "--aggregator-namespace" in r.stderr, r.stderr
+        r = kubectl_vgpu(alice, "top", "-A", "-o", "json", "--aggregator-namespace", NS)
+        assert sorted({x["pod"] for x in json.loads(r.stdout)}) == [own], r.stdout[:300]
+        r = kubectl_vgpu(alice, "top", "-n", "team-b", "--aggregator-namespace", NS, check=False)
+        assert r.returncode == 1 and "not allowed" in r.stderr, r.stderr
+        viewer_cfg = user_kubeconfig("viewer", tok["viewer"])
+        r = kubectl_vgpu(viewer_cfg, "top", "-A", "-o", "json")
+        assert "b-secret" in r.stdout, r.stdout[:300]
+        # The admin's kubeconfig holds a client certificate: it cannot pass
+        # the service proxy; --token can.
+        r = kubectl_vgpu(ADMIN, "top", "-A", check=False)
+        assert r.returncode == 1 and "--token" in r.stderr, r.stderr
+        r = kubectl_vgpu(ADMIN, "top", "-A", "-o", "json", f"--token={tok['viewer']}")
+        assert "b-secret" in r.stdout, r.stdout[:300]
+    check("kubectl vgpu through the API server's service proxy with each kubeconfig: its own view, 403 said, client certificates told to pass --token", kubectl_plugin)
+
+    def webview():
+        sys.path.insert(0, HERE)
+        import webview_auth
+        out = os.path.join(WORK, "webview")
+        os.makedirs(out, exist_ok=True)
+
+        def change():
+            p = create(pod("a-new", {"gpu-memory": "1024"}, node=NODES[0]))
+            write_region(p["metadata"]["uid"], "main", 1024, 64)
+        results = webview_auth.check_token_prompt(AGG["url"] + "/", tok["alice"], "not-a-token", [own], ["b-secret"],
+                                                  out, change=change, changed_pod="a-new")
+        failed_steps = [f"{n}: {d}" for n, good, d in results if not good]
+        assert results and not failed_steps, "; ".join(failed_steps)[:800]
+    check("web view in headless Chromium: asks for a token on 401, keeps it in the tab's session, shows team-a only, live", webview)
+
+    def outage():
+        fresh = user_token("viewer")
+        cluster("stop-apiserver")
+        try:
+            status, text = http_get(AGG["url"] + "/api/v1/containers", token=fresh, timeout=30)
+            assert status == 503 and "Kubernetes API server" in text, f"{status} {text[:300]}"
+            r = grpc_cluster(fresh, "ListNodes")
+            assert "Unavailable" in r.stderr, r.stderr
+        finally:
+            cluster("start-apiserver")
+        eventually("the fresh token works once the API server is back",
+                   lambda: http_get(AGG["url"] + "/api/v1/containers", token=fresh)[0] == 200, timeout=60)
+    check("API server stopped: a caller not yet known gets 503 (fail closed, no crash); started again: served", outage)
 
 
 # ============================================================================
@@ -1440,6 +1747,7 @@ def main():
         part("fail-closed", fail_closed)
         part("rbac", rbac_lists)
         part("components", components)
+        part("access", access)
         part("faults", faults)
         part("latency", lambda: check("pod-creation latency through the API server with and without the webhook (recorded)", latency))
     finally:

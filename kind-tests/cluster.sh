@@ -6,7 +6,8 @@
 #
 #   cluster.sh up [DIR]     start one in DIR (default: a new temp dir); prints DIR
 #   cluster.sh down DIR     stop what DIR's cluster started and remove DIR
-#   cluster.sh restart-apiserver DIR | stop-etcd DIR | start-etcd DIR
+#   cluster.sh restart-apiserver DIR | stop-apiserver DIR | start-apiserver DIR
+#              | stop-etcd DIR | start-etcd DIR
 #
 # It touches nothing outside DIR and signals only the PIDs it started (DIR/pids).
 # DIR/env holds KUBECONFIG (admin), BIN (the binaries), NODE_IP, the ports and
@@ -330,6 +331,8 @@ case "${1:-}" in
   up) up "${2:-}" ;;
   down) down "${2:?usage: cluster.sh down DIR}" ;;
   restart-apiserver) load "${2:-}" restart-apiserver; stop kube-apiserver; start_apiserver ;;
+  stop-apiserver) load "${2:-}" stop-apiserver; stop kube-apiserver ;;
+  start-apiserver) load "${2:-}" start-apiserver; start_apiserver ;;
   stop-etcd) load "${2:-}" stop-etcd; stop etcd ;;
   start-etcd) load "${2:-}" start-etcd; start_etcd ;;
   *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;

@@ -1109,8 +1109,10 @@ def access_service_proxy():
     assert role["metadata"]["namespace"] == NS == svc["metadata"]["namespace"]
     # GET through /api/v1/namespaces/NS/services/<name>[:<port>]/proxy/…, on
     # this Service's HTTP port only (kubectl vgpu uses <name>:http-metrics).
+    # And list Services here: kubectl vgpu finds the Service by its labels.
     assert role["rules"] == [{"apiGroups": [""], "resources": ["services/proxy"], "verbs": ["get"],
-                              "resourceNames": [name, f"{name}:{port['name']}", f"http:{name}:{port['name']}"]}], role["rules"]
+                              "resourceNames": [name, f"{name}:{port['name']}", f"http:{name}:{port['name']}"]},
+                             {"apiGroups": [""], "resources": ["services"], "verbs": ["list"]}], role["rules"]
     binding = named(docs, "RoleBinding", f"{FULL}-aggregator-proxy")
     assert binding["metadata"]["namespace"] == NS
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}

@@ -61,9 +61,12 @@ impl VgpuCluster for Service {
         &self,
         request: Request<pb::ClusterDevicesRequest>,
     ) -> Result<Response<pb::ClusterDevicesResponse>, Status> {
-        let nodes = self.visible(&request, "").await?;
+        let all = self.cluster.snapshot();
+        let headers = request.metadata().clone().into_headers();
+        let caller = self.access.caller(&headers).await?;
+        let seen = visible::for_caller(&self.access, &caller, all.clone(), "").await?;
         Ok(Response::new(pb::ClusterDevicesResponse {
-            devices: query::devices(&nodes, &request.get_ref().node),
+            devices: visible::devices(&all, &seen, &request.get_ref().node),
         }))
     }
 }

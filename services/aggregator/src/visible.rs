@@ -70,6 +70,32 @@ pub fn restrict(nodes: Vec<NodeEntry>, scope: &Scope) -> Vec<NodeEntry> {
         .collect()
 }
 
+/// The GPUs of `all` (the whole index) that `seen` (what a caller may see
+/// of it) has, with their node totals: caps allocated, memory used and
+/// containers on the GPU count everyone's, so the headroom is the GPU's
+/// real one, and no other tenant is named.
+pub fn devices(
+    all: &[NodeEntry],
+    seen: &[NodeEntry],
+    node: &str,
+) -> Vec<kai_proto::v1::ClusterDevice> {
+    let gpus: BTreeSet<(&str, &str)> = seen
+        .iter()
+        .flat_map(|n| {
+            let host = n.devices.iter().map(|d| d.uuid.as_str());
+            let used = n
+                .containers
+                .iter()
+                .flat_map(|c| c.devices.iter().map(|d| d.uuid.as_str()));
+            host.chain(used).map(|uuid| (n.node.as_str(), uuid))
+        })
+        .collect();
+    crate::query::devices(all, node)
+        .into_iter()
+        .filter(|d| gpus.contains(&(d.node.as_str(), d.uuid.as_str())))
+        .collect()
+}
+
 /// `nodes` as `caller` may see them; with `namespace` (a filter the caller
 /// asked for), a refusal unless it may see that namespace.
 pub async fn for_caller(

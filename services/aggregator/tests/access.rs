@@ -38,7 +38,7 @@ fn rule(user: &str, review: &Value) -> bool {
 }
 
 /// Names only the cluster view may show.
-const SECRETS: &[&str] = &["team-b", "secret-pod", "miner"];
+const SECRETS: &[&str] = &["team-b", "secret-pod", "secret-two", "miner"];
 
 fn cluster() -> Cluster {
     let cluster = Cluster::default();
@@ -64,6 +64,7 @@ fn cluster() -> Cluster {
             containers: vec![
                 container("team-a", "train-pod", "GPU-a"),
                 container("team-b", "secret-pod", "GPU-b"),
+                container("team-b", "secret-two", "GPU-a"),
             ],
             escaped_processes: vec![pb::EscapedProcess {
                 namespace: "team-b".into(),
@@ -239,7 +240,7 @@ async fn a_tenant_sees_its_namespace_in_every_http_api() {
             get(server.http, path, Some(("authorization", "admin-token"))).await;
         assert_eq!(status, 200, "{path}");
         let whole = if path == "/api/v1/nodes" {
-            "\"containers\":2"
+            "\"containers\":3"
         } else {
             "GPU-b"
         };
@@ -250,6 +251,16 @@ async fn a_tenant_sees_its_namespace_in_every_http_api() {
     }
     let (_, body, _) = get(server.http, "/api/v1/containers", alice).await;
     assert!(body.contains("train-pod"), "{body}");
+    let (_, body, _) = get(server.http, "/api/v1/devices", alice).await;
+    let devices: pb::ClusterDevicesResponse = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(devices.devices.len(), 1, "only the GPU alice uses: {body}");
+    assert_eq!(devices.devices[0].uuid, "GPU-a");
+    assert_eq!(
+        devices.devices[0].headroom_bytes,
+        (80u64 << 30) - (2 << 30),
+        "the GPU's real headroom: team-b's cap on it counts (node totals, no names)"
+    );
+    assert_eq!(devices.devices[0].containers, 2);
     let (_, body, _) = get(server.http, "/api/v1/nodes", alice).await;
     assert!(
         body.contains("\"containers\":1"),
@@ -369,6 +380,6 @@ async fn grpc_methods_check_the_caller_too() {
         .await
         .expect("admin")
         .into_inner();
-    assert_eq!(all.containers.len(), 2);
+    assert_eq!(all.containers.len(), 3);
     assert_eq!(all.escaped_processes.len(), 1);
 }

@@ -41,11 +41,12 @@ pub struct Cli {
     /// port-forward), instead of the API server's service proxy.
     #[arg(long, global = true, env = "KUBECTL_VGPU_AGGREGATOR")]
     aggregator: Option<String>,
-    /// Namespace of the aggregator Service (default: found by its labels).
-    #[arg(long, global = true)]
+    /// Namespace of the aggregator Service (default: found by its labels
+    /// in all namespaces, which needs list on Services cluster-wide).
+    #[arg(long, global = true, env = "KUBECTL_VGPU_AGGREGATOR_NAMESPACE")]
     aggregator_namespace: Option<String>,
     /// Name of the aggregator Service (default: found by its labels).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, env = "KUBECTL_VGPU_AGGREGATOR_SERVICE")]
     aggregator_service: Option<String>,
     /// Bearer token for the aggregator (default: the one your kubeconfig's
     /// credentials give, token or exec plugin). Needed when the kubeconfig

@@ -23,6 +23,10 @@ pub enum SourceError {
     #[error("cannot list Services to find the aggregator: {0}")]
     Discover(#[source] kube::Error),
     #[error(
+        "cannot list Services in all namespaces to find the aggregator ({0}); name its namespace: --aggregator-namespace NS (or KUBECTL_VGPU_AGGREGATOR_NAMESPACE)"
+    )]
+    DiscoverForbidden(String),
+    #[error(
         "no kai-resource-isolator aggregator Service found (selector {AGGREGATOR_SELECTOR}); is the chart installed with monitor.enabled? Name it with --aggregator-namespace/--aggregator-service"
     )]
     NotInstalled,
@@ -185,7 +189,14 @@ impl Aggregator {
         let found = api
             .list(&ListParams::default().labels(AGGREGATOR_SELECTOR))
             .await
-            .map_err(SourceError::Discover)?;
+            .map_err(|e| match e {
+                // Tenants may not list Services cluster-wide; the chart
+                // lets every user list them in its own namespace.
+                kube::Error::Api(status) if status.code == 403 && namespace.is_none() => {
+                    SourceError::DiscoverForbidden(status.message)
+                }
+                e => SourceError::Discover(e),
+            })?;
         let mut matches: Vec<(String, String)> = found
             .items
             .into_iter()

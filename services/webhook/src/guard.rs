@@ -110,9 +110,11 @@ pub async fn decide(
             Ok(Some(on)) if &on == node => Ok(()),
             // Nothing to protect: the API server answers 404 itself.
             Ok(None) => Ok(()),
-            Ok(Some(on)) => Err(format!(
-                "the node agent of {node} may not act on pod {namespace}/{name}, which runs on {}",
-                if on.is_empty() { "no node" } else { &on }
+            // Not where it runs: anyone who reaches the webhook could ask
+            // (the API server is not the only possible client), so the
+            // answer names only the asking node.
+            Ok(Some(_)) => Err(format!(
+                "the node agent of {node} may not act on pod {namespace}/{name}: it does not run on {node}"
             )),
             Err(e) => Err(format!("cannot look up pod {namespace}/{name}: {e}")),
         },
@@ -221,7 +223,9 @@ mod tests {
         );
         let refused = decide(&eviction("theirs", Some("gpu-a")), &pods).await;
         assert!(
-            refused.as_ref().is_err_and(|e| e.contains("runs on gpu-b")),
+            refused
+                .as_ref()
+                .is_err_and(|e| e.contains("does not run on gpu-a") && !e.contains("gpu-b")),
             "{refused:?}"
         );
         assert_eq!(
@@ -269,6 +273,9 @@ mod tests {
         let message = answer["response"]["status"]["message"]
             .as_str()
             .unwrap_or_default();
-        assert!(message.contains("runs on gpu-b"), "{answer}");
+        assert!(
+            message.contains("does not run on gpu-a") && !message.contains("gpu-b"),
+            "the answer does not say where the pod runs: {answer}"
+        );
     }
 }
