@@ -1285,20 +1285,19 @@ def kubelet_confirms_terminations(ns):
             kubectl("delete", "pod", p["metadata"]["name"], "-n", ns, "--force", "--grace-period=0", check=False)
 
 
-def aggregator():
-    # The DaemonSet's pod on the first node "runs" here: the kubelet's part
-    # (status Running, the pod IP) is written by the test.
-    pods = [agent_pod(NODES[0])]
-    kubelet_reports_running(pods[0]["metadata"]["name"], NS)
-    served_pod = create(pod("agg-job", {"gpu-memory": "1024"}, node=NODES[0]))
-    write_region(served_pod["metadata"]["uid"], "main", 1024, 256)
+def start_aggregator():
+    """The chart's aggregator container, run here as its ServiceAccount."""
     c = container_of("deployment", f"{FULL}-aggregator", "aggregator")
-    # The chart's HTTP port on this node's address, and the Deployment's pod
-    # Running there: the EndpointSlice controller then points the Service
-    # at it, and the API server's service proxy (kubectl vgpu) reaches it.
-    http_port, grpc_port = 9394, free_port(NODE_IP)
-    (agg_pod,) = [p for p in kjson("get", "pod", "-n", NS, "-l", "app.kubernetes.io/component=aggregator")["items"]
-                  if not p["metadata"].get("deletionTimestamp")]
+    # The chart's HTTP port on this node's address, and the Deployment's
+    # (newest) pod Running there: the EndpointSlice controller then points
+    # the Service at it, and the API server's service proxy (kubectl vgpu)
+    # reaches it.
+    http_port, grpc_port = 9394, AGG.get("grpc_port") or free_port(NODE_IP)
+    AGG["grpc_port"] = grpc_port
+    kubelet_confirms_terminations(NS)
+    pods = [p for p in kjson("get", "pod", "-n", NS, "-l", "app.kubernetes.io/component=aggregator")["items"]
+            if not p["metadata"].get("deletionTimestamp")]
+    agg_pod = max(pods, key=lambda p: p["metadata"]["creationTimestamp"])
     kubelet_reports_running(agg_pod["metadata"]["name"], NS)
     AGG["pod"] = agg_pod["metadata"]["name"]
     args = rewrite(c["args"], [(r"^--listen=.*", f"--listen={NODE_IP}:{http_port}"),
@@ -1310,6 +1309,16 @@ def aggregator():
     args = mount_grpc_tls(args, "aggregator")
     AGG["url"], AGG["grpc"] = f"http://{NODE_IP}:{http_port}", f"{NODE_IP}:{grpc_port}"
     start("aggregator", [os.path.join(TARGET, "kai-aggregator"), *args], env=env)
+
+
+def aggregator():
+    # The DaemonSet's pod on the first node "runs" here: the kubelet's part
+    # (status Running, the pod IP) is written by the test.
+    pods = [agent_pod(NODES[0])]
+    kubelet_reports_running(pods[0]["metadata"]["name"], NS)
+    served_pod = create(pod("agg-job", {"gpu-memory": "1024"}, node=NODES[0]))
+    write_region(served_pod["metadata"]["uid"], "main", 1024, 256)
+    start_aggregator()
 
     def served():
         status, text = http_get(AGG["url"] + "/metrics", token=prometheus_token())
@@ -1556,6 +1565,62 @@ def access():
         failed_steps = [f"{n}: {d}" for n, good, d in results if not good]
         assert results and not failed_steps, "; ".join(failed_steps)[:800]
     check("web view in headless Chromium: asks for a token on 401, keeps it in the tab's session, shows team-a only, live", webview)
+
+    def webview_proxied():
+        import webview_auth
+        # kubectl proxy with the tenant's kubeconfig, then the API server's
+        # service proxy: the page's relative URLs and its token header
+        # (Authorization is the API server's, and stripped) pass both.
+        port = free_port()
+        start("kubectl-proxy", [os.path.join(BIN, "kubectl"), "--kubeconfig", user_kubeconfig("alice", tok["alice"]),
+                                "proxy", f"--port={port}"])
+        try:
+            base = f"http://127.0.0.1:{port}/api/v1/namespaces/{NS}/services/{FULL}-aggregator:http-metrics/proxy/"
+            eventually("kubectl proxy serving", lambda: http_get(base + "healthz")[0] == 200, timeout=30)
+            out = os.path.join(WORK, "webview-proxied")
+            os.makedirs(out, exist_ok=True)
+            results = webview_auth.check_token_prompt(base, tok["alice"], "not-a-token", [own], ["b-secret"], out)
+            failed_steps = [f"{n}: {d}" for n, good, d in results if not good]
+            assert results and not failed_steps, "; ".join(failed_steps)[:800]
+        finally:
+            stop("kubectl-proxy")
+    check("web view behind kubectl proxy and the API server's service proxy: the same sign-in, team-a only", webview_proxied)
+
+    def rotation():
+        grpcurl = os.environ.get("GRPCURL", "grpcurl")
+        target = f"{NODE_IP}:{AGENT['grpc']}"
+        old = os.path.join(WORK, "grpc-tls-before-rotation")
+        shutil.copytree(grpc_tls_files("aggregator"), old, dirs_exist_ok=True)
+        old_ca = open(os.path.join(grpc_tls_files("node"), "ca.crt")).read()
+        old_agent, old_agg = agent_pod(NODES[0])["metadata"]["name"], AGG["pod"]
+        # The chart's rotation (chart README): delete a Secret and upgrade;
+        # both sides get new certificates, the pods restart on the checksum.
+        kubectl("delete", "secret", f"{FULL}-node-grpc-tls", "-n", NS)
+        r = helm("upgrade", RELEASE, CHART, "-n", NS, check=False)
+        assert r.returncode == 0, r.stderr[-600:]
+        assert open(os.path.join(grpc_tls_files("node"), "ca.crt")).read() != old_ca, "the agents' CA is new"
+        eventually("the DaemonSet replaced the agent pod", lambda: agent_pod(NODES[0])["metadata"]["name"] != old_agent)
+        stop("agent")
+        start_agent()
+        # The kubelet's part: the new agent pod runs (the aggregator finds
+        # agents by their Running pods' addresses).
+        kubelet_reports_running(agent_pod(NODES[0])["metadata"]["name"], NS)
+
+        def new_aggregator_pod():
+            kubelet_confirms_terminations(NS)
+            pods = kjson("get", "pod", "-n", NS, "-l", "app.kubernetes.io/component=aggregator")["items"]
+            return [p for p in pods if p["metadata"]["name"] != old_agg and not p["metadata"].get("deletionTimestamp")]
+        eventually("the Deployment made a new aggregator pod", new_aggregator_pod)
+        stop("aggregator")
+        start_aggregator()
+        r = run(grpcurl, "-cacert", os.path.join(old, "ca.crt"), "-cert", os.path.join(old, "tls.crt"),
+                "-key", os.path.join(old, "tls.key"), "-servername", "kai-node-agent", target,
+                "vgpu.v1.VgpuNode/ListContainers", check=False)
+        assert r.returncode != 0, "the agent still accepts the aggregator's old certificate"
+        run(grpcurl, *grpcurl_tls(), target, "vgpu.v1.VgpuNode/ListContainers")
+        eventually("the aggregator follows the agent over the new certificates",
+                   lambda: "b-secret" in listed(tok["viewer"]), timeout=60)
+    check("gRPC certificates rotated the chart's way (Secret deleted, helm upgrade, pods restarted): old ones refused, the aggregator follows the agents again", rotation)
 
     def outage():
         fresh = user_token("viewer")
