@@ -1586,6 +1586,51 @@ def access():
             stop("kubectl-proxy")
     check("web view behind kubectl proxy and the API server's service proxy: the same sign-in, team-a only", webview_proxied)
 
+    def client_certificates():
+        # A second aggregator with HTTPS on its HTTP port and the cluster CA
+        # as client CA (the chart's serving certificate is not needed for
+        # this: the API server's, issued by that CA for this address).
+        c = container_of("deployment", f"{FULL}-aggregator", "aggregator")
+        port, grpc_port = free_port(NODE_IP), free_port(NODE_IP)
+        args = rewrite(c["args"], [(r"^--listen=.*", f"--listen={NODE_IP}:{port}"),
+                                   (r"^--grpc-listen=.*", f"--grpc-listen={NODE_IP}:{grpc_port}"),
+                                   (r"^--agent-port=.*", f"--agent-port={AGENT['grpc']}"),
+                                   (r"^--log-format=.*", "--log-format=plain")])
+        args = mount_grpc_tls(args, "aggregator") + [
+            f"--tls-cert-file={PKI}/apiserver.crt", f"--tls-private-key-file={PKI}/apiserver.key",
+            f"--client-ca-file={PKI}/ca.crt"]
+        env = {**chart_env(c, POD_NAMESPACE=NS), "KUBECONFIG": sa_kubeconfig(f"{FULL}-aggregator")}
+        start("aggregator-tls", [os.path.join(TARGET, "kai-aggregator"), *args], env=env)
+        kubectl("create", "rolebinding", "tenant-a-view", "-n", TENANT, "--clusterrole=view", "--user=tenant-a",
+                check=False)
+        try:
+            def get(path, cert=None):
+                ctx = ssl.create_default_context(cafile=os.path.join(PKI, "ca.crt"))
+                if cert:
+                    ctx.load_cert_chain(os.path.join(PKI, f"{cert}.crt"), os.path.join(PKI, f"{cert}.key"))
+                conn = http.client.HTTPSConnection(NODE_IP, port, context=ctx, timeout=10)
+                conn.request("GET", path)
+                r = conn.getresponse()
+                return r.status, r.read().decode()
+            eventually("the HTTPS aggregator has team-b's pod (the admin's certificate, system:masters)",
+                       lambda: "b-secret" in get("/api/v1/containers", "admin")[1], timeout=60)
+            team_a = listed(tok["alice"])
+            assert own in team_a and "b-secret" not in team_a, team_a
+            status, text = get("/api/v1/containers", "user-tenant-a")
+            assert status == 200, f"{status} {text[:200]}"
+            assert sorted(x["pod"] for x in json.loads(text)["containers"]) == team_a, text[:300]
+            status, _ = get("/api/v1/containers")
+            assert status == 401, f"no certificate, no token: {status}"
+            status, _ = get("/metrics", "user-tenant-a")
+            assert status == 403, f"tenant-a reads /metrics: {status}"
+            # kubectl vgpu straight to it with a client-certificate kubeconfig.
+            r = kubectl_vgpu(os.path.join(CLUSTER, "users", "tenant-a.kubeconfig"), "top", "-A", "-o", "json",
+                             f"--aggregator=https://{NODE_IP}:{port}")
+            assert sorted({x["pod"] for x in json.loads(r.stdout)}) == team_a, r.stdout[:300]
+        finally:
+            stop("aggregator-tls")
+    check("client certificates of the cluster CA as identities (HTTPS port, --client-ca-file): tenant-a's certificate sees team-a, the admin's the cluster, none 401; kubectl vgpu with a client-certificate kubeconfig", client_certificates)
+
     def rotation():
         grpcurl = os.environ.get("GRPCURL", "grpcurl")
         target = f"{NODE_IP}:{AGENT['grpc']}"

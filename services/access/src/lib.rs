@@ -248,6 +248,28 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
         })
 }
 
+/// The user a verified client certificate names: CN, with each O as a
+/// group and `system:authenticated` (the API server's x509 authenticator).
+pub fn certificate_user(der: &[u8]) -> Result<User, AccessError> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let refused = |why: String| AccessError::Unauthenticated(format!("client certificate: {why}"));
+    let (_, cert) = X509Certificate::from_der(der).map_err(|e| refused(e.to_string()))?;
+    let subject = cert.subject();
+    let name = subject
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .filter(|cn| !cn.is_empty())
+        .ok_or_else(|| refused("no common name".to_owned()))?
+        .to_owned();
+    let mut groups: Vec<String> = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok().map(str::to_owned))
+        .collect();
+    groups.push("system:authenticated".to_owned());
+    Ok(User::new(name, String::new(), groups, Default::default()))
+}
+
 /// Checks callers of one server; cheap to clone.
 #[derive(Clone)]
 pub struct Access {
@@ -344,11 +366,26 @@ impl Access {
 
     /// Who sent `headers`.
     pub async fn caller(&self, headers: &HeaderMap) -> Result<Caller, AccessError> {
+        self.caller_with(headers, None).await
+    }
+
+    /// Who sent `headers` over a connection on which the client presented
+    /// `certificate` (DER), which the server's verifier accepted as issued
+    /// by its client CA: a bearer token first, else the certificate's
+    /// subject as the API server reads it (CN the user, each O a group).
+    pub async fn caller_with(
+        &self,
+        headers: &HeaderMap,
+        certificate: Option<&[u8]>,
+    ) -> Result<Caller, AccessError> {
         let Some(checks) = &self.inner else {
             return Ok(Caller::Anyone);
         };
-        let token = bearer_token(headers).ok_or(AccessError::NoToken)?;
-        checks.user(token).await.map(Caller::User)
+        match (bearer_token(headers), certificate) {
+            (Some(token), _) => checks.user(token).await.map(Caller::User),
+            (None, Some(der)) => certificate_user(der).map(|u| Caller::User(Arc::new(u))),
+            (None, None) => Err(AccessError::NoToken),
+        }
     }
 
     /// Whether `caller` may do what `attributes` say.
@@ -379,9 +416,14 @@ impl Access {
         }
     }
 
-    /// The caller of `headers`, if it may read `/metrics`.
-    pub async fn metrics_reader(&self, headers: &HeaderMap) -> Result<Caller, AccessError> {
-        let caller = self.caller(headers).await?;
+    /// The caller of `headers` (and of a verified client `certificate`), if
+    /// it may read `/metrics`.
+    pub async fn metrics_reader(
+        &self,
+        headers: &HeaderMap,
+        certificate: Option<&[u8]>,
+    ) -> Result<Caller, AccessError> {
+        let caller = self.caller_with(headers, certificate).await?;
         self.require(&caller, Attributes::metrics()).await?;
         Ok(caller)
     }

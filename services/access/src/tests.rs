@@ -87,7 +87,7 @@ async fn open_access_lets_anyone_see_everything() {
         Scope::Cluster
     );
     access
-        .metrics_reader(&HeaderMap::new())
+        .metrics_reader(&HeaderMap::new(), None)
         .await
         .expect("metrics open");
 }
@@ -174,7 +174,7 @@ async fn scopes_follow_the_api_servers_decisions() {
     );
     assert_eq!(e.status(), StatusCode::FORBIDDEN);
     let e = access
-        .metrics_reader(&bearer("team-a-token"))
+        .metrics_reader(&bearer("team-a-token"), None)
         .await
         .expect_err("no metrics");
     assert!(matches!(e, AccessError::Forbidden { .. }));

@@ -743,6 +743,7 @@ fn main() {
             cluster: cluster.clone(),
             access: kai_access::Access::open(),
             metrics_access: kai_access::Access::open(),
+            tls: None,
             legacy: false,
             synced: tokio::sync::watch::channel(true).1,
             limits: http::Limits::new(cluster.health(), &kai_aggregator::Limits::default()),

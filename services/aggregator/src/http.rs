@@ -10,6 +10,7 @@ use std::time::Duration;
 use kai_access::{Access, AccessError};
 use kai_exposition::{NodeView, Options, Page, View};
 use kai_proto::v1 as pb;
+use kai_runtime::https::PeerCertificate;
 use kai_runtime::limit::{StreamLimit, StreamPermit};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -28,6 +29,8 @@ pub struct State {
     pub access: Access,
     /// Who may read `/metrics` (`--metrics-auth`).
     pub metrics_access: Access,
+    /// HTTPS (`--tls-cert-file`); `None`: plain HTTP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
     pub legacy: bool,
     pub synced: watch::Receiver<bool>,
     pub limits: Limits,
@@ -286,18 +289,22 @@ async fn visible(
 async fn guarded(
     path: &str,
     headers: &http::HeaderMap,
+    certificate: Option<&[u8]>,
     query: &HashMap<String, String>,
     state: &State,
     shutdown: &CancellationToken,
 ) -> Result<warp::reply::Response, AccessError> {
     if path == "/metrics" {
-        state.metrics_access.metrics_reader(headers).await?;
+        state
+            .metrics_access
+            .metrics_reader(headers, certificate)
+            .await?;
         return Ok(match state.limits.scrapes.try_acquire() {
             Ok(permit) => limited_metrics_response(MetricsPage::current(state), permit),
             Err(refused) => refused.into_response(),
         });
     }
-    let caller = state.access.caller(headers).await?;
+    let caller = state.access.caller_with(headers, certificate).await?;
     let response = match path {
         "/api/v1/containers" => {
             let nodes = visible(state, &caller, param(query, "namespace")).await?;
@@ -354,14 +361,17 @@ pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationTo
                 }
             })
             .and(warp::header::headers_cloned())
+            .and(warp::ext::optional::<PeerCertificate>())
             .and(warp::query::<HashMap<String, String>>())
             .then(
                 move |path: warp::path::FullPath,
                       headers: http::HeaderMap,
+                      certificate: Option<PeerCertificate>,
                       query: HashMap<String, String>| {
                     let (state, shutdown) = (state.clone(), shutdown.clone());
                     async move {
-                        guarded(path.as_str(), &headers, &query, &state, &shutdown)
+                        let der = certificate.as_ref().map(|c| c.0.as_ref().as_ref());
+                        guarded(path.as_str(), &headers, der, &query, &state, &shutdown)
                             .await
                             .unwrap_or_else(|refused| {
                                 tracing::debug!(path = path.as_str(), %refused, "refused");
@@ -380,11 +390,22 @@ pub async fn serve(listener: TcpListener, state: State, shutdown: CancellationTo
         }
     });
     let routes = api.or(health).unify().or(crate::web::assets()).unify();
-    kai_runtime::https::serve_plain(
-        listener,
-        warp::service(routes),
-        state.limits.idle_timeout,
-        shutdown,
-    )
-    .await;
+    match state.tls.clone() {
+        Some(tls) => {
+            let limits = kai_runtime::https::ServeLimits {
+                idle_timeout: Some(state.limits.idle_timeout),
+                ..Default::default()
+            };
+            kai_runtime::https::serve(listener, tls, warp::service(routes), limits, shutdown).await;
+        }
+        None => {
+            kai_runtime::https::serve_plain(
+                listener,
+                warp::service(routes),
+                state.limits.idle_timeout,
+                shutdown,
+            )
+            .await;
+        }
+    }
 }

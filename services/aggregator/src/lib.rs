@@ -95,6 +95,9 @@ pub struct Args {
     pub access: kai_access::AccessArgs,
     #[command(flatten)]
     pub agent_tls: TlsArgs<AgentTlsFlags>,
+    /// HTTPS on the HTTP port, and client certificates as identities.
+    #[command(flatten)]
+    pub http_tls: TlsArgs<HttpTlsFlags>,
     #[command(flatten)]
     pub log: kai_runtime::telemetry::LogArgs,
 }
@@ -188,6 +191,47 @@ impl TlsFlagNames for AgentTlsFlags {
     };
 }
 
+/// TLS on the HTTP port (`--tls-*`, `--client-ca-file`).
+#[derive(Clone, Copy, Debug)]
+pub struct HttpTlsFlags;
+
+impl TlsFlagNames for HttpTlsFlags {
+    const FLAGS: TlsFlags = TlsFlags {
+        cert: Flag {
+            long: "tls-cert-file",
+            env: "TLS_CERT_FILE",
+            help: "Serve the HTTP port (API, web view, /metrics) over HTTPS with this certificate.",
+            default: None,
+        },
+        key: Flag {
+            long: "tls-private-key-file",
+            env: "TLS_PRIVATE_KEY_FILE",
+            help: "Private key of --tls-cert-file.",
+            default: None,
+        },
+        ca: Some(Flag {
+            long: "client-ca-file",
+            env: "CLIENT_CA_FILE",
+            help: "With --tls-cert-file: client certificates issued by this CA (e.g. the cluster's, \
+                   kube-root-ca.crt) name their caller as the API server does (CN user, O groups); \
+                   optional, callers without one send a token.",
+            default: None,
+        }),
+        reload_fallback_seconds: None,
+        server_name: None,
+        client: false,
+    };
+}
+
+/// HTTPS on the HTTP port.
+#[derive(Clone, Debug)]
+pub struct HttpTls {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    /// Client certificates issued by this CA are identities.
+    pub client_ca: Option<std::path::PathBuf>,
+}
+
 /// Where agents come from.
 #[derive(Clone)]
 pub enum Discovery {
@@ -231,6 +275,8 @@ pub struct Config {
     pub legacy_metrics: bool,
     pub limits: Limits,
     pub auth: Auth,
+    /// `None`: plain HTTP.
+    pub http_tls: Option<HttpTls>,
 }
 
 impl Args {
@@ -315,6 +361,11 @@ impl Args {
                 serve: self.serve.bounds(),
             },
             auth,
+            http_tls: self.http_tls.cert_and_key().map(|(cert, key)| HttpTls {
+                cert: cert.to_owned(),
+                key: key.to_owned(),
+                client_ca: self.http_tls.ca_file.clone(),
+            }),
         }
     }
 }
@@ -332,6 +383,10 @@ pub enum AggregatorError {
     Grpc(#[from] kai_runtime::grpc::GrpcError),
     #[error("a server task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    #[error("HTTP TLS: {0}")]
+    HttpTls(#[from] kai_runtime::tls::TlsError),
+    #[error("HTTP TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
     #[error("agent TLS: {path}: {source}")]
     Tls {
         path: std::path::PathBuf,
@@ -413,10 +468,15 @@ pub async fn start(
         config.limits.serve.grpc,
         shutdown.clone(),
     )));
+    let tls = match &config.http_tls {
+        Some(tls) => Some(http_tls_config(tls, shutdown.clone())?),
+        None => None,
+    };
     let state = http::State {
         cluster: cluster.clone(),
         access,
         metrics_access,
+        tls,
         legacy: config.legacy_metrics,
         synced: targets.synced.clone(),
         limits: http::Limits::new(cluster.health(), &config.limits),
@@ -433,6 +493,32 @@ pub async fn start(
         synced: targets.synced,
         tasks,
     })
+}
+
+/// The HTTP port's TLS: the certificate (reloaded when its files change)
+/// and, with a client CA, client certificates asked for but not required.
+fn http_tls_config(
+    tls: &HttpTls,
+    shutdown: CancellationToken,
+) -> Result<Arc<rustls::ServerConfig>, AggregatorError> {
+    let cert = kai_runtime::tls::ReloadingCert::load(&tls.cert, &tls.key)?;
+    cert.watch(shutdown, kai_runtime::tls::DEFAULT_RELOAD_FALLBACK)?;
+    let ca = match &tls.client_ca {
+        Some(path) => Some(std::fs::read(path).map_err(|source| AggregatorError::Tls {
+            path: path.clone(),
+            source,
+        })?),
+        None => None,
+    };
+    let clients = match &ca {
+        Some(pem) => kai_runtime::tls::ClientCerts::Optional(pem),
+        None => kai_runtime::tls::ClientCerts::None,
+    };
+    Ok(Arc::new(kai_runtime::tls::server_config_for(
+        cert,
+        &[b"h2", b"http/1.1"],
+        clients,
+    )?))
 }
 
 /// One subscriber per discovered endpoint; endpoints that go away are

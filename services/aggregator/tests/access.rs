@@ -101,6 +101,10 @@ impl Drop for Server {
 }
 
 async fn serve() -> Server {
+    serve_with(None).await
+}
+
+async fn serve_with(tls: Option<Arc<rustls::ServerConfig>>) -> Server {
     kai_runtime::install_crypto_provider();
     let api = StandIn::start(TOKENS, rule);
     let cluster = Arc::new(cluster());
@@ -115,6 +119,7 @@ async fn serve() -> Server {
         cluster: cluster.clone(),
         access: access.clone(),
         metrics_access: access.clone(),
+        tls,
         legacy: false,
         synced: tokio::sync::watch::channel(true).1,
         limits: http::Limits::new(cluster.health(), &kai_aggregator::Limits::default()),
@@ -382,4 +387,89 @@ async fn grpc_methods_check_the_caller_too() {
         .into_inner();
     assert_eq!(all.containers.len(), 3);
     assert_eq!(all.escaped_processes.len(), 1);
+}
+
+/// PEM pairs as rustls wants them.
+fn pem_chain(pem: &str) -> Vec<rustls::pki_types::CertificateDer<'static>> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+        .map(|c| c.expect("certificate PEM"))
+        .collect()
+}
+
+fn pem_key(pem: &str) -> rustls::pki_types::PrivateKeyDer<'static> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::PrivateKeyDer::from_pem_slice(pem.as_bytes()).expect("key PEM")
+}
+
+#[tokio::test]
+async fn a_client_certificate_of_the_client_ca_names_its_caller() {
+    use kai_runtime::https::Client;
+    kai_runtime::install_crypto_provider();
+    let server =
+        kai_runtime::tls::generate("localhost", &["localhost".to_owned()], 1).expect("server cert");
+    // The "cluster CA" and a user's certificate from it (CN alice).
+    let users = kai_runtime::tls::generate("alice", &[], 1).expect("client cert");
+    let dir = tempfile::tempdir().expect("tempdir");
+    server.write_to(dir.path()).expect("write");
+    let cert = kai_runtime::tls::ReloadingCert::load(
+        &dir.path().join("tls.crt"),
+        &dir.path().join("tls.key"),
+    )
+    .expect("load");
+    let tls = kai_runtime::tls::server_config_for(
+        cert,
+        &[b"http/1.1"],
+        kai_runtime::tls::ClientCerts::Optional(users.ca_cert_pem.as_bytes()),
+    )
+    .expect("server config");
+    let server_side = serve_with(Some(Arc::new(tls))).await;
+
+    let roots = {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in pem_chain(&server.ca_cert_pem) {
+            roots.add(c).expect("root");
+        }
+        Arc::new(roots)
+    };
+    let builder = || rustls::ClientConfig::builder().with_root_certificates(roots.clone());
+    let with_cert = |cert: &str, key: &str| {
+        Arc::new(
+            builder()
+                .with_client_auth_cert(pem_chain(cert), pem_key(key))
+                .expect("client config"),
+        )
+    };
+    let addr = server_side.http;
+    let get = move |config: Arc<rustls::ClientConfig>, path: &'static str| async move {
+        let mut client = Client::connect(addr, "localhost", config).await?;
+        client
+            .send(::http::Method::GET, path, Default::default())
+            .await
+    };
+
+    let (status, body) = get(
+        with_cert(&users.cert_pem, &users.key_pem),
+        "/api/v1/containers",
+    )
+    .await
+    .expect("alice's certificate");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let seen: pb::ClusterContainersResponse = serde_json::from_slice(&body).expect("JSON");
+    let pods: Vec<&str> = seen.containers.iter().map(|c| c.pod.as_str()).collect();
+    assert_eq!(pods, ["train-pod"], "alice (CN) sees team-a only");
+
+    let plain = Arc::new(builder().with_no_client_auth());
+    let (status, _) = get(plain, "/api/v1/containers")
+        .await
+        .expect("no certificate");
+    assert_eq!(status, 401, "neither a certificate nor a token");
+
+    // A certificate of another CA (the server's): the handshake fails.
+    let refused = get(
+        with_cert(&server.cert_pem, &server.key_pem),
+        "/api/v1/containers",
+    )
+    .await;
+    assert!(refused.is_err(), "a foreign client certificate was served");
 }

@@ -44,6 +44,7 @@ async fn serve(cluster: Cluster, limits: kai_aggregator::Limits) -> Server {
         cluster: cluster.clone(),
         access: kai_access::Access::open(),
         metrics_access: kai_access::Access::open(),
+        tls: None,
         legacy: false,
         synced: tokio::sync::watch::channel(true).1,
         limits: limits.clone(),

@@ -225,6 +225,7 @@ async fn serve(cluster: Arc<Cluster>, legacy: bool, shutdown: CancellationToken)
         cluster,
         access: kai_access::Access::open(),
         metrics_access: kai_access::Access::open(),
+        tls: None,
         legacy,
         synced: tokio::sync::watch::channel(true).1,
     };

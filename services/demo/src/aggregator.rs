@@ -30,6 +30,7 @@ pub async fn start(
             legacy_metrics: false,
             limits: kai_aggregator::Limits::default(),
             auth: kai_aggregator::Auth::Open,
+            http_tls: None,
         },
         shutdown,
     )

@@ -166,6 +166,7 @@ async fn aggregator(agents: &[SocketAddr], shutdown: CancellationToken) -> kai_a
             legacy_metrics: true,
             limits: kai_aggregator::Limits::default(),
             auth: kai_aggregator::Auth::Open,
+            http_tls: None,
         },
         shutdown,
     )

@@ -35,6 +35,7 @@ async fn aggregator(
             legacy_metrics: false,
             limits: kai_aggregator::Limits::default(),
             auth: kai_aggregator::Auth::Open,
+            http_tls: None,
         },
         shutdown.clone(),
     )

@@ -153,6 +153,8 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> Result<Ru
             let metrics = metrics.clone();
             move || metrics.record_shed("connections")
         })),
+        // The body and header read timeouts bound a stalled review.
+        idle_timeout: None,
     };
     let state = Arc::new(State {
         inject: settings.inject,

@@ -109,7 +109,7 @@ pub(super) async fn serve_http(
             );
             async move {
                 // The caller first: the page names every tenant's pods.
-                if let Err(refused) = access.metrics_reader(&headers).await {
+                if let Err(refused) = access.metrics_reader(&headers, None).await {
                     return refused.response().into_response();
                 }
                 // Taken before anything is read: a refused scrape costs nothing

@@ -43,6 +43,9 @@ pub struct ServeLimits {
     pub max_concurrent_streams: u32,
     /// Called for each connection closed because of `max_connections`.
     pub on_refused: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// A connection without progress for this long is closed (none: kept
+    /// until the client closes it or the server stops).
+    pub idle_timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for ServeLimits {
@@ -62,7 +65,44 @@ impl Default for ServeLimits {
             header_read_timeout: Duration::from_secs(10),
             max_concurrent_streams: 100,
             on_refused: None,
+            idle_timeout: None,
         }
+    }
+}
+
+/// The certificate a client presented in the TLS handshake, which the
+/// server's client-certificate verifier accepted; in the extensions of
+/// every request of that connection.
+#[derive(Clone, Debug)]
+pub struct PeerCertificate(pub Arc<rustls_pki_types::CertificateDer<'static>>);
+
+/// `inner` with the connection's [`PeerCertificate`] put in each request.
+#[derive(Clone)]
+struct WithPeer<S> {
+    inner: S,
+    certificate: Option<PeerCertificate>,
+}
+
+impl<S, B> tower_service::Service<Request<Incoming>> for WithPeer<S>
+where
+    S: tower_service::Service<Request<Incoming>, Response = Response<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<Incoming>) -> Self::Future {
+        if let Some(certificate) = &self.certificate {
+            request.extensions_mut().insert(certificate.clone());
+        }
+        self.inner.call(request)
     }
 }
 
@@ -119,7 +159,25 @@ pub async fn serve<S, B>(
             let Some(tls) = handshake(&acceptor, stream, peer).await else {
                 return;
             };
-            serve_connection(&builder, tls, peer, service, watcher).await;
+            // The client's certificate, verified in the handshake, goes with
+            // each of its requests (`PeerCertificate`).
+            let certificate = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .map(|leaf| PeerCertificate(Arc::new(leaf.clone().into_owned())));
+            let service = WithPeer {
+                inner: service,
+                certificate,
+            };
+            match limits.idle_timeout {
+                Some(idle) => {
+                    let io = crate::net::IdleTimeout::new(tls, idle);
+                    serve_connection(&builder, io, peer, service, watcher).await;
+                }
+                None => serve_connection(&builder, tls, peer, service, watcher).await,
+            }
         });
     }
     drain(listener, graceful).await;

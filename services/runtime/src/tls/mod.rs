@@ -69,20 +69,52 @@ pub fn server_config_with(
     alpn: &[&[u8]],
     client_ca_pem: Option<&[u8]>,
 ) -> Result<rustls::ServerConfig, rustls::Error> {
+    let clients = match client_ca_pem {
+        Some(pem) => ClientCerts::Required(pem),
+        None => ClientCerts::None,
+    };
+    server_config_for(resolver, alpn, clients)
+}
+
+/// Which client certificates a server asks for.
+#[derive(Clone, Copy, Debug)]
+pub enum ClientCerts<'a> {
+    /// None.
+    None,
+    /// One issued by this PEM CA bundle, or no connection.
+    Required(&'a [u8]),
+    /// One issued by this PEM CA bundle if the client has one (a client
+    /// without is served, and must prove itself otherwise, e.g. a token).
+    Optional(&'a [u8]),
+}
+
+/// Like [`server_config`] with the given ALPN protocols and client
+/// certificates.
+pub fn server_config_for(
+    resolver: Arc<dyn rustls::server::ResolvesServerCert>,
+    alpn: &[&[u8]],
+    clients: ClientCerts<'_>,
+) -> Result<rustls::ServerConfig, rustls::Error> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
-    let builder = match client_ca_pem {
-        Some(pem) => {
+    let builder = match clients {
+        ClientCerts::Required(pem) | ClientCerts::Optional(pem) => {
             let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
                 Arc::new(roots(pem)?),
                 provider,
-            )
-            .build()
-            .map_err(|e| rustls::Error::General(format!("client CA: {e}")))?;
+            );
+            let verifier = if matches!(clients, ClientCerts::Optional(_)) {
+                verifier.allow_unauthenticated()
+            } else {
+                verifier
+            };
+            let verifier = verifier
+                .build()
+                .map_err(|e| rustls::Error::General(format!("client CA: {e}")))?;
             builder.with_client_cert_verifier(verifier)
         }
-        None => builder.with_no_client_auth(),
+        ClientCerts::None => builder.with_no_client_auth(),
     };
     let mut config = builder.with_cert_resolver(resolver);
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
