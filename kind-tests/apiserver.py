@@ -1540,6 +1540,25 @@ def access():
         assert sorted({x["pod"] for x in json.loads(r.stdout)}) == [own], r.stdout[:300]
         r = kubectl_vgpu(alice, "top", "-n", "team-b", "--aggregator-namespace", NS, check=False)
         assert r.returncode == 1 and "not allowed" in r.stderr, r.stderr
+        # An exec credential plugin's token (as GKE's, EKS' and OIDC
+        # plugins give one) goes along the same way.
+        plugin = os.path.join(WORK, "alice-credential.sh")
+        with open(plugin, "w") as f:
+            f.write("#!/bin/sh\necho '" + json.dumps({"apiVersion": "client.authentication.k8s.io/v1",
+                                                      "kind": "ExecCredential",
+                                                      "status": {"token": tok["alice"]}}) + "'\n")
+        os.chmod(plugin, 0o755)
+        exec_cfg = os.path.join(WORK, "alice-exec.kubeconfig")
+        with open(exec_cfg, "w") as f:
+            f.write(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:{ENV['API_PORT']}", certificate-authority: "{PKI}/ca.crt"}}}}]
+users: [{{name: alice, user: {{exec: {{apiVersion: client.authentication.k8s.io/v1, command: "{plugin}", interactiveMode: Never}}}}}}]
+contexts: [{{name: c, context: {{cluster: c, user: alice, namespace: {TENANT}}}}}]
+current-context: c
+""")
+        r = kubectl_vgpu(exec_cfg, "top", "-A", "-o", "json", "--aggregator-namespace", NS)
+        assert sorted({x["pod"] for x in json.loads(r.stdout)}) == [own], r.stdout[:300]
         viewer_cfg = user_kubeconfig("viewer", tok["viewer"])
         r = kubectl_vgpu(viewer_cfg, "top", "-A", "-o", "json")
         assert "b-secret" in r.stdout, r.stdout[:300]
@@ -1549,7 +1568,7 @@ def access():
         assert r.returncode == 1 and "--token" in r.stderr, r.stderr
         r = kubectl_vgpu(ADMIN, "top", "-A", "-o", "json", f"--token={tok['viewer']}")
         assert "b-secret" in r.stdout, r.stdout[:300]
-    check("kubectl vgpu through the API server's service proxy with each kubeconfig: its own view, 403 said, client certificates told to pass --token", kubectl_plugin)
+    check("kubectl vgpu through the API server's service proxy with each kubeconfig (token, exec plugin): its own view, 403 said, client certificates told to pass --token", kubectl_plugin)
 
     def webview():
         sys.path.insert(0, HERE)

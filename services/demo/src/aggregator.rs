@@ -59,5 +59,9 @@ pub async fn start(
         nodes.iter().filter(|n| n.link == Link::Connected).count(),
         nodes.iter().map(|n| n.containers.len()).sum::<usize>()
     );
+    println!(
+        "  open to anyone here (--auth=none: the demo has no API server to check callers); \
+         in a cluster every route wants a Kubernetes token (docs/security.md, \"Access control\")"
+    );
     Ok(running)
 }
