@@ -27,6 +27,8 @@ import http.client
 import http.server
 from concurrent.futures import ThreadPoolExecutor
 
+from poll import poll
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CHART = os.path.join(ROOT, "chart", "kai-resource-isolator")
@@ -116,19 +118,9 @@ def helm(*args, check=True):
 
 
 def eventually(what, fn, timeout=90):
-    """Polls fn until it returns something truthy: waits on an event, never
-    on time alone; the deadline only turns a hang into a failure."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except (subprocess.CalledProcessError, AssertionError, KeyError, OSError, ValueError) as e:
-            last = e
-        time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout} s (last: {str(last)[:300]})")
+    """Polls fn until it returns something truthy (poll.py): waits on an
+    event, never on time alone."""
+    return poll(what, fn, timeout, (subprocess.CalledProcessError, AssertionError, KeyError, OSError, ValueError))
 
 
 def free_port(host="127.0.0.1"):

@@ -34,6 +34,8 @@ import time
 import urllib.parse
 import urllib.request
 
+from poll import poll
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHART = os.path.join(ROOT, "chart", "kai-resource-isolator")
 BIN, OUT = (os.path.abspath(p) for p in sys.argv[1:3])
@@ -59,18 +61,7 @@ def check(name, fn):
 
 
 def wait_for(what, fn, timeout=WAIT):
-    """Polls fn until it returns something truthy; the deadline only bounds a hang."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except (OSError, ValueError, KeyError) as e:
-            last = e
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what} (last: {str(last)[:500]})")
+    return poll(what, fn, timeout, (OSError, ValueError, KeyError))
 
 
 def free_port():

@@ -47,6 +47,8 @@ import sys
 import tempfile
 import time
 
+from poll import poll
+
 WAIT = 60  # seconds any awaited condition may take on a loaded machine
 
 # Every container row's key (namespace/pod/container/gpu), the list scrolled
@@ -209,26 +211,9 @@ class DevTools:
 
 
 def wait_for(what, fn, timeout=WAIT, show=None):
-    """Polls fn until it returns something truthy; the deadline only bounds a hang.
-
-    On a timeout the error names `show()` (what there was instead) if given,
-    else fn's last answer."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except (ValueError, KeyError, PageError) as e:
-            last = e
-        time.sleep(0.2)
-    if show is not None:
-        try:
-            last = show()
-        except (ValueError, KeyError, PageError) as e:
-            last = e
-    raise AssertionError(f"timed out waiting for {what} (last: {str(last)[:600]})")
+    """poll.poll with the page's errors as "not yet"; on a timeout the error
+    names `show()` (what there was instead) if given, else fn's last answer."""
+    return poll(what, fn, timeout, (ValueError, KeyError, PageError), show)
 
 
 def check_token_prompt(base_url, good_token, bad_token, expect_pod_names, forbid_pod_names, out_dir,

@@ -196,12 +196,7 @@ impl Reviewer {
             },
             ..Default::default()
         };
-        let answer = self
-            .ask(
-                "tokenreviews",
-                self.tokens.create(&PostParams::default(), &review),
-            )
-            .await?;
+        let answer = self.create(&self.tokens, "tokenreviews", &review).await?;
         let status = answer.status.unwrap_or_default();
         if status.authenticated != Some(true) {
             return Ok(Err(status.error.unwrap_or_default()));
@@ -236,10 +231,7 @@ impl Reviewer {
             ..Default::default()
         };
         let answer = self
-            .ask(
-                "subjectaccessreviews",
-                self.access.create(&PostParams::default(), &review),
-            )
+            .create(&self.access, "subjectaccessreviews", &review)
             .await?;
         let status = answer.status.unwrap_or_default();
         if let Some(error) = status.evaluation_error.filter(|e| !e.is_empty()) {
@@ -249,11 +241,14 @@ impl Reviewer {
         Ok(status.allowed && status.denied != Some(true))
     }
 
-    async fn ask<T>(
-        &self,
-        what: &str,
-        call: impl Future<Output = Result<T, kube::Error>>,
-    ) -> Result<T, AccessError> {
+    /// Creates `review` (a review's answer is its created object, status
+    /// filled), within the deadline.
+    async fn create<K>(&self, api: &Api<K>, what: &str, review: &K) -> Result<K, AccessError>
+    where
+        K: Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+    {
+        let params = PostParams::default();
+        let call = api.create(&params, review);
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(kube::Error::Api(status))) if status.code == 401 || status.code == 403 => {

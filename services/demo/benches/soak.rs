@@ -200,6 +200,8 @@ async fn soak() -> anyhow::Result<()> {
             "warn,kai_aggregator=info",
         ])
         .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
+        // No API server here to check callers with.
+        .arg("--auth=none")
         .env("NODE_AGENTS", endpoints.join(","))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

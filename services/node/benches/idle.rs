@@ -138,6 +138,7 @@ fn main() {
         &[
             "agent",
             "--no-kube",
+            "--metrics-auth=none",
             "--no-nvml",
             "--containers-dir",
             dir.to_str().expect("utf-8 path"),
@@ -209,6 +210,8 @@ fn main() {
                     &listen.to_string(),
                     "--grpc-listen",
                     &free_port().to_string(),
+                    // No API server here to check callers with.
+                    "--auth=none",
                 ],
             ));
             wait_ready("aggregator", listen, "/healthz");

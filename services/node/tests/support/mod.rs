@@ -153,6 +153,8 @@ pub async fn spawn_agent(
         "json",
         "agent",
         "--no-kube",
+        // No API server to check scrapers with (tests/metrics_auth.rs does).
+        "--metrics-auth=none",
         "--node-name",
         "gpu-node-7",
     ])
