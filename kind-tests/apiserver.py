@@ -1455,6 +1455,28 @@ def access():
         assert "b-secret" in r.stdout, r.stdout[:300]
     check("node agent gRPC (chart default): refuses plaintext, TLS without a certificate and the agents' own certificate; serves the aggregator's", agent_mtls)
 
+    def aggregated():
+        def can(sa, namespace=None):
+            # A SubjectAccessReview, as the aggregator asks it (kubectl auth
+            # can-i cannot name a resource the API server does not serve).
+            review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                      "spec": {"user": f"system:serviceaccount:{USERS_NS}:{sa}",
+                               "groups": ["system:serviceaccounts", f"system:serviceaccounts:{USERS_NS}",
+                                          "system:authenticated"],
+                               "resourceAttributes": {"verb": "list", "group": "vgpu.kai-resource-isolator.io",
+                                                      "resource": "containers", "namespace": namespace or ""}}}
+            r = kubectl("create", "-f", "-", "-o", "json", input=json.dumps(review))
+            return "yes" if json.loads(r.stdout)["status"].get("allowed") else "no"
+        # Our ClusterRole is aggregated into view: view cluster-wide is the
+        # cluster view, view in team-a that namespace's, with no binding of ours.
+        got = {"viewer (cluster)": can("viewer"), "alice team-a": can("alice", TENANT),
+               "alice team-b": can("alice", "team-b"), "podlister team-a": can("podlister", TENANT),
+               "nobody team-a": can("nobody", TENANT)}
+        want = {"viewer (cluster)": "yes", "alice team-a": "yes", "alice team-b": "no",
+                "podlister team-a": "no", "nobody team-a": "no"}
+        assert got == want, got
+    check("the chart's ClusterRole aggregates into view: view grants list on containers.vgpu.kai-resource-isolator.io where it is bound", aggregated)
+
     def viewer():
         pods = listed(tok["viewer"])
         assert own in pods and "b-secret" in pods, pods
