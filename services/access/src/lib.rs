@@ -360,10 +360,6 @@ impl Access {
         }
     }
 
-    pub fn is_open(&self) -> bool {
-        self.inner.is_none()
-    }
-
     /// Who sent `headers`.
     pub async fn caller(&self, headers: &HeaderMap) -> Result<Caller, AccessError> {
         self.caller_with(headers, None).await
@@ -459,11 +455,6 @@ impl Access {
             seen.extend(answer?);
         }
         Ok(Scope::Namespaces(seen))
-    }
-
-    /// Refuses `caller` unless it sees the whole cluster.
-    pub async fn require_cluster(&self, caller: &Caller) -> Result<(), AccessError> {
-        self.require(caller, Attributes::cluster()).await
     }
 }
 

@@ -165,7 +165,7 @@ async fn scopes_follow_the_api_servers_decisions() {
     assert_eq!(scope, Scope::Namespaces(["team-a".to_owned()].into()));
     assert!(scope.sees("team-a") && !scope.sees("team-b"));
     let e = access
-        .require_cluster(&alice)
+        .require(&alice, Attributes::cluster())
         .await
         .expect_err("not cluster-wide");
     assert_eq!(
