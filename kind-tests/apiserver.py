@@ -183,13 +183,18 @@ def sa_kubeconfig(sa, ns=NS, pod=None):
              "--bound-object-uid", pod["metadata"]["uid"]] if pod else []
     token = kubectl("create", "token", sa, "-n", ns, "--duration=2h", *bound).stdout.strip()
     path = os.path.join(WORK, f"{sa}{'-' + pod['metadata']['name'] if pod else ''}.kubeconfig")
-    server = f"https://127.0.0.1:{ENV['API_PORT']}"
+    return write_kubeconfig(path, sa, f'{{token: "{token}"}}', ns)
+
+
+def write_kubeconfig(path, name, user, namespace):
+    """A kubeconfig at `path` for this cluster: user `name` whose
+    credentials are `user` (a YAML flow mapping: a token, an exec plugin)."""
     with open(path, "w") as f:
         f.write(f"""apiVersion: v1
 kind: Config
-clusters: [{{name: c, cluster: {{server: "{server}", certificate-authority: "{PKI}/ca.crt"}}}}]
-users: [{{name: {sa}, user: {{token: "{token}"}}}}]
-contexts: [{{name: c, context: {{cluster: c, user: {sa}, namespace: {ns}}}}}]
+clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:{ENV['API_PORT']}", certificate-authority: "{PKI}/ca.crt"}}}}]
+users: [{{name: {name}, user: {user}}}]
+contexts: [{{name: c, context: {{cluster: c, user: {name}, namespace: {namespace}}}}}]
 current-context: c
 """)
     return path
@@ -1351,16 +1356,7 @@ def user_token(name, *extra):
 
 
 def user_kubeconfig(name, token):
-    path = os.path.join(WORK, f"user-{name}.kubeconfig")
-    with open(path, "w") as f:
-        f.write(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:{ENV['API_PORT']}", certificate-authority: "{PKI}/ca.crt"}}}}]
-users: [{{name: {name}, user: {{token: "{token}"}}}}]
-contexts: [{{name: c, context: {{cluster: c, user: {name}, namespace: {TENANT}}}}}]
-current-context: c
-""")
-    return path
+    return write_kubeconfig(os.path.join(WORK, f"user-{name}.kubeconfig"), name, f'{{token: "{token}"}}', TENANT)
 
 
 def expired(token):
@@ -1562,15 +1558,10 @@ def access():
                                                       "kind": "ExecCredential",
                                                       "status": {"token": tok["alice"]}}) + "'\n")
         os.chmod(plugin, 0o755)
-        exec_cfg = os.path.join(WORK, "alice-exec.kubeconfig")
-        with open(exec_cfg, "w") as f:
-            f.write(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:{ENV['API_PORT']}", certificate-authority: "{PKI}/ca.crt"}}}}]
-users: [{{name: alice, user: {{exec: {{apiVersion: client.authentication.k8s.io/v1, command: "{plugin}", interactiveMode: Never}}}}}}]
-contexts: [{{name: c, context: {{cluster: c, user: alice, namespace: {TENANT}}}}}]
-current-context: c
-""")
+        exec_cfg = write_kubeconfig(
+            os.path.join(WORK, "alice-exec.kubeconfig"), "alice",
+            f'{{exec: {{apiVersion: client.authentication.k8s.io/v1, command: "{plugin}", interactiveMode: Never}}}}',
+            TENANT)
         r = kubectl_vgpu(exec_cfg, "top", "-A", "-o", "json", "--aggregator-namespace", NS)
         assert sorted({x["pod"] for x in json.loads(r.stdout)}) == [own], r.stdout[:300]
         viewer_cfg = user_kubeconfig("viewer", tok["viewer"])
