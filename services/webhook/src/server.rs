@@ -22,6 +22,7 @@ use warp::reply::{Reply, Response};
 use warp::{Filter, Rejection};
 
 use crate::config::InjectConfig;
+pub use crate::config::Limits;
 use crate::inject::OptOut;
 use crate::metrics;
 use crate::outcome::Outcome;
@@ -44,45 +45,6 @@ pub struct Settings {
     pub node_guard: bool,
     /// Bounds on memory and time per request and in all.
     pub limits: Limits,
-}
-
-/// What a client (the API server, or anything that reaches the port) may
-/// hold of the webhook. Defaults in [`Limits::default`], reasons in
-/// docs/webhook.md ("Size and load").
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Limits {
-    /// Largest body reviewed; a larger one is denied by its uid.
-    pub max_body_bytes: usize,
-    /// Bytes of bodies (and the estimated cost of decoding them) all
-    /// requests together may hold; a request that finds no room gets 503.
-    pub max_in_flight_bytes: usize,
-    /// Open connections at most.
-    pub max_connections: usize,
-    /// Time to receive a whole request body.
-    pub body_read_timeout: Duration,
-    /// Time to receive a request's headers.
-    pub header_read_timeout: Duration,
-    /// Concurrent HTTP/2 streams per connection.
-    pub max_concurrent_streams: u32,
-}
-
-impl Default for Limits {
-    /// 32 MiB of body (above the 18 MiB review a 3 MiB pod of `<` makes);
-    /// 48 MiB in flight, so one review at the body limit fits with its
-    /// decoding (the chart's 192 MiB memory limit holds that twice over);
-    /// 256 connections (the API server keeps a few per replica); 10 s for
-    /// headers and for the body (the API server's own webhook timeout is
-    /// 10 s by default); 32 HTTP/2 streams per connection.
-    fn default() -> Self {
-        Self {
-            max_body_bytes: review::MAX_BODY_BYTES,
-            max_in_flight_bytes: 48 * 1024 * 1024,
-            max_connections: 256,
-            body_read_timeout: Duration::from_secs(10),
-            header_read_timeout: Duration::from_secs(10),
-            max_concurrent_streams: 32,
-        }
-    }
 }
 
 /// Failures before the server is serving.

@@ -21,11 +21,17 @@ const OURS: [&str; 3] = [
 ];
 
 fn host_path() -> InjectConfig {
-    InjectConfig::default().with_delivery(Delivery::HostPath)
+    InjectConfig {
+        delivery: Delivery::HostPath,
+        ..InjectConfig::default()
+    }
 }
 
 fn csi() -> InjectConfig {
-    InjectConfig::default().with_delivery(Delivery::Csi)
+    InjectConfig {
+        delivery: Delivery::Csi,
+        ..InjectConfig::default()
+    }
 }
 
 /// Reviewed on `/mutate/allow-opt-out`, where the fixtures' expectations

@@ -237,23 +237,9 @@ pub enum Dir {
 }
 
 impl Dir {
-    /// Whether `path` is this path under `cfg`, without building it.
+    /// Whether `path` is this path under `cfg`.
     pub(super) fn is(self, path: &str, cfg: &InjectConfig) -> bool {
-        match self {
-            Self::VgpuMount => path == cfg.vgpu_mount,
-            Self::ContainersDir => path
-                .strip_prefix(cfg.vgpu_mount.as_str())
-                .is_some_and(|rest| rest == "/containers"),
-            Self::HostVgpu => path == cfg.host_vgpu_dir,
-            Self::HostContainers => path
-                .strip_prefix(cfg.host_vgpu_dir.as_str())
-                .is_some_and(|rest| rest == "/containers"),
-            Self::HostVgpuLock => path
-                .strip_prefix(cfg.host_vgpu_dir.as_str())
-                .and_then(|rest| rest.strip_prefix('/'))
-                .is_some_and(|rest| rest == HOST_VGPULOCK_SUBDIR),
-            Self::Fixed(fixed) => path == fixed,
-        }
+        path == self.resolve(cfg)
     }
 
     /// The path under `cfg`.
@@ -261,9 +247,9 @@ impl Dir {
         match self {
             Self::VgpuMount => cfg.vgpu_mount.clone(),
             Self::ContainersDir => cfg.containers_dir(),
-            Self::HostVgpu => cfg.host_vgpu_dir.clone(),
-            Self::HostContainers => format!("{}/containers", cfg.host_vgpu_dir),
-            Self::HostVgpuLock => format!("{}/{HOST_VGPULOCK_SUBDIR}", cfg.host_vgpu_dir),
+            Self::HostVgpu => cfg.host_dir().to_owned(),
+            Self::HostContainers => format!("{}/containers", cfg.host_dir()),
+            Self::HostVgpuLock => format!("{}/{HOST_VGPULOCK_SUBDIR}", cfg.host_dir()),
             Self::Fixed(fixed) => fixed.to_owned(),
         }
     }

@@ -538,7 +538,8 @@ fn same_mount(have: &VolumeMount, want: &MountSpec, cfg: &InjectConfig) -> bool 
 fn requested_share_resource(pod: &Pod, cfg: &InjectConfig) -> Option<String> {
     let spec = pod.spec.as_ref()?;
     let init = spec.init_containers.as_deref().unwrap_or_default();
-    let sharing = |name: &&String| cfg.share_resources.contains(*name);
+    // An empty entry of the flag's list names nothing.
+    let sharing = |name: &&String| !name.is_empty() && cfg.share_resources.contains(*name);
     spec.containers
         .iter()
         .chain(init)
