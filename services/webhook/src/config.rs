@@ -13,9 +13,8 @@ use crate::server::Settings;
 pub const DEFAULT_VGPU_MOUNT: &str = "/usr/local/vgpu";
 /// Default value of `GPU_SHARE_RESOURCES` (the Go chart's).
 pub const DEFAULT_SHARE_RESOURCES: &str = "nvidia.com/gpu,nvidia.com/gpumem,nvidia.com/gpucores";
-/// The CSI driver that delivers the library (the CSIDriver object's name,
-/// which the kai-csi node plugin registers with kubelet).
-pub const DEFAULT_CSI_DRIVER: &str = "vgpu.kai-resource-isolator.io";
+/// The CSI driver that delivers the library (kai-csi's).
+pub use kai_vocab::csi::DRIVER as DEFAULT_CSI_DRIVER;
 
 /// The injection settings the pure planner needs: a flag group of
 /// [`Args`], whose parsers validate and normalise each value, so a typo
