@@ -13,7 +13,7 @@ use super::enforce;
 
 use super::nvml::HostDevice;
 use super::state::NodeState;
-use super::to_pb::{checks_to_pb, escaped_to_pb, filtered, host_to_pb};
+use super::to_pb::{host_to_pb, shared_update};
 
 /// Refusals of a stream limit, by `stream`.
 pub const STREAM_REFUSALS: &str = "kai_node_agent_stream_refusals_total";
@@ -191,9 +191,11 @@ pub fn render(
     metrics: &Metrics,
     legacy: bool,
 ) -> String {
-    let containers = filtered(state, "", "");
-    let escaped: Vec<_> = state.escaped.iter().map(escaped_to_pb).collect();
-    let checks = checks_to_pb(&state.checks);
+    // The revision's unfiltered update, built once and shared with every
+    // WatchContainers stream: a scrape of an unchanged node converts
+    // nothing.
+    let update = shared_update(state, "", "");
+    let containers = &update.containers;
     let devices: Vec<_> = host.iter().cloned().map(host_to_pb).collect();
     let mut out = String::with_capacity(1024 + containers.len() * 2048);
     let opts = Options {
@@ -207,16 +209,16 @@ pub fn render(
             node: &state.node,
             devices: &devices,
         }],
-        &containers,
+        containers,
         opts,
     );
     kai_exposition::render_isolation(
         &mut out,
-        &containers,
+        containers,
         [NodeIsolation {
             node: &state.node,
-            escaped: &escaped,
-            checks: Some(&checks),
+            escaped: &update.escaped_processes,
+            checks: update.checks.as_ref(),
         }],
         opts,
     );
