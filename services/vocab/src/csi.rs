@@ -19,8 +19,9 @@ pub const ATTR_RUN_AS_USER: &str = "kai-resource-isolator.io/run-as-user";
 /// `fsGroup` itself.
 pub const ATTR_RUN_AS_GROUP: &str = "kai-resource-isolator.io/run-as-group";
 
-/// The volume's directory holding the pod's region directory, mounted at
-/// `<mount>/containers` (as the host directory's, in hostPath mode).
+/// The volume's directory holding the pod's region directory (seen at
+/// `<mount>/containers` through the volume's mount at `<mount>`; never a
+/// subPath, which would leave the region directory's bind behind).
 pub const CONTAINERS: &str = "containers";
 /// The volume's lock directory of the pod, mounted at `/tmp/vgpulock`,
 /// where HAMi-core looks.

@@ -47,8 +47,7 @@ pub const LD_SO_PRELOAD_SUBPATH: &str = "ld.so.preload";
 // plugin that reads and serves them.
 pub use kai_vocab::csi::{
     ATTR_CONTAINER as CSI_ATTR_CONTAINER, ATTR_RUN_AS_GROUP as CSI_ATTR_RUN_AS_GROUP,
-    ATTR_RUN_AS_USER as CSI_ATTR_RUN_AS_USER, CONTAINERS as CSI_CONTAINERS_SUBPATH,
-    VGPULOCK as CSI_VGPULOCK_SUBPATH,
+    ATTR_RUN_AS_USER as CSI_ATTR_RUN_AS_USER, VGPULOCK as CSI_VGPULOCK_SUBPATH,
 };
 
 pub const ENV_POD_UID: &str = "POD_UID";

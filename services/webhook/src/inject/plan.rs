@@ -109,18 +109,19 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
             ),
         };
     }
-    for want in layout.mounts {
-        if let Some(clash) = mounts
-            .into_iter()
-            .flatten()
-            .find(|have| want.path.is(&have.mount_path, cfg) && !same_mount(have, want, cfg))
-        {
+    // Our paths, each taken by our mount or by none; the reserved ones by none.
+    let ours = layout.mounts.iter().map(|m| (m.path, Some(m)));
+    let reserved = layout.reserved.iter().map(|&dir| (dir, None));
+    for (path, want) in ours.chain(reserved) {
+        if let Some(clash) = mounts.into_iter().flatten().find(|have| {
+            path.is(&have.mount_path, cfg) && !want.is_some_and(|w| same_mount(have, w, cfg))
+        }) {
             return Decision::Deny {
                 message: format!(
                     "container {:?} already mounts volume {:?} at {}; kai-resource-isolator needs that path for libvgpu",
                     container.name,
                     clash.name,
-                    want.path.resolve(cfg)
+                    path.resolve(cfg)
                 ),
             };
         }

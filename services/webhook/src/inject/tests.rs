@@ -1002,12 +1002,8 @@ fn csi_mounts() -> Vec<(String, String, Option<String>, bool)> {
             Some("ld.so.preload".into()),
             true,
         ),
-        (
-            VOLUME_VGPU.into(),
-            "/usr/local/vgpu/containers".into(),
-            Some("containers".into()),
-            false,
-        ),
+        // No `containers` subPath: it would cover the region directory
+        // bound inside the volume (items.rs, CSI).
         (
             VOLUME_VGPU.into(),
             "/tmp/vgpulock".into(),
@@ -1028,7 +1024,7 @@ fn patch_text(decision: &Decision, cfg: &InjectConfig) -> String {
 }
 
 #[test]
-fn csi_delivery_adds_one_csi_volume_and_the_four_mounts() {
+fn csi_delivery_adds_one_csi_volume_and_its_three_mounts() {
     let original = sharing_pod(json!([{"name": "main", "image": "cuda"}]));
     let (decision, doc) = apply_with(&original, &csi());
     assert_eq!(
@@ -1088,15 +1084,7 @@ fn csi_delivery_uses_the_configured_driver_and_mount() {
         .into_iter()
         .map(|m| m.1)
         .collect();
-    assert_eq!(
-        paths,
-        [
-            "/opt/hami",
-            "/etc/ld.so.preload",
-            "/opt/hami/containers",
-            "/tmp/vgpulock"
-        ]
-    );
+    assert_eq!(paths, ["/opt/hami", "/etc/ld.so.preload", "/tmp/vgpulock"]);
     assert_eq!(doc["spec"]["containers"][0]["env"][2]["value"], "/opt/hami");
 }
 
