@@ -355,7 +355,7 @@ def monitor_disabled():
     assert sorted(d["metadata"]["name"] for d in csi_only if d["kind"] == "DaemonSet") == [
         f"{RELEASE}-kai-resource-isolator-libsync", f"{RELEASE}-kai-resource-isolator-node"]
     node = one(csi_only, "DaemonSet", "-node")
-    assert list(containers(node)) == ["csi"]
+    assert list(containers(node)) == ["csi", "csi-registrar"]
     assert pod_spec(node)["automountServiceAccountToken"] is False
     assert sorted(v["name"] for v in pod_spec(node)["volumes"]) == ["csi-socket", "host-vgpu", "kubelet-dir", "plugins-registry"]
     assert not [d for d in csi_only if d["kind"] == "Service" and d["metadata"]["name"].endswith("-node")]
@@ -422,7 +422,12 @@ def images():
     docs = render("custom-mount-values.yaml")
     for w in (d for d in docs if d["kind"] in ("Deployment", "DaemonSet")):
         for c in pod_spec(w)["containers"]:
-            assert c["image"] == "registry.example.com/ghcr.io/kai-resource-isolator/kai-resource-isolator:0.1.0-rc1", c["image"]
+            want = "registry.example.com/ghcr.io/kai-resource-isolator/kai-resource-isolator:0.1.0-rc1"
+            if c["name"] == "csi-registrar":
+                # The CSI project's node-driver-registrar, from the same
+                # mirror when global.imageRegistry names one.
+                want = "registry.example.com/sig-storage/csi-node-driver-registrar:v2.13.0"
+            assert c["image"] == want, c["image"]
         assert pod_spec(w)["imagePullSecrets"] == [{"name": "regcred"}]
     default = one(render(), "Deployment", "-webhook")
     assert containers(default)["webhook"]["image"].endswith(":0.1.0"), "tag defaults to appVersion"
@@ -590,13 +595,15 @@ def go_chart_values_mean_what_they_meant():
     # image.registry + repository + tag, as the Go chart composes them.
     for w in (d for d in docs if d["kind"] in ("Deployment", "DaemonSet")):
         for c in pod_spec(w)["containers"]:
+            if c["name"] == "csi-registrar":
+                continue  # the CSI project's image, not ours (images())
             assert c["image"] == "docker.io/projecthami/kai-resource-isolator:latest", c["image"]
     # monitor.enabled: false (the Go default): libsync, the webhook, and the
-    # CSI plugin alone in the node DaemonSet; with the Go chart's hostPath
+    # CSI plugin (and its registrar) alone in the node DaemonSet; with the Go chart's hostPath
     # delivery, libsync and the webhook only.
     assert sorted(d["metadata"]["name"] for d in docs if d["kind"] == "DaemonSet") == [
         f"{RELEASE}-kai-resource-isolator-libsync", f"{RELEASE}-kai-resource-isolator-node"]
-    assert list(containers(one(docs, "DaemonSet", "-node"))) == ["csi"]
+    assert list(containers(one(docs, "DaemonSet", "-node"))) == ["csi", "csi-registrar"]
     go_host_path = render("go-chart-values.yaml", sets("libraryDelivery=hostPath"))
     assert [d["metadata"]["name"] for d in go_host_path if d["kind"] == "DaemonSet"] == [f"{RELEASE}-kai-resource-isolator-libsync"]
     ls = pod_spec(one(docs, "DaemonSet", "-libsync"))
@@ -958,12 +965,14 @@ def csi_delivery_by_default():
     assert (env["LIBRARY_DELIVERY"], env["CSI_DRIVER"]) == ("csi", DRIVER)
 
     ds = one(docs, "DaemonSet", "-node")
-    assert list(containers(ds)) == ["agent", "csi"]
+    assert list(containers(ds)) == ["agent", "csi", "csi-registrar"]
     plugin = containers(ds)["csi"]
     assert plugin["image"] == containers(ds)["agent"]["image"] and plugin["command"] == ["/bin/kai-csi"]
     assert arg(plugin, "--endpoint") == "unix:///csi/csi.sock"
     assert arg(plugin, "--kubelet-endpoint") == f"/var/lib/kubelet/plugins/{DRIVER}/csi.sock"
-    assert arg(plugin, "--registration-dir") == "/registration"
+    # kubelet cannot reach a registration socket kai-csi serves itself (h2
+    # refuses kubelet's :authority): node-driver-registrar registers it.
+    assert arg(plugin, "--registration-dir") is None
     assert arg(plugin, "--target-root") == "/var/lib/kubelet/pods"
     assert arg(plugin, "--health-listen") == "0.0.0.0:9809"
     assert {e["name"]: e for e in plugin["env"]}["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
@@ -985,9 +994,20 @@ def csi_delivery_by_default():
             for n, m in mounts.items()} == {
         "kubelet-dir": ("/var/lib/kubelet", "Directory", "/var/lib/kubelet", "Bidirectional", None),
         "csi-socket": (f"/var/lib/kubelet/plugins/{DRIVER}", "DirectoryOrCreate", "/csi", None, None),
-        "plugins-registry": ("/var/lib/kubelet/plugins_registry", "Directory", "/registration", None, None),
         "host-vgpu": ("/usr/local/vgpu", "DirectoryOrCreate", "/host/vgpu", None, None),
     }, mounts
+    registrar = containers(ds)["csi-registrar"]
+    assert registrar["image"] == "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.13.0"
+    assert arg(registrar, "--csi-address") == "/csi/csi.sock"
+    assert arg(registrar, "--kubelet-registration-path") == f"/var/lib/kubelet/plugins/{DRIVER}/csi.sock"
+    assert arg(registrar, "--http-endpoint") == ":9810"
+    assert registrar["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "registrar-hz"}
+    assert registrar["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert registrar["securityContext"]["allowPrivilegeEscalation"] is False
+    assert {m["name"]: (vols[m["name"]]["hostPath"]["path"], m["mountPath"]) for m in registrar["volumeMounts"]} == {
+        "csi-socket": (f"/var/lib/kubelet/plugins/{DRIVER}", "/csi"),
+        "plugins-registry": ("/var/lib/kubelet/plugins_registry", "/registration"),
+    }
     # Only the plugin sees kubelet's directory; the agent's mounts are as before.
     assert not {"kubelet-dir", "csi-socket", "plugins-registry"} & {m["name"] for m in containers(ds)["agent"]["volumeMounts"]}
 
@@ -1001,6 +1021,8 @@ def csi_kubelet_dir():
     assert (vols["kubelet-dir"], vols["csi-socket"], vols["plugins-registry"]) == (
         "/var/lib/k0s/kubelet", f"/var/lib/k0s/kubelet/plugins/{DRIVER}", "/var/lib/k0s/kubelet/plugins_registry")
     assert {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}["kubelet-dir"] == "/var/lib/k0s/kubelet"
+    registrar = containers(ds)["csi-registrar"]
+    assert arg(registrar, "--kubelet-registration-path") == f"/var/lib/k0s/kubelet/plugins/{DRIVER}/csi.sock"
     assert arg(plugin, "--kubelet-endpoint") == f"/var/lib/k0s/kubelet/plugins/{DRIVER}/csi.sock"
     assert arg(plugin, "--target-root") == "/var/lib/k0s/kubelet/pods"
     assert arg(plugin, "--health-listen") == "0.0.0.0:19809" and arg(plugin, "--log-level") == "debug"
