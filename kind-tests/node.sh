@@ -146,6 +146,8 @@ done
 for b in kai-webhook kai-node kai-csi kai-aggregator; do
   [ -x "$target/$b" ] || die "$target/$b is not built (cargo build --bins)"
 done
+[ -f "$target/libkai_fake_vgpu.so" ] || [ -f "$target/deps/libkai_fake_vgpu.so" ] \
+  || die "$target/libkai_fake_vgpu.so is not built (cargo build -p kai-fake-vgpu): the stand-in for libvgpu.so"
 grep -qw overlay /proc/filesystems || die "the kernel has no overlayfs (containerd's snapshotter here)"
 
 # Refuse to run where another kubelet or our own leftovers live: both would
@@ -159,6 +161,14 @@ t0=$SECONDS
 BIN="$(bash "$here/k8s/build.sh" | tail -n1)"
 KUBELET_DIR="$(bash "$here/k8s/build.sh" kubelet | tail -n1)"
 IMAGES="$(bash "$here/node/images.sh" | tail -n1)"
+# node-driver-registrar's registration half (node/registrar), for node.py's
+# CSI part when kai-csi's own registration is refused by the kubelet.
+reg_pin="$(cat "$here/node/registrar/main.go" "$here/node/registrar/go.mod" "$here/node/registrar/go.sum" | sha256sum | cut -c1-12)"
+REGISTRAR="${XDG_CACHE_HOME:-$HOME/.cache}/kai-tools/node-registrar-$reg_pin/registrar"
+if [ ! -x "$REGISTRAR" ]; then
+  (cd "$here/node/registrar" && CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly -trimpath" go build -o "$REGISTRAR.partial" . \
+    && mv "$REGISTRAR.partial" "$REGISTRAR") || die "could not build node/registrar"
+fi
 log "binaries and images ready in $((SECONDS - t0)) s"
 
 T="$(mktemp -d "${TMPDIR:-/tmp}/kai-node.XXXXXX")"
@@ -309,6 +319,8 @@ CONTAINERD_SOCK=$T/containerd/containerd.sock
 HOLDER_PID=$(pid_of holder)
 HOST_BASE=$T/host
 POD_LOGS=$T/podlogs
+KUBELET_LOG=$T/kubelet.log
+REGISTRAR=$REGISTRAR
 EOF
 
 rc=0
