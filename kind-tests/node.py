@@ -718,14 +718,49 @@ def csi_inside():
     assert seen == [f"{uid}_main"], f"{MOUNT}/containers inside lists {seen}, want only {uid}_main"
     line = eventually("the container's log line", lambda: logs("gpu-csi", ns).strip(), timeout=30)
     assert line == f"region-dir made {MOUNT}/containers/{uid}_main", line
-    exec_("gpu-csi", f"echo usage > {MOUNT}/containers/{uid}_main/probe", ns)
     host = os.path.join(HOST_VGPU, "containers", f"{uid}_main")
     st = os.stat(host)
     assert (st.st_uid, st.st_gid) == (1000, 2000), f"{host}: owner {st.st_uid}:{st.st_gid}, want 1000:2000"
-    with open(os.path.join(host, "probe")) as f:
-        assert f.read() == "usage\n"
     p = kjson("get", "pod", "gpu-csi", "-n", ns)
     assert restarts(p) == 0, restarts(p)
+
+
+def csi_region_writable():
+    ns, uid = RESTRICTED, CSI["pod"]["metadata"]["uid"]
+    r = exec_("gpu-csi", f"echo usage > {MOUNT}/containers/{uid}_main/probe", ns, check=False)
+    if r.returncode != 0:
+        inside = [ln for ln in exec_("gpu-csi", "cat /proc/1/mountinfo", ns).stdout.splitlines() if MOUNT in ln]
+        node = [ln for ln in open(f"/proc/{ENV['HOLDER_PID']}/mountinfo").read().splitlines() if uid in ln]
+        raise AssertionError(f"the container cannot write into its region directory: {r.stderr.strip()}\n"
+                             "its mounts:\n  " + "\n  ".join(inside) + "\nthe pod's mounts on the node:\n  "
+                             + "\n  ".join(node))
+    with open(os.path.join(HOST_VGPU, "containers", f"{uid}_main", "probe")) as f:
+        assert f.read() == "usage\n"
+
+
+def csi_without_containers_subpath():
+    """The webhook's csi volume and mounts less the `containers` subPath
+    mount (a pod may declare our volume itself): the region directory, which
+    kai-csi binds inside the volume, reaches the container through the
+    volume's own (recursive) mount at MOUNT, writable."""
+    stored = CSI["pod"]
+    spec = json.loads(json.dumps(stored["spec"]))
+    (vol,) = [v for v in spec["volumes"] if v["name"] == "kai-resource-isolator-vgpu"]
+    c = spec["containers"][0]
+    mounts = [m for m in c["volumeMounts"] if m["name"] == vol["name"] and m.get("subPath") != "containers"]
+    p = pod("csi-no-subpath", script="exec sleep infinity")
+    p["metadata"]["labels"] = {"kai-resource-isolator.io/webhook": "ignore"}
+    p["spec"]["securityContext"] = spec["securityContext"]
+    p["spec"]["volumes"] = [vol]
+    p["spec"]["containers"][0].update(securityContext=c["securityContext"], volumeMounts=mounts,
+                                      env=[{"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}])
+    uid = create(p, ns=RESTRICTED)["metadata"]["uid"]
+    running("csi-no-subpath", RESTRICTED)
+    r = exec_("csi-no-subpath", f"echo usage > {MOUNT}/containers/${{POD_UID}}_main/probe && ls {MOUNT}/containers",
+              RESTRICTED, check=False)
+    assert r.returncode == 0 and r.stdout.split() == [f"{uid}_main"], (r.returncode, r.stdout, r.stderr)
+    with open(os.path.join(HOST_VGPU, "containers", f"{uid}_main", "probe")) as f:
+        assert f.read() == "usage\n"
 
 
 def uninstall():
@@ -785,8 +820,14 @@ def main():
                                        "not installed yet) and started once libsync installed the library"),
                                     csi_pod_runs):
                 check("inside: the preload names libvgpu.so, it is mapped, the library and preload are read-only; "
-                      f"{MOUNT}/containers holds only its own directory, writable, owned 1000:2000 on the node",
-                      csi_inside)
+                      f"{MOUNT}/containers lists only its own directory, owned 1000:2000 on the node", csi_inside)
+                check_known(f"the container (uid 1000) writes into its region directory {MOUNT}/containers/<podUID>_main "
+                            "and the node sees the file", csi_region_writable, known="CSI_REGION_DIR",
+                            why="the webhook's `containers` subPath mount is a plain (non-recursive) bind the kubelet "
+                                "makes of the volume's read-only tmpfs containers/ directory, without the region "
+                                "directory kai-csi bound inside it, and it covers that directory in the container")
+                check("the same csi volume without the `containers` subPath mount: the region directory reaches the "
+                      "container through the volume's mount, writable, and only its own", csi_without_containers_subpath)
     check("all pods deleted and helm uninstall: no pod left on the node, the kubelet removed their directories", uninstall)
     print(f"node.py: {passed} passed, {len(failed)} failed, {len(KNOWN)} known failures (README.md) "
           f"in {time.monotonic() - t0:.0f} s", flush=True)
