@@ -574,6 +574,101 @@ def no_restarts():
         f"phase {p['status']['phase']}, restarts {restarts(p)}"
 
 
+# --- the node agent on the real node --------------------------------------------
+
+GPU_UUID = "GPU-a0000000-0000-4000-8000-000000000000"
+AGENT = {}
+
+
+def fake_nvml_library():
+    for d in (TARGET, os.path.join(TARGET, "deps")):
+        lib = os.path.join(d, "libkai_fake_nvml.so")
+        if os.path.isfile(lib):
+            return lib
+    raise AssertionError(f"libkai_fake_nvml.so not in {TARGET} (cargo build -p kai-fake-nvml)")
+
+
+def grpc_tls_files(side):
+    r = kubectl("get", "secret", f"{FULL}-{side}-grpc-tls", "-n", NS, "-o", "json", check=False)
+    if r.returncode != 0:
+        return None
+    d = os.path.join(WORK, f"grpc-tls-{side}")
+    os.makedirs(d, exist_ok=True)
+    for k, v in json.loads(r.stdout)["data"].items():
+        with open(os.path.join(d, k), "wb") as f:
+            f.write(base64.b64decode(v))
+    return d
+
+
+def host_pid(pod_obj, container="main"):
+    """The container's PID 1 as the host sees it (containerd's task)."""
+    (cs,) = [c for c in pod_obj["status"]["containerStatuses"] if c["name"] == container]
+    cid = cs["containerID"].removeprefix("containerd://")
+    out = run("nsenter", "-t", ENV["HOLDER_PID"], "-m", "--", "ctr", "--address", ENV["CONTAINERD_SOCK"],
+              "-n", "k8s.io", "tasks", "ls").stdout
+    (pid,) = [int(ln.split()[1]) for ln in out.splitlines()[1:] if ln.split()[0] == cid]
+    return pid
+
+
+def agent_sees_pod():
+    """The chart's agent container as a process, with the node's real /proc
+    (it attributes a region's process to a pod by the process's cgroup: here
+    the kubelet's cgroupfs v1 path /kubepods/<qos>/pod<uid>/<id>) and a fake
+    NVML reporting the container's real host PID on one GPU."""
+    c = container_of("daemonset", f"{FULL}-node", "agent")
+    p = kjson("get", "pod", "gpu", "-n", TENANT)
+    pid = host_pid(p)
+    with open(f"/proc/{pid}/cgroup") as f:
+        cg = f.read()
+    assert f"pod{p['metadata']['uid']}" in cg, f"/proc/{pid}/cgroup names no pod{p['metadata']['uid']}:\n{cg}"
+    nvml = os.path.join(WORK, "nvml.json")
+    with open(nvml, "w") as f:
+        json.dump({"driver": "550.54.15", "devices": [{"uuid": GPU_UUID, "name": "NVIDIA H100 80GB HBM3",
+                                                       "total": 80 << 30, "used": 512 << 20,
+                                                       "processes": [{"pid": pid, "used": 512 << 20}]}]}, f)
+    grpc = AGENT.setdefault("grpc", free_port(NODE_IP))
+    metrics = AGENT.setdefault("metrics", free_port())
+    containers = os.path.join(HOST_VGPU, "containers")
+    args = rewrite(c["args"], [(r"^--containers-dir=.*", f"--containers-dir={containers}"),
+                               (r"^--grpc-listen=.*", f"--grpc-listen={NODE_IP}:{grpc}"),
+                               (r"^--metrics-listen=.*", f"--metrics-listen=127.0.0.1:{metrics}"),
+                               (r"^--host-proc=.*", "--host-proc=/proc"),
+                               (r"^--log-format=.*", "--log-format=plain")])
+    args = [a for a in args if not a.startswith("--nvml-library=")] + [f"--nvml-library={fake_nvml_library()}"]
+    tls = grpc_tls_files("node") if any(a.startswith("--grpc-tls-cert-file=") for a in args) else None
+    if tls:
+        args = [a.replace("/etc/kai/grpc-tls/", tls + "/") for a in args]
+    env = chart_env(c, NODE_NAME=NODE, POD_NAME=f"{FULL}-node-test")
+    # A token of the agent's ServiceAccount bound to this Node: the API
+    # server puts the node's name in it, which the node guard checks.
+    token = kubectl("create", "token", f"{FULL}-node", "-n", NS, "--duration=1h",
+                    "--bound-object-kind", "Node", "--bound-object-name", NODE).stdout.strip()
+    env["KUBECONFIG"] = write_kubeconfig(os.path.join(WORK, "agent.kubeconfig"), "agent", f'{{token: "{token}"}}', NS)
+    env["FAKE_NVML_CONFIG"] = nvml
+    start("agent", [os.path.join(TARGET, "kai-node"), *args], env=env)
+    eventually("agent ready", lambda: http_get(f"http://127.0.0.1:{metrics}/readyz")[0] == 200, timeout=60,
+               show=lambda: log_tail("agent"))
+    # The region libvgpu would write at cuInit (the pod never calls CUDA).
+    run(os.path.join(TARGET, "kai-node"), "write-region", "--containers-dir", containers,
+        "--pod-uid", p["metadata"]["uid"], "--container", "main", "--gpu-uuid", GPU_UUID,
+        "--limit-mib", "1024", "--used-mib", "512", "--pid", str(pid))
+    grpcurl = os.environ.get("GRPCURL", "grpcurl")
+    if tls:
+        agg = grpc_tls_files("aggregator")
+        flags = ["-cacert", os.path.join(agg, "ca.crt"), "-cert", os.path.join(agg, "tls.crt"),
+                 "-key", os.path.join(agg, "tls.key"), "-servername", "kai-node-agent"]
+    else:
+        flags = ["-plaintext"]
+
+    def listed():
+        r = run(grpcurl, *flags, "-d", json.dumps({"namespace": TENANT}), f"{NODE_IP}:{grpc}",
+                "vgpu.v1.VgpuNode/ListContainers")
+        return [x for x in json.loads(r.stdout).get("containers", []) if x.get("pod") == "gpu"]
+    got = eventually("the agent lists pod gpu over gRPC", listed, timeout=60, show=lambda: log_tail("agent"))
+    assert got[0]["isolationState"] == "ISOLATION_STATE_CAPPED", got
+    stop("agent")
+
+
 # --- the CSI delivery: kai-csi registered with the kubelet ---------------------
 
 CSI_DRIVER = "vgpu.kai-resource-isolator.io"
@@ -800,6 +895,9 @@ def main():
                   f"{MOUNT}/containers and /tmp/vgpulock are writable", mount_read_only)
             check("the container's process (uid 1000) made <mount>/containers/<podUID>_main from the injected env; "
                   "the node sees it owned 1000:1000", region_dir)
+            check("the node agent (the chart's args, the node's real /proc, a fake NVML naming the container's host "
+                  "PID, whose cgroup is the kubelet's cgroupfs v1 pod<uid> path) serves the pod's region over gRPC, "
+                  "named from the API server, capped", agent_sees_pod)
         check("a plain pod and an opted-out pod run untouched: no /etc/ld.so.preload, no libvgpu.so mapped", untouched_pods)
         check("the gpu-memory pod is still Running with 0 restarts", no_restarts)
     if wanted("csi"):
@@ -841,7 +939,7 @@ if __name__ == "__main__":
     finally:
         stop_all()
         if failed:
-            for name in ("webhook", "libsync", "kai-csi", "registrar"):
+            for name in ("webhook", "libsync", "kai-csi", "registrar", "agent"):
                 tail = log_tail(name, 15)
                 if tail:
                     print(f"--- {name}.log (last lines) ---\n{tail}")
