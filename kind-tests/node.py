@@ -616,6 +616,12 @@ def agent_sees_pod():
     the kubelet's cgroupfs v1 path /kubepods/<qos>/pod<uid>/<id>) and a fake
     NVML reporting the container's real host PID on one GPU."""
     c = container_of("daemonset", f"{FULL}-node", "agent")
+    # A static binary (the pause image's /pause) never reads
+    # /etc/ld.so.preload: injected, it runs without libvgpu and no region.
+    static = gpu_pod("static-bin")
+    static["spec"]["containers"][0].update(image="kai.test/pause:1", command=["/pause"])
+    create(static)
+    running("static-bin")
     p = kjson("get", "pod", "gpu", "-n", TENANT)
     pid = host_pid(p)
     with open(f"/proc/{pid}/cgroup") as f:
@@ -633,6 +639,7 @@ def agent_sees_pod():
                                (r"^--grpc-listen=.*", f"--grpc-listen={NODE_IP}:{grpc}"),
                                (r"^--metrics-listen=.*", f"--metrics-listen=127.0.0.1:{metrics}"),
                                (r"^--host-proc=.*", "--host-proc=/proc"),
+                               (r"^--no-region-grace-seconds=.*", "--no-region-grace-seconds=3"),
                                (r"^--log-format=.*", "--log-format=plain")])
     args = [a for a in args if not a.startswith("--nvml-library=")] + [f"--nvml-library={fake_nvml_library()}"]
     tls = grpc_tls_files("node") if any(a.startswith("--grpc-tls-cert-file=") for a in args) else None
@@ -666,7 +673,16 @@ def agent_sees_pod():
         return [x for x in json.loads(r.stdout).get("containers", []) if x.get("pod") == "gpu"]
     got = eventually("the agent lists pod gpu over gRPC", listed, timeout=60, show=lambda: log_tail("agent"))
     assert got[0]["isolationState"] == "ISOLATION_STATE_CAPPED", got
+
+    def events(name):
+        return [e for e in kjson("get", "events", "-n", TENANT, "--field-selector",
+                                 f"involvedObject.name={name}")["items"] if e["reason"] == "GpuRegionMissing"]
+    # docs/isolation.md: no_region, "a static or musl binary".
+    eventually("a GpuRegionMissing Event on the static pod (no_region)", lambda: events("static-bin"), timeout=60,
+               show=lambda: log_tail("agent"))
+    assert not events("gpu"), events("gpu")
     stop("agent")
+    delete_pod("static-bin")
 
 
 # --- the CSI delivery: kai-csi registered with the kubelet ---------------------
@@ -897,7 +913,8 @@ def main():
                   "the node sees it owned 1000:1000", region_dir)
             check("the node agent (the chart's args, the node's real /proc, a fake NVML naming the container's host "
                   "PID, whose cgroup is the kubelet's cgroupfs v1 pod<uid> path) serves the pod's region over gRPC, "
-                  "named from the API server, capped", agent_sees_pod)
+                  "named from the API server, capped; an injected pod of a static binary (the pause image) gets "
+                  "a GpuRegionMissing Event (no_region), the gpu pod none", agent_sees_pod)
         check("a plain pod and an opted-out pod run untouched: no /etc/ld.so.preload, no libvgpu.so mapped", untouched_pods)
         check("the gpu-memory pod is still Running with 0 restarts", no_restarts)
     if wanted("csi"):
