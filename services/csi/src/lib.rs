@@ -46,7 +46,7 @@ pub mod pb {
 
 /// The driver's name: the CSIDriver object's, and what the webhook's
 /// volumes name.
-pub const DRIVER: &str = "vgpu.kai-resource-isolator.io";
+pub use kai_vocab::csi::DRIVER;
 
 /// Command-line flags of `kai-csi`.
 #[derive(Clone, Debug, clap::Args)]

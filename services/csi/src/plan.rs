@@ -22,11 +22,9 @@ use crate::request::{Owner, Publish};
 /// The files libsync installs that the volume carries, read-only.
 pub const LIBRARY_FILES: [&str; 2] = ["libvgpu.so", "ld.so.preload"];
 /// Where libvgpu keeps per-container regions, under the volume and the host
-/// directory alike.
-pub const CONTAINERS: &str = "containers";
-/// The pod's lock directory in the volume (the webhook mounts it at
-/// `/tmp/vgpulock`, where HAMi-core looks).
-pub const VGPULOCK: &str = "vgpulock";
+/// directory alike, and the pod's lock directory in the volume (the webhook
+/// mounts it at `/tmp/vgpulock`, where HAMi-core looks).
+pub use kai_vocab::csi::{CONTAINERS, VGPULOCK};
 
 /// One thing to do, relative to the target path.
 #[derive(Clone, Debug, PartialEq, Eq)]

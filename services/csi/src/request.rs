@@ -6,14 +6,9 @@ use std::path::{Path, PathBuf};
 
 use crate::pb::csi;
 
-/// The volume attribute naming the container the library is for: the pod's
-/// region directory is `<podUID>_<container>`, the name libvgpu builds from
-/// `POD_UID` and `CONTAINER_NAME`.
-pub const ATTR_CONTAINER: &str = "kai-resource-isolator.io/container";
-/// The container's effective `runAsUser` (the webhook reads it from the pod).
-pub const ATTR_RUN_AS_USER: &str = "kai-resource-isolator.io/run-as-user";
-/// The container's effective `runAsGroup`.
-pub const ATTR_RUN_AS_GROUP: &str = "kai-resource-isolator.io/run-as-group";
+/// The volume attributes the webhook writes: the container the library is
+/// for, its effective `runAsUser` and `runAsGroup`.
+pub use kai_vocab::csi::{ATTR_CONTAINER, ATTR_RUN_AS_GROUP, ATTR_RUN_AS_USER};
 /// What kubelet adds for an inline (ephemeral) volume and, with
 /// `podInfoOnMount`, about the pod.
 pub const CTX_EPHEMERAL: &str = "csi.storage.k8s.io/ephemeral";

@@ -8,6 +8,13 @@
 //! - the webhook with a self-signed certificate (its reload watch armed);
 //! - the aggregator following that agent.
 //!
+//! With `BASELINE_AGENT=<path to another build's kai-node>` a second agent,
+//! of that build, runs beside this one on the same regions, each followed
+//! by its own aggregator when one is built; after the idle window both are
+//! scraped `SCRAPES` times (default 300), ten in a row each, the order
+//! turned every round, and the agent CPU per scrape and the scrape's wall
+//! time are printed side by side as ratios (this build / the baseline).
+//!
 //! `cargo build --release --bins && cargo bench -p kai-node --bench idle`.
 //! The agent and libsync come from this package; the webhook and the
 //! aggregator are taken from the same target directory and skipped, with a
@@ -131,24 +138,15 @@ fn main() {
     let node = PathBuf::from(env!("CARGO_BIN_EXE_kai-node"));
     let mut services = Vec::new();
 
-    let (agent_grpc, agent_metrics) = (free_port(), free_port());
-    services.push(spawn(
-        "node agent",
-        &node,
-        &[
-            "agent",
-            "--no-kube",
-            "--metrics-auth=none",
-            "--no-nvml",
-            "--containers-dir",
-            dir.to_str().expect("utf-8 path"),
-            "--grpc-listen",
-            &agent_grpc.to_string(),
-            "--metrics-listen",
-            &agent_metrics.to_string(),
-        ],
-    ));
-    wait_ready("node agent", agent_metrics, "/readyz");
+    let agent = start_agent("node agent", &node, &dir);
+    let (agent_grpc, agent_metrics) = (agent.grpc, agent.metrics);
+    services.push(agent.service);
+    let baseline = std::env::var_os("BASELINE_AGENT").map(|program| {
+        let agent = start_agent("baseline agent", Path::new(&program), &dir);
+        let ports = (agent.grpc, agent.metrics);
+        services.push(agent.service);
+        ports
+    });
 
     let host = root.path().join("host");
     for d in ["artifacts", "vgpu", "vgpulock"] {
@@ -199,22 +197,26 @@ fn main() {
     }
     match sibling("kai-aggregator") {
         Some(aggregator) => {
-            let listen = free_port();
-            services.push(spawn(
-                "aggregator",
-                &aggregator,
-                &[
-                    "--node-agent",
-                    &agent_grpc.to_string(),
-                    "--listen",
-                    &listen.to_string(),
-                    "--grpc-listen",
-                    &free_port().to_string(),
-                    // No API server here to check callers with.
-                    "--auth=none",
-                ],
-            ));
-            wait_ready("aggregator", listen, "/healthz");
+            let followed = std::iter::once(("aggregator", agent_grpc))
+                .chain(baseline.map(|(grpc, _)| ("baseline aggr.", grpc)));
+            for (name, grpc) in followed {
+                let listen = free_port();
+                services.push(spawn(
+                    name,
+                    &aggregator,
+                    &[
+                        "--node-agent",
+                        &grpc.to_string(),
+                        "--listen",
+                        &listen.to_string(),
+                        "--grpc-listen",
+                        &free_port().to_string(),
+                        // No API server here to check callers with.
+                        "--auth=none",
+                    ],
+                ));
+                wait_ready(name, listen, "/healthz");
+            }
         }
         None => println!("aggregator: not built here (cargo build --release --bins); skipped"),
     }
@@ -241,4 +243,103 @@ fn main() {
             stat.threads
         );
     }
+    if let Some((_, baseline_metrics)) = baseline {
+        let pid = |name| {
+            services
+                .iter()
+                .find(|s| s.name == name)
+                .map(|s| s.child.id())
+                .expect("started")
+        };
+        compare_scrapes(
+            (pid("node agent"), agent_metrics),
+            (pid("baseline agent"), baseline_metrics),
+            env("SCRAPES", 300),
+        );
+    }
+}
+
+struct Agent {
+    service: Service,
+    grpc: SocketAddr,
+    metrics: SocketAddr,
+}
+
+/// An agent of `program` on `dir`, ready. A build from before
+/// `--metrics-auth` existed is started without it (its page was open).
+fn start_agent(name: &'static str, program: &Path, dir: &Path) -> Agent {
+    let help = Command::new(program)
+        .args(["agent", "--help"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let (grpc, metrics) = (free_port(), free_port());
+    let (grpc_arg, metrics_arg) = (grpc.to_string(), metrics.to_string());
+    let mut args = vec!["agent", "--no-kube", "--no-nvml"];
+    if help.contains("--metrics-auth") {
+        args.push("--metrics-auth=none");
+    }
+    args.extend([
+        "--containers-dir",
+        dir.to_str().expect("utf-8 path"),
+        "--grpc-listen",
+        &grpc_arg,
+        "--metrics-listen",
+        &metrics_arg,
+    ]);
+    let service = spawn(name, program, &args);
+    wait_ready(name, metrics, "/readyz");
+    Agent {
+        service,
+        grpc,
+        metrics,
+    }
+}
+
+/// `total` scrapes of each agent, ten in a row each, the order turned
+/// every round; prints agent CPU per scrape and the median wall time of a
+/// scrape for both, and their ratios.
+fn compare_scrapes(ours: (u32, SocketAddr), baseline: (u32, SocketAddr), total: u64) {
+    const IN_A_ROW: u64 = 10;
+    let agents = [ours, baseline];
+    let mut ticks = [0u64; 2];
+    let mut walls: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    let mut bytes = [0usize; 2];
+    for round in 0..total.div_ceil(IN_A_ROW) {
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let (pid, addr) = agents[i];
+            let before = cpu_ticks(pid);
+            for _ in 0..IN_A_ROW {
+                let start = Instant::now();
+                let page = http_get(addr, "/metrics").expect("scrape");
+                walls[i].push(start.elapsed());
+                assert!(page.starts_with("HTTP/1.1 200"), "scrape answered 200");
+                bytes[i] = page.len();
+            }
+            ticks[i] += cpu_ticks(pid) - before;
+        }
+    }
+    let scrapes = total.div_ceil(IN_A_ROW) * IN_A_ROW;
+    let mut per_scrape = [0.0f64; 2];
+    let mut p50 = [Duration::ZERO; 2];
+    for i in 0..2 {
+        // Clock ticks are 10 ms.
+        per_scrape[i] = ticks[i] as f64 * 10.0 / scrapes as f64;
+        walls[i].sort();
+        p50[i] = walls[i][walls[i].len() / 2];
+    }
+    for (i, name) in ["this build", "baseline"].iter().enumerate() {
+        println!(
+            "{name:<11} {scrapes} scrapes of {:.2} MiB: agent CPU {:.2} ms per scrape, wall p50 {:.2?}",
+            bytes[i] as f64 / f64::from(1u32 << 20),
+            per_scrape[i],
+            p50[i]
+        );
+    }
+    println!(
+        "ratio this build / baseline: agent CPU per scrape {:.2}, wall p50 {:.2}",
+        per_scrape[0] / per_scrape[1],
+        p50[0].as_secs_f64() / p50[1].as_secs_f64()
+    );
 }

@@ -179,10 +179,17 @@ async fn the_agent_serves_through_api_server_outages_and_recovers() {
         "no orphan sweep on a non-authoritative list (grace is zero here)"
     );
     let metrics = support::http_get(running.metrics_addr, "/metrics").await;
-    assert!(
-        metrics.contains("kai_node_agent_pod_source{status=\"reconnecting\"} 1"),
-        "{metrics}"
-    );
+    // One status is current: the others, the one before included, read 0.
+    for (status, value) in [
+        ("reconnecting", 1),
+        ("ready", 0),
+        ("syncing", 0),
+        ("static", 0),
+        ("disabled", 0),
+    ] {
+        let line = format!("kai_node_agent_pod_source{{status=\"{status}\"}} {value}\n");
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
 
     recover_tx.send_replace(true);
     until(&mut state, "recovery", |s| {

@@ -1,39 +1,64 @@
-//! What the webhook injects, and the flags/env it reads.
+//! The flags/env the webhook reads, in groups that are its settings:
+//! what it injects ([`InjectConfig`]) and the bounds on clients ([`Limits`]).
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use kai_runtime::telemetry::LogArgs;
 use kai_runtime::tls::{Flag, TlsArgs, TlsFlagNames, TlsFlags};
+
+use crate::server::Settings;
 
 /// Default host and container directory that holds libvgpu.so.
 pub const DEFAULT_VGPU_MOUNT: &str = "/usr/local/vgpu";
 /// Default value of `GPU_SHARE_RESOURCES` (the Go chart's).
 pub const DEFAULT_SHARE_RESOURCES: &str = "nvidia.com/gpu,nvidia.com/gpumem,nvidia.com/gpucores";
-/// The CSI driver that delivers the library (the CSIDriver object's name,
-/// which the kai-csi node plugin registers with kubelet).
-pub const DEFAULT_CSI_DRIVER: &str = "vgpu.kai-resource-isolator.io";
+/// The CSI driver that delivers the library (kai-csi's).
+pub use kai_vocab::csi::DRIVER as DEFAULT_CSI_DRIVER;
 
-/// The injection settings the pure planner needs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The injection settings the pure planner needs: a flag group of
+/// [`Args`], whose parsers validate and normalise each value, so a typo
+/// stops start-up instead of every sharing pod being rejected.
+#[derive(Clone, Debug, PartialEq, Eq, clap::Args)]
 pub struct InjectConfig {
-    /// `<mount>`: where libvgpu.so lives in the container.
+    /// Directory holding libvgpu.so and ld.so.preload, as workloads see it.
+    #[arg(long = "container-vgpu-mount", env = "CONTAINER_VGPU_MOUNT",
+          value_name = "CONTAINER_VGPU_MOUNT", default_value = DEFAULT_VGPU_MOUNT,
+          value_parser = absolute)]
     pub vgpu_mount: String,
-    /// The host directory mounted there (the hostPath source); the mount
-    /// itself unless set apart (`HOST_VGPU_DIR`, e.g. a writable directory
-    /// on a read-only host root).
-    pub host_vgpu_dir: String,
-    /// Extended resources that suggest GPU sharing. Injection stays keyed off
-    /// KAI's annotations; these only explain, in the log, why a pod that asks
-    /// for e.g. `nvidia.com/gpumem` without the annotations was left alone.
+    /// The host directory mounted there; default: the same path.
+    // Set apart e.g. for a writable directory on a read-only host root.
+    #[arg(long, env = "HOST_VGPU_DIR", value_parser = absolute)]
+    pub host_vgpu_dir: Option<String>,
+    /// Comma-separated extended resources that suggest GPU sharing (logged only).
+    // Injection stays keyed off KAI's annotations; these only explain, in
+    // the log, why a pod asking for e.g. `nvidia.com/gpumem` without them
+    // was left alone.
+    #[arg(long = "gpu-share-resources", env = "GPU_SHARE_RESOURCES",
+          value_name = "GPU_SHARE_RESOURCES", default_value = DEFAULT_SHARE_RESOURCES,
+          value_delimiter = ',', value_parser = trimmed)]
     pub share_resources: Vec<String>,
-    /// Add a literal `CUDA_DEVICE_MEMORY_LIMIT` from `gpu-memory`, placed
-    /// before KAI's reference so KAI's value wins whenever it exists.
+    /// Give `gpu-memory` pods a literal CUDA_DEVICE_MEMORY_LIMIT placed
+    /// before KAI's (which wins whenever it resolves), so a pod whose KAI
+    /// limit stays unset is still capped.
+    #[arg(long, env = "GPU_MEMORY_LIMIT_FALLBACK", default_value_t = true,
+          action = clap::ArgAction::Set)]
     pub memory_limit_fallback: bool,
-    /// What becomes of isolation env the tenant set on a sharing container.
+    /// Isolation env a GPU-sharing container sets itself (its own
+    /// CUDA_DEVICE_MEMORY_LIMIT, POD_UID, …): `replace` removes it and
+    /// writes ours, `deny` rejects the pod naming it.
+    #[arg(long, env = "TENANT_ENV", value_enum, default_value_t = TenantEnv::Replace)]
     pub tenant_env: TenantEnv,
-    /// How the library reaches the pod: one CSI volume, or hostPath volumes.
+    /// How the library reaches the pod: `csi` (one inline volume of the
+    /// kai-csi node plugin) or `hostPath` (the host directory, as the Go
+    /// webhook mounts it).
+    #[arg(long = "library-delivery", env = "LIBRARY_DELIVERY",
+          value_name = "LIBRARY_DELIVERY", value_enum, default_value_t = Delivery::Csi)]
     pub delivery: Delivery,
-    /// The CSI driver of [`Delivery::Csi`]'s volume.
+    /// The CSI driver of the library volume (`--library-delivery=csi`).
+    // Checked as the API server checks a CSI volume's driver.
+    #[arg(long, env = "CSI_DRIVER", default_value = DEFAULT_CSI_DRIVER,
+          value_parser = csi_driver_name)]
     pub csi_driver: String,
 }
 
@@ -53,16 +78,6 @@ pub enum Delivery {
     HostPath,
 }
 
-impl Delivery {
-    /// The flag's spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Csi => "csi",
-            Self::HostPath => "hostPath",
-        }
-    }
-}
-
 /// What the webhook does with isolation env (libvgpu's limits, the region's
 /// identity, the variables that switch libvgpu off) that the pod itself
 /// sets on its GPU-sharing container. Keeping it is never an option: it
@@ -77,129 +92,106 @@ pub enum TenantEnv {
     Deny,
 }
 
-impl TenantEnv {
-    /// The flag's spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Replace => "replace",
-            Self::Deny => "deny",
-        }
-    }
-}
-
 impl Default for InjectConfig {
     fn default() -> Self {
-        Self {
-            vgpu_mount: DEFAULT_VGPU_MOUNT.to_owned(),
-            host_vgpu_dir: DEFAULT_VGPU_MOUNT.to_owned(),
-            share_resources: DEFAULT_SHARE_RESOURCES
-                .split(',')
-                .map(str::to_owned)
-                .collect(),
-            memory_limit_fallback: true,
-            tenant_env: TenantEnv::Replace,
-            delivery: Delivery::default(),
-            csi_driver: DEFAULT_CSI_DRIVER.to_owned(),
-        }
+        defaults()
     }
-}
-
-/// Errors in the settings, reported before the server starts.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ConfigError {
-    #[error("CONTAINER_VGPU_MOUNT must be an absolute path without '..', got {0:?}")]
-    Mount(String),
-    #[error("HOST_VGPU_DIR must be an absolute path without '..', got {0:?}")]
-    HostDir(String),
-    #[error(
-        "CSI_DRIVER must be a CSI driver name (at most 63 characters: dot-separated labels of letters, digits and '-', each starting and ending with a letter or digit), got {0:?}"
-    )]
-    CsiDriver(String),
 }
 
 impl InjectConfig {
-    /// Builds a validated config; a trailing `/` on the mount is dropped so the
-    /// paths we derive (`<mount>/containers`) are canonical.
-    pub fn new(vgpu_mount: &str, share_resources: Vec<String>) -> Result<Self, ConfigError> {
-        let trimmed =
-            absolute(vgpu_mount).ok_or_else(|| ConfigError::Mount(vgpu_mount.to_owned()))?;
-        Ok(Self {
-            vgpu_mount: trimmed.to_owned(),
-            host_vgpu_dir: trimmed.to_owned(),
-            share_resources: share_resources
-                .into_iter()
-                .map(|r| r.trim().to_owned())
-                .filter(|r| !r.is_empty())
-                .collect(),
-            memory_limit_fallback: true,
-            tenant_env: TenantEnv::Replace,
-            delivery: Delivery::default(),
-            csi_driver: DEFAULT_CSI_DRIVER.to_owned(),
-        })
-    }
-
-    /// Sets the host directory mounted at `<mount>` (validated like it).
-    pub fn with_host_vgpu_dir(mut self, dir: &str) -> Result<Self, ConfigError> {
-        let trimmed = absolute(dir).ok_or_else(|| ConfigError::HostDir(dir.to_owned()))?;
-        trimmed.clone_into(&mut self.host_vgpu_dir);
-        Ok(self)
-    }
-
-    /// Turns the literal memory limit for `gpu-memory` pods on or off.
-    #[must_use]
-    pub fn with_memory_limit_fallback(mut self, on: bool) -> Self {
-        self.memory_limit_fallback = on;
-        self
-    }
-
-    /// Sets what becomes of isolation env the tenant set.
-    #[must_use]
-    pub fn with_tenant_env(mut self, policy: TenantEnv) -> Self {
-        self.tenant_env = policy;
-        self
-    }
-
-    /// Sets how the library reaches the pod.
-    #[must_use]
-    pub fn with_delivery(mut self, delivery: Delivery) -> Self {
-        self.delivery = delivery;
-        self
-    }
-
-    /// Sets the CSI driver of the library volume. Checked here, as the API
-    /// server checks a CSI volume's driver, so a typo stops start-up
-    /// instead of every sharing pod being rejected.
-    pub fn with_csi_driver(mut self, driver: &str) -> Result<Self, ConfigError> {
-        if !is_csi_driver_name(driver) {
-            return Err(ConfigError::CsiDriver(driver.to_owned()));
-        }
-        driver.clone_into(&mut self.csi_driver);
-        Ok(self)
-    }
-
     /// `<mount>/containers`, where libvgpu writes one directory per container.
     pub fn containers_dir(&self) -> String {
         format!("{}/containers", self.vgpu_mount)
     }
+
+    /// The host directory mounted at `<mount>` (the hostPath source).
+    pub fn host_dir(&self) -> &str {
+        self.host_vgpu_dir.as_deref().unwrap_or(&self.vgpu_mount)
+    }
 }
 
-/// `path` without a trailing `/`, if it is absolute and has no `..`.
-fn absolute(path: &str) -> Option<&str> {
+/// `path` without a trailing `/` (so the paths derived from it, like
+/// `<mount>/containers`, are canonical), if it is absolute and has no `..`.
+fn absolute(path: &str) -> Result<String, String> {
     let trimmed = path.trim_end_matches('/');
-    (trimmed.starts_with('/') && !trimmed.split('/').any(|seg| seg == "..")).then_some(trimmed)
+    if trimmed.starts_with('/') && !trimmed.split('/').any(|seg| seg == "..") {
+        Ok(trimmed.to_owned())
+    } else {
+        Err("must be an absolute path without '..'".to_owned())
+    }
+}
+
+fn trimmed(value: &str) -> Result<String, std::convert::Infallible> {
+    Ok(value.trim().to_owned())
 }
 
 /// A CSI driver name as the API server accepts it in a pod's `csi` volume
 /// (`ValidateCSIDriverName`): at most 63 characters that, lowercased, are
 /// a DNS-1123 subdomain (labels of alphanumerics and `-`, alphanumeric at
 /// both ends, joined by `.`).
-fn is_csi_driver_name(name: &str) -> bool {
+fn csi_driver_name(name: &str) -> Result<String, String> {
     let label = |label: &str| {
         label.starts_with(|c: char| c.is_ascii_alphanumeric())
             && label.ends_with(|c: char| c.is_ascii_alphanumeric())
             && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
     };
-    name.len() <= 63 && name.split('.').all(label)
+    if name.len() <= 63 && name.split('.').all(label) {
+        Ok(name.to_owned())
+    } else {
+        Err("must be a CSI driver name (at most 63 characters: dot-separated labels of letters, digits and '-', each starting and ending with a letter or digit)".to_owned())
+    }
+}
+
+/// What a client (the API server, or anything that reaches the port) may
+/// hold of the webhook; reasons in docs/webhook.md ("Size and load").
+// 32 MiB of body is above the 18 MiB review a 3 MiB pod of `<` makes; 48 MiB
+// in flight fits one review at the body limit with its decoding (the
+// chart's 192 MiB memory limit holds that twice over); the API server keeps
+// a few connections per replica, and its own webhook timeout is 10 s.
+#[derive(Clone, Debug, PartialEq, Eq, clap::Args)]
+pub struct Limits {
+    /// Largest AdmissionReview reviewed; a larger one is denied by its uid.
+    #[arg(long, env = "MAX_BODY_BYTES", default_value_t = crate::review::MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// Bytes of request bodies, and their estimated decoding cost, all
+    /// requests together may hold; beyond it requests get 503.
+    #[arg(long, env = "MAX_IN_FLIGHT_BYTES", default_value_t = 48 * 1024 * 1024)]
+    pub max_in_flight_bytes: usize,
+    /// Open connections at most; more are closed at once.
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 256)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a whole request body (408 after).
+    #[arg(long = "body-read-timeout-seconds", env = "BODY_READ_TIMEOUT_SECONDS",
+          value_name = "BODY_READ_TIMEOUT_SECONDS", default_value = "10", value_parser = seconds)]
+    pub body_read_timeout: Duration,
+    /// Seconds a client has to send a request's headers.
+    #[arg(long = "header-read-timeout-seconds", env = "HEADER_READ_TIMEOUT_SECONDS",
+          value_name = "HEADER_READ_TIMEOUT_SECONDS", default_value = "10", value_parser = seconds)]
+    pub header_read_timeout: Duration,
+    /// Concurrent HTTP/2 streams per connection.
+    #[arg(long, env = "MAX_CONCURRENT_STREAMS", default_value_t = 32)]
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        defaults()
+    }
+}
+
+fn seconds(value: &str) -> Result<Duration, std::num::ParseIntError> {
+    value.parse().map(Duration::from_secs)
+}
+
+/// A flag group as its defaults make it: parsed from an empty command
+/// line, the environment ignored, so the flags' defaults are the only ones.
+fn defaults<T: clap::Args>() -> T {
+    let flags = T::augment_args(clap::Command::new("defaults")).mut_args(|f| f.env(None::<&str>));
+    // Every flag of the groups has a default its parser accepts (tested).
+    flags
+        .try_get_matches_from(["defaults"])
+        .and_then(|matches| T::from_arg_matches(&matches))
+        .expect("the flags' defaults parse")
 }
 
 /// The serving certificate's flags (`--tls-*`).
@@ -245,108 +237,84 @@ pub struct Args {
     pub listen: SocketAddr,
     #[command(flatten)]
     pub tls: TlsArgs<WebhookTlsFlags>,
-    /// Directory holding libvgpu.so and ld.so.preload, as workloads see it.
-    #[arg(long, env = "CONTAINER_VGPU_MOUNT", default_value = DEFAULT_VGPU_MOUNT)]
-    pub container_vgpu_mount: String,
-    /// The host directory mounted there; default: the same path.
-    #[arg(long, env = "HOST_VGPU_DIR")]
-    pub host_vgpu_dir: Option<String>,
-    /// Comma-separated extended resources that suggest GPU sharing (logged only).
-    #[arg(long, env = "GPU_SHARE_RESOURCES", default_value = DEFAULT_SHARE_RESOURCES, value_delimiter = ',')]
-    pub gpu_share_resources: Vec<String>,
-    /// Give `gpu-memory` pods a literal CUDA_DEVICE_MEMORY_LIMIT placed
-    /// before KAI's (which wins whenever it resolves), so a pod whose KAI
-    /// limit stays unset is still capped.
-    #[arg(long, env = "GPU_MEMORY_LIMIT_FALLBACK", default_value_t = true, action = clap::ArgAction::Set)]
-    pub memory_limit_fallback: bool,
+    #[command(flatten)]
+    pub inject: InjectConfig,
     /// Serve `POST /validate-node-agent`: the node agent may evict, and
     /// write Events about, pods on its own node only (guard.rs). Needs the
     /// webhook's ServiceAccount to `get` pods.
     #[arg(long, env = "NODE_GUARD", default_value_t = false, action = clap::ArgAction::Set)]
     pub node_guard: bool,
-    /// Isolation env a GPU-sharing container sets itself (its own
-    /// CUDA_DEVICE_MEMORY_LIMIT, POD_UID, …): `replace` removes it and
-    /// writes ours, `deny` rejects the pod naming it.
-    #[arg(long, env = "TENANT_ENV", value_enum, default_value_t = TenantEnv::Replace)]
-    pub tenant_env: TenantEnv,
-    /// How the library reaches the pod: `csi` (one inline volume of the
-    /// kai-csi node plugin) or `hostPath` (the host directory, as the Go
-    /// webhook mounts it).
-    #[arg(long, env = "LIBRARY_DELIVERY", value_enum, default_value_t = Delivery::Csi)]
-    pub library_delivery: Delivery,
-    /// The CSI driver of the library volume (`--library-delivery=csi`).
-    #[arg(long, env = "CSI_DRIVER", default_value = DEFAULT_CSI_DRIVER)]
-    pub csi_driver: String,
-    /// Largest AdmissionReview reviewed; a larger one is denied by its uid.
-    #[arg(long, env = "MAX_BODY_BYTES", default_value_t = crate::review::MAX_BODY_BYTES, value_parser = clap::value_parser!(usize))]
-    pub max_body_bytes: usize,
-    /// Bytes of request bodies, and their estimated decoding cost, all
-    /// requests together may hold; beyond it requests get 503.
-    #[arg(long, env = "MAX_IN_FLIGHT_BYTES", default_value_t = 48 * 1024 * 1024)]
-    pub max_in_flight_bytes: usize,
-    /// Open connections at most; more are closed at once.
-    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 256)]
-    pub max_connections: usize,
-    /// Seconds a client has to send a whole request body (408 after).
-    #[arg(long, env = "BODY_READ_TIMEOUT_SECONDS", default_value_t = 10)]
-    pub body_read_timeout_seconds: u64,
-    /// Seconds a client has to send a request's headers.
-    #[arg(long, env = "HEADER_READ_TIMEOUT_SECONDS", default_value_t = 10)]
-    pub header_read_timeout_seconds: u64,
-    /// Concurrent HTTP/2 streams per connection.
-    #[arg(long, env = "MAX_CONCURRENT_STREAMS", default_value_t = 32)]
-    pub max_concurrent_streams: u32,
+    #[command(flatten)]
+    pub limits: Limits,
     #[command(flatten)]
     pub log: LogArgs,
 }
 
+impl Args {
+    /// The server's settings.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            listen: self.listen,
+            tls_cert_file: self.tls.cert_file.clone().unwrap_or_default(),
+            tls_private_key_file: self.tls.key_file.clone().unwrap_or_default(),
+            inject: self.inject.clone(),
+            tls_reload_fallback: self.tls.reload_fallback,
+            node_guard: self.node_guard,
+            limits: self.limits.clone(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
+
+    fn parse(argv: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(["kai-webhook"].iter().chain(argv))
+    }
 
     #[test]
     fn flags_default_to_the_servers_defaults() {
-        use clap::Parser;
-        let args = Args::parse_from(["kai-webhook"]);
-        let settings = args.settings().expect("valid defaults");
+        let settings = parse(&[]).expect("valid defaults").settings();
         assert_eq!(settings.limits, crate::server::Limits::default());
+        assert_eq!(
+            settings.limits,
+            Limits {
+                max_body_bytes: 32 * 1024 * 1024,
+                max_in_flight_bytes: 48 * 1024 * 1024,
+                max_connections: 256,
+                body_read_timeout: Duration::from_secs(10),
+                header_read_timeout: Duration::from_secs(10),
+                max_concurrent_streams: 32,
+            }
+        );
         assert_eq!(settings.inject.tenant_env, TenantEnv::Replace);
         assert_eq!(settings.inject.delivery, Delivery::Csi);
         assert_eq!(settings.inject.csi_driver, "vgpu.kai-resource-isolator.io");
         assert_eq!(settings.inject, InjectConfig::default());
-        let args = Args::parse_from([
-            "kai-webhook",
-            "--tenant-env",
-            "deny",
-            "--max-body-bytes",
-            "1048576",
-        ]);
-        let settings = args.settings().expect("valid");
+        let settings = parse(&["--tenant-env", "deny", "--max-body-bytes", "1048576"])
+            .expect("valid")
+            .settings();
         assert_eq!(settings.inject.tenant_env, TenantEnv::Deny);
         assert_eq!(settings.limits.max_body_bytes, 1_048_576);
-        assert!(Args::try_parse_from(["kai-webhook", "--tenant-env", "keep"]).is_err());
+        assert!(parse(&["--tenant-env", "keep"]).is_err());
     }
 
     #[test]
     fn library_delivery_and_csi_driver_flags() {
-        use clap::Parser;
-        let settings = |argv: &[&str]| {
-            let mut full = vec!["kai-webhook"];
-            full.extend_from_slice(argv);
-            Args::try_parse_from(full).map(|args| args.settings())
-        };
-        let host_path = settings(&["--library-delivery", "hostPath"])
-            .expect("parses")
-            .expect("valid");
+        let settings = |argv: &[&str]| parse(argv).map(|args| args.settings());
+        let host_path = settings(&["--library-delivery", "hostPath"]).expect("valid");
         assert_eq!(host_path.inject.delivery, Delivery::HostPath);
-        assert_eq!(Delivery::HostPath.as_str(), "hostPath");
+        let spelled = clap::ValueEnum::to_possible_value(&Delivery::HostPath);
+        assert_eq!(spelled.as_ref().map(|v| v.get_name()), Some("hostPath"));
         let csi = settings(&[
             "--library-delivery",
             "csi",
             "--csi-driver",
             "Vgpu.Example.com",
         ])
-        .expect("parses")
         .expect("valid");
         assert_eq!(
             (csi.inject.delivery, csi.inject.csi_driver.as_str()),
@@ -359,48 +327,69 @@ mod tests {
         for bad in [
             "", "-vgpu.io", "vgpu.io-", "vgpu..io", "vgpu.-io", "vgpu_io", "vgpu/io", &long,
         ] {
-            assert_eq!(
-                settings(&[&format!("--csi-driver={bad}")])
-                    .expect("parses")
-                    .err(),
-                Some(ConfigError::CsiDriver(bad.to_owned())),
+            let refused = settings(&[&format!("--csi-driver={bad}")]).err();
+            assert!(
+                refused.is_some_and(|e| e.to_string().contains("must be a CSI driver name")),
                 "{bad:?}"
             );
         }
-        assert!(
-            settings(&["--csi-driver", &long[..63]])
-                .expect("parses")
-                .is_ok()
-        );
+        assert!(settings(&["--csi-driver", &long[..63]]).is_ok());
     }
 
     #[test]
     fn mount_is_validated_and_normalised() {
-        let cfg = InjectConfig::new("/opt/vgpu/", vec![" a ".into(), "".into()]);
+        let cfg = parse(&[
+            "--container-vgpu-mount=/opt/vgpu/",
+            "--gpu-share-resources= a ,",
+        ])
+        .map(|args| args.inject);
+        let cfg = cfg.expect("valid");
         assert_eq!(
             cfg,
-            Ok(InjectConfig {
+            InjectConfig {
                 vgpu_mount: "/opt/vgpu".into(),
-                host_vgpu_dir: "/opt/vgpu".into(),
-                share_resources: vec!["a".into()],
+                host_vgpu_dir: None,
+                share_resources: vec!["a".into(), "".into()],
                 memory_limit_fallback: true,
                 tenant_env: TenantEnv::Replace,
                 delivery: Delivery::Csi,
                 csi_driver: DEFAULT_CSI_DRIVER.into(),
-            })
+            }
         );
-        assert!(InjectConfig::new("relative/dir", vec![]).is_err());
-        assert!(InjectConfig::new("/usr/../etc", vec![]).is_err());
-        let split = InjectConfig::new("/usr/local/vgpu", vec![])
-            .and_then(|c| c.with_host_vgpu_dir("/home/kubernetes/bin/nvidia/vgpu/"))
-            .expect("valid");
+        // The empty entry names nothing: a pod asking for a resource named
+        // "" is not reported as asking for a sharing one.
+        let pod = serde_json::json!({"spec": {"containers": [
+            {"name": "app", "resources": {"limits": {"": "1", "a": "1"}}}]}});
+        let pod = serde_json::from_value(pod).expect("pod");
+        let names = |cfg: &InjectConfig| match crate::inject::plan(
+            &pod,
+            cfg,
+            crate::inject::OptOut::Ignored,
+        ) {
+            crate::inject::Decision::NotSharing { share_resource } => share_resource,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(names(&cfg), Some("a".into()));
+        let only_empty = InjectConfig {
+            share_resources: vec!["".into()],
+            ..cfg.clone()
+        };
+        assert_eq!(names(&only_empty), None);
+        for bad in ["relative/dir", "/usr/../etc"] {
+            let refused = parse(&["--container-vgpu-mount", bad]).err();
+            assert!(
+                refused.is_some_and(|e| e.to_string().contains("must be an absolute path")),
+                "{bad}"
+            );
+        }
+        let split = parse(&["--host-vgpu-dir=/home/kubernetes/bin/nvidia/vgpu/"])
+            .expect("valid")
+            .inject;
         assert_eq!(
-            (split.vgpu_mount.as_str(), split.host_vgpu_dir.as_str()),
+            (split.vgpu_mount.as_str(), split.host_dir()),
             ("/usr/local/vgpu", "/home/kubernetes/bin/nvidia/vgpu")
         );
-        assert_eq!(
-            InjectConfig::default().with_host_vgpu_dir("rel"),
-            Err(ConfigError::HostDir("rel".into()))
-        );
+        assert_eq!(InjectConfig::default().host_dir(), "/usr/local/vgpu");
+        assert!(parse(&["--host-vgpu-dir", "rel"]).is_err());
     }
 }

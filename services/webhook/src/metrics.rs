@@ -1,7 +1,8 @@
 //! The webhook's Prometheus series: counted as reviews are answered,
 //! rendered at each scrape by this server's own recorder (kai-exposition's
 //! [`Recorder`]: no process-wide registry, so servers in one process keep
-//! their own counts).
+//! their own counts). Names, labels and meanings: docs/webhook.md
+//! ("Metrics").
 
 use std::time::Duration;
 
@@ -9,82 +10,58 @@ use kai_exposition::{Counter, Gauge, Histogram, Recorder, Unit};
 use tokio_util::sync::CancellationToken;
 
 use crate::outcome::Outcome;
-use crate::review::BadRequest;
+use crate::review::{BadRequest, Reviewed};
 
-/// Reviews by outcome (`decision`: injected, already_injected, not_gpu_sharing,
-/// opted_out, no_containers, denied, pass_through, bad_request).
-pub const REVIEWS_TOTAL: &str = "kai_webhook_admission_reviews_total";
-/// Malformed requests by reason (not_json, wrong_kind, too_large, …).
-pub const BAD_REQUESTS_TOTAL: &str = "kai_webhook_bad_requests_total";
-/// Time from a complete body to an encoded response.
-pub const REVIEW_DURATION: &str = "kai_webhook_admission_review_duration_seconds";
-/// Successful certificate reloads.
-pub const CERT_RELOADS_TOTAL: &str = "kai_webhook_certificate_reloads_total";
-/// The node agent's evictions and Events the node guard judged
-/// (`decision`: allowed, denied).
-pub const NODE_GUARD_TOTAL: &str = "kai_webhook_node_guard_reviews_total";
-/// Sharing containers that set isolation env themselves, by `action`
-/// (`replaced`, `denied`).
-pub const TENANT_ENV_TOTAL: &str = "kai_webhook_tenant_env_total";
-/// Pods that asked to opt out where no administrator allows it.
-pub const OPT_OUT_IGNORED_TOTAL: &str = "kai_webhook_opt_out_ignored_total";
-/// Pod CREATEs denied because the webhook could not read the pod, by
-/// `reason` ([`UNREADABLE`]).
-pub const UNREADABLE_DENIED_TOTAL: &str = "kai_webhook_unreadable_denied_total";
-/// Requests and connections refused to bound memory and time, by
-/// `reason` ([`SHED`]); the API server applies failurePolicy to them.
-pub const SHED_TOTAL: &str = "kai_webhook_shed_total";
-/// Bytes of request bodies held (and reserved for decoding) right now.
-pub const IN_FLIGHT_BYTES: &str = "kai_webhook_in_flight_bytes";
+const REVIEW_DURATION: &str = "kai_webhook_admission_review_duration_seconds";
 
-/// The `action` values of [`TENANT_ENV_TOTAL`].
-pub const TENANT_ENV_ACTIONS: [&str; 2] = ["replaced", "denied"];
-/// The `reason` values of [`UNREADABLE_DENIED_TOTAL`].
-pub const UNREADABLE: [&str; 4] = ["invalid_pod", "no_object", "too_large", "too_complex"];
-/// The `reason` values of [`SHED_TOTAL`].
-pub const SHED: [&str; 3] = ["in_flight_bytes", "body_timeout", "connections"];
-
-/// Histogram buckets for [`REVIEW_DURATION`]: a review takes tens of µs;
-/// the upper buckets catch a starved runtime long before the API server's
-/// 10 s timeout would.
-pub const DURATION_BUCKETS: &[f64] = &[
+/// Buckets of [`REVIEW_DURATION`]: a review takes tens of µs; the upper
+/// buckets catch a starved runtime long before the API server's 10 s
+/// timeout would.
+const DURATION_BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
 
-/// The `decision` values: each [`Outcome`] at its discriminant, then a
-/// malformed request's.
-const DECISIONS: [&str; Outcome::ALL.len() + 1] = {
-    let mut out = ["bad_request"; Outcome::ALL.len() + 1];
-    let mut i = 0;
-    while i < Outcome::ALL.len() {
-        out[i] = Outcome::ALL[i].label();
-        i += 1;
-    }
-    out
-};
-const BAD_REQUEST: usize = Outcome::ALL.len();
+/// One counter per value of a family's label. Every value is registered up
+/// front, so each series is rendered from the start at 0 (a `rate()` sees
+/// the first event).
+#[derive(Debug)]
+struct Family(Vec<(&'static str, Counter)>);
 
-/// One server's series. Every label value is registered up front, so each
-/// series is rendered from the start at 0 (a `rate()` sees the first event)
-/// and the hot path indexes a handle instead of looking a key up.
+impl Family {
+    fn new(
+        recorder: &Recorder,
+        (name, help, label): (&'static str, &'static str, &'static str),
+        values: impl IntoIterator<Item = &'static str>,
+    ) -> Self {
+        let counter = |value| (value, recorder.counter(name, help, &[(label, value)]));
+        Self(values.into_iter().map(counter).collect())
+    }
+
+    /// Adds one to the counter of `value`.
+    fn count(&self, value: &str) {
+        match self.0.iter().find(|(v, _)| *v == value) {
+            Some((_, counter)) => counter.increment(1),
+            // A caller passed an unlisted value: a bug, not input.
+            None => tracing::warn!(value, "not a listed metric label; not counted"),
+        }
+    }
+}
+
+/// One server's series.
 #[derive(Debug)]
 pub struct Metrics {
     recorder: Recorder,
-    /// By [`DECISIONS`] index.
-    reviews: Vec<Counter>,
-    /// By [`BadRequest::LABELS`] index.
-    bad_requests: Vec<Counter>,
+    /// By `decision`: each [`Outcome`], and `bad_request`.
+    reviews: Family,
+    /// By [`BadRequest::label`].
+    bad_requests: Family,
     duration: Histogram,
     cert_reloads: Counter,
-    /// Allowed, denied.
-    guard: [Counter; 2],
-    /// By [`TENANT_ENV_ACTIONS`] index.
-    tenant_env: Vec<Counter>,
+    guard: Family,
+    tenant_env: Family,
+    unreadable: Family,
+    shed: Family,
     opt_out_ignored: Counter,
-    /// By [`UNREADABLE`] index.
-    unreadable: Vec<Counter>,
-    /// By [`SHED`] index.
-    shed: Vec<Counter>,
     in_flight_bytes: Gauge,
 }
 
@@ -94,151 +71,135 @@ impl Default for Metrics {
         // non-empty constant (the tests build this).
         let recorder = Recorder::new(&[(REVIEW_DURATION, DURATION_BUCKETS)])
             .expect("DURATION_BUCKETS is not empty");
-        let reviews = DECISIONS
-            .iter()
-            .map(|d| {
-                recorder.counter(
-                    REVIEWS_TOTAL,
-                    "Admission reviews answered, by decision.",
-                    &[("decision", d)],
-                )
-            })
-            .collect();
-        let bad_requests = BadRequest::LABELS
-            .iter()
-            .map(|r| {
-                recorder.counter(
-                    BAD_REQUESTS_TOTAL,
-                    "Malformed admission requests answered with HTTP 400, by reason.",
-                    &[("reason", r)],
-                )
-            })
-            .collect();
-        let duration = recorder.histogram(
-            REVIEW_DURATION,
-            "Time to review one AdmissionReview.",
-            Unit::Seconds,
-            &[],
-        );
-        let cert_reloads =
-            recorder.counter(CERT_RELOADS_TOTAL, "Serving certificate reloads.", &[]);
-        let guard = ["allowed", "denied"].map(|d| {
-            recorder.counter(
-                NODE_GUARD_TOTAL,
-                "The node agent's evictions and Events judged by the node guard, by decision.",
-                &[("decision", d)],
-            )
-        });
-        let labelled = |name: &'static str,
-                        help: &'static str,
-                        label: &'static str,
-                        values: &[&str]|
-         -> Vec<Counter> {
-            values
-                .iter()
-                .map(|v| recorder.counter(name, help, &[(label, v)]))
-                .collect()
-        };
-        let tenant_env = labelled(
-            TENANT_ENV_TOTAL,
-            "GPU-sharing containers that set isolation env themselves, by what the webhook did.",
-            "action",
-            &TENANT_ENV_ACTIONS,
-        );
-        let unreadable = labelled(
-            UNREADABLE_DENIED_TOTAL,
-            "Pod CREATEs denied because the webhook could not read the pod, by reason.",
-            "reason",
-            &UNREADABLE,
-        );
-        let shed = labelled(
-            SHED_TOTAL,
-            "Requests and connections refused to bound the webhook's memory and time, by reason.",
-            "reason",
-            &SHED,
-        );
-        let opt_out_ignored = recorder.counter(
-            OPT_OUT_IGNORED_TOTAL,
-            "GPU-sharing pods that asked to opt out in a namespace that does not allow it.",
-            &[],
-        );
-        let in_flight_bytes = recorder.gauge(
-            IN_FLIGHT_BYTES,
-            "Bytes of request bodies held, and reserved for decoding them, now.",
-            &[],
-        );
+        let family =
+            |names, values: &[&'static str]| Family::new(&recorder, names, values.iter().copied());
         Self {
+            reviews: Family::new(
+                &recorder,
+                (
+                    "kai_webhook_admission_reviews_total",
+                    "Admission reviews answered, by decision.",
+                    "decision",
+                ),
+                Outcome::ALL
+                    .map(Outcome::label)
+                    .into_iter()
+                    .chain(["bad_request"]),
+            ),
+            bad_requests: family(
+                (
+                    "kai_webhook_bad_requests_total",
+                    "Malformed admission requests answered with HTTP 400, by reason.",
+                    "reason",
+                ),
+                &BadRequest::LABELS,
+            ),
+            duration: recorder.histogram(
+                REVIEW_DURATION,
+                "Time to review one AdmissionReview.",
+                Unit::Seconds,
+                &[],
+            ),
+            cert_reloads: recorder.counter(
+                "kai_webhook_certificate_reloads_total",
+                "Serving certificate reloads.",
+                &[],
+            ),
+            guard: family(
+                (
+                    "kai_webhook_node_guard_reviews_total",
+                    "The node agent's evictions and Events judged by the node guard, by decision.",
+                    "decision",
+                ),
+                &["allowed", "denied"],
+            ),
+            tenant_env: family(
+                (
+                    "kai_webhook_tenant_env_total",
+                    "GPU-sharing containers that set isolation env themselves, by what the webhook did.",
+                    "action",
+                ),
+                &["replaced", "denied"],
+            ),
+            unreadable: family(
+                (
+                    "kai_webhook_unreadable_denied_total",
+                    "Pod CREATEs denied because the webhook could not read the pod, by reason.",
+                    "reason",
+                ),
+                &["invalid_pod", "no_object", "too_large", "too_complex"],
+            ),
+            shed: family(
+                (
+                    "kai_webhook_shed_total",
+                    "Requests and connections refused to bound the webhook's memory and time, by reason.",
+                    "reason",
+                ),
+                &["in_flight_bytes", "body_timeout", "connections"],
+            ),
+            opt_out_ignored: recorder.counter(
+                "kai_webhook_opt_out_ignored_total",
+                "GPU-sharing pods that asked to opt out in a namespace that does not allow it.",
+                &[],
+            ),
+            in_flight_bytes: recorder.gauge(
+                "kai_webhook_in_flight_bytes",
+                "Bytes of request bodies held, and reserved for decoding them, now.",
+                &[],
+            ),
             recorder,
-            reviews,
-            bad_requests,
-            duration,
-            cert_reloads,
-            guard,
-            tenant_env,
-            opt_out_ignored,
-            unreadable,
-            shed,
-            in_flight_bytes,
         }
     }
 }
 
 impl Metrics {
-    /// A review answered (the hot path: an atomic add and a histogram push).
+    /// A review answered: its decision and time, and what it found.
+    pub fn record_reviewed(&self, reviewed: &Reviewed, elapsed: Duration) {
+        match reviewed.unreadable {
+            Some(reason) => self.record_unreadable(reason),
+            None => self.record(reviewed.decision, elapsed),
+        }
+        if let Some(action) = reviewed.tenant_env {
+            self.tenant_env.count(action);
+        }
+        if reviewed.opt_out_ignored {
+            self.opt_out_ignored.increment(1);
+        }
+    }
+
+    /// A review's decision and time (the hot path: a short search, an
+    /// atomic add and a histogram push).
     pub fn record(&self, outcome: Outcome, elapsed: Duration) {
-        self.review(outcome as usize);
+        self.reviews.count(outcome.label());
         self.duration.record(elapsed.as_secs_f64());
     }
 
     /// A body answered with HTTP 400.
     pub fn record_bad_request(&self, error: &BadRequest) {
-        self.review(BAD_REQUEST);
-        let label = error.label();
-        match BadRequest::LABELS.iter().position(|l| *l == label) {
-            Some(i) => self.bad_requests[i].increment(1),
-            // LABELS and label() disagree: a bug, not input.
-            None => tracing::warn!(
-                reason = label,
-                "not a listed bad-request reason; not counted"
-            ),
-        }
-    }
-
-    fn review(&self, index: usize) {
-        // DECISIONS has a value for every Outcome and for a bad request.
-        if let Some(count) = self.reviews.get(index) {
-            count.increment(1);
-        }
+        self.reviews.count("bad_request");
+        self.bad_requests.count(error.label());
     }
 
     /// A node-guard review answered.
     pub fn record_guard(&self, allowed: bool) {
-        self.guard[usize::from(!allowed)].increment(1);
+        self.guard.count(if allowed { "allowed" } else { "denied" });
     }
 
-    /// A sharing container's own isolation env was `action`ed.
-    pub fn record_tenant_env(&self, action: &str) {
-        count(&self.tenant_env, &TENANT_ENV_ACTIONS, action);
-    }
-
-    pub fn record_opt_out_ignored(&self) {
-        self.opt_out_ignored.increment(1);
-    }
-
-    /// A Pod CREATE denied unread, for `reason` (one of [`UNREADABLE`]).
+    /// A Pod CREATE denied unread, for `reason`.
     pub fn record_unreadable(&self, reason: &str) {
-        self.review(Outcome::Denied as usize);
-        count(&self.unreadable, &UNREADABLE, reason);
+        self.reviews.count(Outcome::Denied.label());
+        self.unreadable.count(reason);
     }
 
-    /// A request or connection refused, for `reason` (one of [`SHED`]).
+    /// A request or connection refused, for `reason`.
     pub fn record_shed(&self, reason: &str) {
-        count(&self.shed, &SHED, reason);
+        self.shed.count(reason);
     }
 
-    /// The bytes held for requests now.
-    pub fn set_in_flight_bytes(&self, bytes: usize) {
-        self.in_flight_bytes.set(bytes as f64);
+    /// The gauge of bytes held for requests (a [`kai_runtime`] byte
+    /// budget's).
+    pub fn in_flight_bytes(&self) -> Gauge {
+        self.in_flight_bytes.clone()
     }
 
     pub fn record_cert_reload(&self) {
@@ -258,15 +219,6 @@ impl Metrics {
     }
 }
 
-/// Adds one to the counter of `label` among `labels`.
-fn count(counters: &[Counter], labels: &[&str], label: &str) {
-    match labels.iter().position(|l| *l == label) {
-        Some(i) => counters[i].increment(1),
-        // A caller passed an unlisted label: a bug, not input.
-        None => tracing::warn!(label, "not a listed metric label; not counted"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,11 +230,11 @@ mod tests {
         m.record(Outcome::Injected, Duration::from_millis(2));
         m.record_bad_request(&BadRequest::TooLarge);
         m.record_cert_reload();
-        m.record_tenant_env("replaced");
-        m.record_opt_out_ignored();
+        m.tenant_env.count("replaced");
+        m.opt_out_ignored.increment(1);
         m.record_unreadable("too_large");
         m.record_shed("connections");
-        m.set_in_flight_bytes(4096);
+        m.in_flight_bytes().set(4096.0);
         let page = m.render();
         for line in [
             "kai_webhook_admission_reviews_total{decision=\"denied\"} 2\n",
@@ -314,9 +266,18 @@ mod tests {
 
     #[test]
     fn decisions_follow_the_outcomes() {
+        let m = Metrics::default();
         for outcome in Outcome::ALL {
-            assert_eq!(DECISIONS[outcome as usize], outcome.label());
+            m.record(outcome, Duration::ZERO);
         }
-        assert_eq!(DECISIONS[BAD_REQUEST], "bad_request");
+        m.record_guard(true);
+        let page = m.render();
+        for decision in Outcome::ALL.map(Outcome::label) {
+            let line =
+                format!("kai_webhook_admission_reviews_total{{decision=\"{decision}\"}} 1\n");
+            assert!(page.contains(&line), "{line} in\n{page}");
+        }
+        let guard = "kai_webhook_node_guard_reviews_total{decision=\"allowed\"} 1\n";
+        assert!(page.contains(guard), "{guard} in\n{page}");
     }
 }

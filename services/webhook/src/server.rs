@@ -1,4 +1,8 @@
-//! HTTP routes and the HTTPS server around them.
+//! HTTP routes and the HTTPS server around them. Serving, and reading
+//! bodies within a size limit, a byte budget and a deadline, are
+//! kai-runtime's (`https`, `https::body`); what is about admission stays
+//! here: denying an unread review by its uid, the decode-cost estimate,
+//! counting refusals.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -6,11 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Buf;
-use futures_util::{Stream, StreamExt};
+use futures_util::Stream;
+use kai_runtime::https::body::{self, BodyLimits, ByteBudget, BytePermit, Refusal};
+use kai_runtime::net::BindError;
 use kai_runtime::tls::{ReloadingCert, TlsError};
 use kube::core::admission::AdmissionResponse;
-use tokio::net::TcpListener;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use warp::http::StatusCode;
@@ -18,6 +22,7 @@ use warp::reply::{Reply, Response};
 use warp::{Filter, Rejection};
 
 use crate::config::InjectConfig;
+pub use crate::config::Limits;
 use crate::inject::OptOut;
 use crate::metrics;
 use crate::outcome::Outcome;
@@ -42,45 +47,6 @@ pub struct Settings {
     pub limits: Limits,
 }
 
-/// What a client (the API server, or anything that reaches the port) may
-/// hold of the webhook. Defaults in [`Limits::default`], reasons in
-/// docs/webhook.md ("Size and load").
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Limits {
-    /// Largest body reviewed; a larger one is denied by its uid.
-    pub max_body_bytes: usize,
-    /// Bytes of bodies (and the estimated cost of decoding them) all
-    /// requests together may hold; a request that finds no room gets 503.
-    pub max_in_flight_bytes: usize,
-    /// Open connections at most.
-    pub max_connections: usize,
-    /// Time to receive a whole request body.
-    pub body_read_timeout: Duration,
-    /// Time to receive a request's headers.
-    pub header_read_timeout: Duration,
-    /// Concurrent HTTP/2 streams per connection.
-    pub max_concurrent_streams: u32,
-}
-
-impl Default for Limits {
-    /// 32 MiB of body (above the 18 MiB review a 3 MiB pod of `<` makes);
-    /// 48 MiB in flight, so one review at the body limit fits with its
-    /// decoding (the chart's 192 MiB memory limit holds that twice over);
-    /// 256 connections (the API server keeps a few per replica); 10 s for
-    /// headers and for the body (the API server's own webhook timeout is
-    /// 10 s by default); 32 HTTP/2 streams per connection.
-    fn default() -> Self {
-        Self {
-            max_body_bytes: review::MAX_BODY_BYTES,
-            max_in_flight_bytes: 48 * 1024 * 1024,
-            max_connections: 256,
-            body_read_timeout: Duration::from_secs(10),
-            header_read_timeout: Duration::from_secs(10),
-            max_concurrent_streams: 32,
-        }
-    }
-}
-
 /// Failures before the server is serving.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -90,11 +56,8 @@ pub enum StartError {
     Rustls(#[from] rustls::Error),
     #[error("the node guard needs the API server: {0}")]
     Kube(#[from] kube::Error),
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Bind(#[from] BindError),
 }
 
 /// A started webhook.
@@ -113,9 +76,10 @@ struct State {
     kube: Option<kube::Client>,
     metrics: Arc<metrics::Metrics>,
     shutdown: CancellationToken,
-    limits: Limits,
-    /// One permit per byte of [`Limits::max_in_flight_bytes`].
-    budget: Arc<Semaphore>,
+    /// How each request body is read.
+    body: BodyLimits,
+    /// [`Limits::max_in_flight_bytes`], shared by every request.
+    budget: ByteBudget,
 }
 
 /// Loads the certificate (failing fast), binds, and serves until `shutdown`.
@@ -124,22 +88,22 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> Result<Ru
     let tls = Arc::new(kai_runtime::tls::server_config(cert.clone())?);
     cert.watch(shutdown.clone(), settings.tls_reload_fallback)?;
     let metrics = Arc::new(metrics::Metrics::default());
-    count_reloads(&cert, metrics.clone(), shutdown.clone());
+    // Counts certificate reloads, and keeps the histogram folded, until
+    // shutdown.
     tokio::spawn({
         let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
-        async move { metrics.upkeep(shutdown).await }
+        let mut generation = cert.subscribe();
+        async move {
+            let reloads = async {
+                while let Some(Ok(())) = shutdown.run_until_cancelled(generation.changed()).await {
+                    metrics.record_cert_reload();
+                }
+            };
+            tokio::join!(reloads, metrics.upkeep(shutdown.clone()));
+        }
     });
 
-    let listener = TcpListener::bind(settings.listen)
-        .await
-        .map_err(|source| StartError::Bind {
-            addr: settings.listen,
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(|source| StartError::Bind {
-        addr: settings.listen,
-        source,
-    })?;
+    let (listener, addr) = kai_runtime::net::bind(settings.listen).await?;
     let kube = match settings.node_guard {
         true => Some(kube::Client::try_default().await?),
         false => None,
@@ -159,10 +123,14 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> Result<Ru
     let state = Arc::new(State {
         inject: settings.inject,
         kube,
+        budget: ByteBudget::new(limits.max_in_flight_bytes, metrics.in_flight_bytes()),
         metrics,
         shutdown: shutdown.clone(),
-        budget: Arc::new(Semaphore::new(limits.max_in_flight_bytes)),
-        limits,
+        body: BodyLimits {
+            max_bytes: limits.max_body_bytes,
+            timeout: limits.body_read_timeout,
+            keep_prefix: UID_PREFIX_BYTES,
+        },
     });
     let service = warp::service(routes(state));
     tracing::info!(%addr, cert = %settings.tls_cert_file.display(), "webhook serving HTTPS");
@@ -174,25 +142,6 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> Result<Ru
         shutdown,
     ));
     Ok(Running { addr, cert, task })
-}
-
-fn count_reloads(
-    cert: &ReloadingCert,
-    metrics: Arc<metrics::Metrics>,
-    shutdown: CancellationToken,
-) {
-    let mut generation = cert.subscribe();
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                changed = generation.changed() => match changed {
-                    Ok(()) => metrics.record_cert_reload(),
-                    Err(_) => break,
-                },
-            }
-        }
-    });
 }
 
 /// `POST /mutate`, `POST /mutate/allow-opt-out`, `POST /validate-node-agent`
@@ -209,80 +158,46 @@ fn routes(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = Rejec
         }
     });
     let with_state = warp::any().map(move || state.clone());
+    let post = warp::post()
+        .and(warp::body::stream())
+        .and(with_state.clone());
     let opt_out = warp::path!("mutate")
         .map(|| OptOut::Ignored)
         .or(warp::path!("mutate" / "allow-opt-out").map(|| OptOut::Honoured))
         .unify();
     let mutate = opt_out
-        .and(warp::post())
-        .and(warp::body::stream())
-        .and(with_state.clone())
+        .and(post.clone())
         .then(|opt_out, body, state: Arc<State>| async move {
-            let read =
-                tokio::time::timeout(state.limits.body_read_timeout, read_limited(body, &state))
-                    .await;
-            let reply = match read {
-                Ok(Ok(Body { bytes, permit })) => answer(&bytes, permit, &state, opt_out),
-                Ok(Err(error)) => refuse(error, &state),
-                Err(_) => {
-                    // A client that stalls mid-body holds a connection and
-                    // its bytes; the API server never does.
-                    state.metrics.record_shed("body_timeout");
-                    tracing::warn!(
-                        timeout = ?state.limits.body_read_timeout,
-                        "request body not received in time"
-                    );
-                    plain(
-                        StatusCode::REQUEST_TIMEOUT,
-                        "request body not received in time",
-                    )
-                }
-            };
-            state.metrics.set_in_flight_bytes(in_flight(&state));
-            reply
-        });
-    let guard = warp::path!("validate-node-agent")
-        .and(warp::post())
-        .and(warp::body::stream())
-        .and(with_state.clone())
-        .then(|body, state: Arc<State>| async move {
-            let Some(client) = state.kube.clone() else {
-                return warp::reply::with_status(
-                    "node guard off (--node-guard)",
-                    StatusCode::NOT_FOUND,
-                )
-                .into_response();
-            };
-            // The same budget and deadline as a review: an Eviction or an
-            // Event is small, and anything else is refused the same way
-            // (the guard fails closed, so a refusal only stops the agent).
-            let read =
-                tokio::time::timeout(state.limits.body_read_timeout, read_limited(body, &state))
-                    .await;
-            let Body { bytes, permit } = match read {
-                Ok(Ok(body)) => body,
-                Ok(Err(refusal)) => return refuse(refusal, &state),
-                Err(_) => {
-                    state.metrics.record_shed("body_timeout");
-                    return plain(
-                        StatusCode::REQUEST_TIMEOUT,
-                        "request body not received in time",
-                    );
-                }
-            };
-            let answered = crate::guard::review(&bytes, &client).await;
-            drop(permit);
-            match answered {
-                Ok((answer, allowed)) => {
-                    state.metrics.record_guard(allowed);
-                    json(StatusCode::OK, answer)
-                }
-                Err(why) => {
-                    tracing::warn!(%why, "rejected a malformed node-guard request");
-                    warp::reply::with_status(why, StatusCode::BAD_REQUEST).into_response()
-                }
+            match read(body, &state).await {
+                Ok((bytes, permit)) => answer(&bytes, permit, &state, opt_out),
+                Err(refused) => refused,
             }
         });
+    let guard =
+        warp::path!("validate-node-agent")
+            .and(post)
+            .then(|body, state: Arc<State>| async move {
+                let Some(client) = state.kube.clone() else {
+                    return plain(StatusCode::NOT_FOUND, "node guard off (--node-guard)");
+                };
+                // The same budget and deadline as a review: an Eviction or an
+                // Event is small, and anything else is refused the same way
+                // (the guard fails closed, so a refusal only stops the agent).
+                let (bytes, _permit) = match read(body, &state).await {
+                    Ok(read) => read,
+                    Err(refused) => return refused,
+                };
+                match crate::guard::review(&bytes, &client).await {
+                    Ok((answer, allowed)) => {
+                        state.metrics.record_guard(allowed);
+                        json(StatusCode::OK, answer)
+                    }
+                    Err(why) => {
+                        tracing::warn!(%why, "rejected a malformed node-guard request");
+                        plain(StatusCode::BAD_REQUEST, &why)
+                    }
+                }
+            });
     let metrics =
         warp::path!("metrics")
             .and(warp::get())
@@ -304,52 +219,69 @@ fn routes(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = Rejec
         .unify()
 }
 
+/// Reads a request body within [`Limits`] (kai-runtime's
+/// [`kai_runtime::https::body::read`]); a body not read whole gets its
+/// answer here.
+async fn read(
+    body: impl Stream<Item = Result<impl Buf, warp::Error>>,
+    state: &State,
+) -> Result<(Vec<u8>, BytePermit), Response> {
+    let refusal = match body::read(body, &state.body, &state.budget).await {
+        Ok(read) => return Ok(read),
+        Err(refusal) => refusal,
+    };
+    Err(match refusal {
+        Refusal::TooLarge { prefix } => deny_unread(
+            &prefix,
+            "too_large",
+            &format!(
+                "the admission review exceeds kai-resource-isolator's limit of {} bytes; the pod is too large to check",
+                state.body.max_bytes
+            ),
+            state,
+        ),
+        Refusal::Overloaded => overloaded(state),
+        Refusal::TimedOut => {
+            // A client that stalls mid-body holds a connection and its
+            // bytes; the API server never does.
+            state.metrics.record_shed("body_timeout");
+            tracing::warn!(timeout = ?state.body.timeout, "request body not received in time");
+            plain(
+                StatusCode::REQUEST_TIMEOUT,
+                "request body not received in time",
+            )
+        }
+        Refusal::Broken(why) => bad_request(&BadRequest::NotJson(why), &state.metrics),
+    })
+}
+
 /// Reviews a complete body, counts and logs the outcome. `permit` holds
 /// the body's bytes of the budget; decoding reserves its estimated cost
 /// on top, for as long as it runs.
 #[tracing::instrument(skip_all, fields(uid, namespace, name))]
-fn answer(
-    body: &[u8],
-    mut permit: OwnedSemaphorePermit,
-    state: &State,
-    opt_out: OptOut,
-) -> Response {
+fn answer(body: &[u8], mut permit: BytePermit, state: &State, opt_out: OptOut) -> Response {
     let started = Instant::now();
     let cost = decode_cost(body);
-    if cost > state.limits.max_in_flight_bytes {
+    if cost > state.budget.max() {
         // It would never fit: deny instead of failing it forever.
         return deny_unread(
             body,
             "too_complex",
             &format!(
                 "the admission review is too complex for kai-resource-isolator to decode (estimated {cost} bytes, limit {}): the pod has too many fields",
-                state.limits.max_in_flight_bytes
+                state.budget.max()
             ),
             state,
         );
     }
-    let extra = cost.saturating_sub(permit.num_permits());
-    match acquire(&state.budget, extra) {
-        Some(more) => permit.merge(more),
-        None => return overloaded(state),
+    if !permit.grow_to(cost) {
+        return overloaded(state);
     }
-    state.metrics.set_in_flight_bytes(in_flight(state));
     let result = review::review_with(body, &state.inject, opt_out);
     drop(permit);
     match result {
         Ok(reviewed) => {
-            if reviewed.unreadable.is_none() {
-                state.metrics.record(reviewed.decision, started.elapsed());
-            }
-            if let Some(action) = reviewed.tenant_env {
-                state.metrics.record_tenant_env(action);
-            }
-            if reviewed.opt_out_ignored {
-                state.metrics.record_opt_out_ignored();
-            }
-            if let Some(reason) = reviewed.unreadable {
-                state.metrics.record_unreadable(reason);
-            }
+            state.metrics.record_reviewed(&reviewed, started.elapsed());
             let span = tracing::Span::current();
             span.record("uid", reviewed.uid.as_str());
             span.record("namespace", reviewed.namespace.as_str());
@@ -360,96 +292,9 @@ fn answer(
         Err(ReviewError::BadRequest(error)) => bad_request(&error, &state.metrics),
         Err(error @ ReviewError::Encode(_)) => {
             tracing::error!(%error, "cannot answer an admission review");
-            warp::reply::with_status(error.to_string(), StatusCode::INTERNAL_SERVER_ERROR)
-                .into_response()
+            plain(StatusCode::INTERNAL_SERVER_ERROR, &error.to_string())
         }
     }
-}
-
-/// A body read whole, with its bytes of the in-flight budget.
-struct Body {
-    bytes: Vec<u8>,
-    permit: OwnedSemaphorePermit,
-}
-
-/// Why a body was not read whole.
-enum Refusal {
-    /// Bigger than [`Limits::max_body_bytes`]; its first bytes (for the uid).
-    TooLarge { prefix: Vec<u8> },
-    /// No room left in the in-flight budget.
-    Overloaded,
-    /// The connection failed mid-body.
-    Broken(BadRequest),
-}
-
-/// Collects the body, holding a permit per byte from the shared budget;
-/// refuses it when it is too big or the budget is spent.
-async fn read_limited(
-    body: impl Stream<Item = Result<impl Buf, warp::Error>>,
-    state: &State,
-) -> Result<Body, Refusal> {
-    let max = state.limits.max_body_bytes;
-    let mut body = std::pin::pin!(body);
-    let mut collected = Vec::new();
-    let mut permit = match acquire(&state.budget, 0) {
-        Some(permit) => permit,
-        None => return Err(Refusal::Overloaded),
-    };
-    while let Some(chunk) = body.next().await {
-        let mut chunk = chunk
-            .map_err(|e| Refusal::Broken(BadRequest::NotJson(format!("cannot read body: {e}"))))?;
-        if collected.len() + chunk.remaining() > max {
-            // Read on (discarding) up to twice the limit, so the client
-            // gets its answer on a connection that stays usable, as Go's
-            // net/http does; beyond that the connection is closed.
-            // The uid is in the first bytes, which may still be in this
-            // chunk when it is the first.
-            let mut prefix = collected[..collected.len().min(UID_PREFIX_BYTES)].to_vec();
-            let want = UID_PREFIX_BYTES - prefix.len();
-            let part = chunk.chunk();
-            prefix.extend_from_slice(&part[..part.len().min(want)]);
-            drop(collected);
-            drop(permit);
-            let mut read = max;
-            while read <= max.saturating_mul(2) {
-                match body.next().await {
-                    Some(Ok(chunk)) => read += chunk.remaining(),
-                    _ => break,
-                }
-            }
-            return Err(Refusal::TooLarge { prefix });
-        }
-        match acquire(&state.budget, chunk.remaining()) {
-            Some(more) => permit.merge(more),
-            None => return Err(Refusal::Overloaded),
-        }
-        state.metrics.set_in_flight_bytes(in_flight(state));
-        while chunk.has_remaining() {
-            let part = chunk.chunk();
-            collected.extend_from_slice(part);
-            let n = part.len();
-            chunk.advance(n);
-        }
-    }
-    Ok(Body {
-        bytes: collected,
-        permit,
-    })
-}
-
-/// `bytes` permits of `budget`, now or never: waiting would let stalled
-/// requests hold everyone else up.
-fn acquire(budget: &Arc<Semaphore>, bytes: usize) -> Option<OwnedSemaphorePermit> {
-    let bytes = u32::try_from(bytes).ok()?;
-    budget.clone().try_acquire_many_owned(bytes).ok()
-}
-
-/// Bytes of the budget in use.
-fn in_flight(state: &State) -> usize {
-    state
-        .limits
-        .max_in_flight_bytes
-        .saturating_sub(state.budget.available_permits())
 }
 
 /// What decoding `body` may cost in memory, estimated from its bytes: the
@@ -461,23 +306,6 @@ fn decode_cost(body: &[u8]) -> usize {
     let objects = body.iter().filter(|&&b| b == b'{').count();
     body.len()
         .saturating_add(objects.saturating_mul(PER_OBJECT))
-}
-
-/// The answer to a body that was not read whole.
-fn refuse(refusal: Refusal, state: &State) -> Response {
-    match refusal {
-        Refusal::TooLarge { prefix } => deny_unread(
-            &prefix,
-            "too_large",
-            &format!(
-                "the admission review exceeds kai-resource-isolator's limit of {} bytes; the pod is too large to check",
-                state.limits.max_body_bytes
-            ),
-            state,
-        ),
-        Refusal::Overloaded => overloaded(state),
-        Refusal::Broken(error) => bad_request(&error, &state.metrics),
-    }
 }
 
 /// Denies the request whose uid the body's first bytes give, for
@@ -511,11 +339,10 @@ fn deny_unread(prefix: &[u8], reason: &'static str, message: &str, state: &State
 fn overloaded(state: &State) -> Response {
     state.metrics.record_shed("in_flight_bytes");
     tracing::warn!(
-        limit = state.limits.max_in_flight_bytes,
+        limit = state.budget.max(),
         "in-flight byte budget spent; refused a review"
     );
-    let reply = plain(StatusCode::SERVICE_UNAVAILABLE, "webhook busy, retry");
-    let mut reply = reply;
+    let mut reply = plain(StatusCode::SERVICE_UNAVAILABLE, "webhook busy, retry");
     reply.headers_mut().insert(
         warp::http::header::RETRY_AFTER,
         warp::http::HeaderValue::from_static("1"),

@@ -21,11 +21,17 @@ const OURS: [&str; 3] = [
 ];
 
 fn host_path() -> InjectConfig {
-    InjectConfig::default().with_delivery(Delivery::HostPath)
+    InjectConfig {
+        delivery: Delivery::HostPath,
+        ..InjectConfig::default()
+    }
 }
 
 fn csi() -> InjectConfig {
-    InjectConfig::default().with_delivery(Delivery::Csi)
+    InjectConfig {
+        delivery: Delivery::Csi,
+        ..InjectConfig::default()
+    }
 }
 
 /// Reviewed on `/mutate/allow-opt-out`, where the fixtures' expectations
@@ -477,7 +483,8 @@ fn check_injected_csi(name: &str, expect: &Value, before: &Value, after: &Value)
         "{name}"
     );
 
-    // The four mounts, all of the one volume, at hostPath delivery's paths.
+    // The three mounts, all of the one volume: `<mount>` whole (the region
+    // directory bound inside it), the preload and the lock directory.
     let mounts: Vec<(&str, &str, Option<&str>, bool)> = target["volumeMounts"]
         .as_array()
         .into_iter()
@@ -503,12 +510,6 @@ fn check_injected_csi(name: &str, expect: &Value, before: &Value, after: &Value)
         [
             (OURS[0], "/usr/local/vgpu", None, true),
             (OURS[0], "/etc/ld.so.preload", Some("ld.so.preload"), true),
-            (
-                OURS[0],
-                "/usr/local/vgpu/containers",
-                Some("containers"),
-                false
-            ),
             (OURS[0], "/tmp/vgpulock", Some("vgpulock"), false),
         ],
         "{name}"

@@ -1,7 +1,10 @@
 //! The node's Prometheus text: the shared HAMi families (rendered from the
 //! same messages the gRPC API serves) plus the agent's own series.
 
-use kai_exposition::{HostDevices, NodeIsolation, Options, Recorder};
+use kai_exposition::{Counter, Gauge, HostDevices, NodeIsolation, Options, Recorder};
+
+use super::model::PodSourceStatus;
+use super::preload_path::PreloadPath;
 use kai_runtime::limit::StreamLimit;
 
 use super::config::Limits;
@@ -10,7 +13,7 @@ use super::enforce;
 
 use super::nvml::HostDevice;
 use super::state::NodeState;
-use super::to_pb::{checks_to_pb, escaped_to_pb, filtered, host_to_pb};
+use super::to_pb::{host_to_pb, shared_update};
 
 /// Refusals of a stream limit, by `stream`.
 pub const STREAM_REFUSALS: &str = "kai_node_agent_stream_refusals_total";
@@ -28,6 +31,99 @@ pub struct Metrics {
     pub watch_streams: StreamLimit,
     /// `/metrics` responses (`stream="metrics"`).
     pub scrapes: StreamLimit,
+    /// The series that show the agent's state, set at each scrape.
+    view: View,
+}
+
+/// The agent's state as series: registered once, so a scrape only sets
+/// values and renders one recorder. A labelled state (`pod_source`,
+/// `preload_path`) has a series per value, 1 for the current one and 0 for
+/// the others, as kube-state-metrics exports a phase: a query sees the
+/// current value without a stale series of the one before.
+#[derive(Debug)]
+struct View {
+    containers: Gauge,
+    corrupt_regions: Counter,
+    revision: Gauge,
+    scans: Counter,
+    /// By [`PodSourceStatus::ALL`] index.
+    pod_source: Vec<Gauge>,
+    /// By [`PreloadPath::ALL`] index.
+    preload_path: Vec<Gauge>,
+}
+
+impl View {
+    fn register(recorder: &Recorder) -> Self {
+        Self {
+            containers: recorder.gauge(
+                "kai_node_agent_containers",
+                "Containers with a readable region.",
+                &[],
+            ),
+            corrupt_regions: recorder.counter(
+                "kai_node_agent_corrupt_regions_total",
+                "Regions skipped as unreadable since start.",
+                &[],
+            ),
+            revision: recorder.gauge(
+                "kai_node_agent_revision",
+                "Revision of the container set.",
+                &[],
+            ),
+            // Counted by the scanner in an atomic the tests also read.
+            scans: recorder.counter(
+                "kai_node_agent_scans_total",
+                "Scans of the containers directory since start (periodic and on directory changes).",
+                &[],
+            ),
+            pod_source: PodSourceStatus::ALL
+                .iter()
+                .map(|status| {
+                    recorder.gauge(
+                        "kai_node_agent_pod_source",
+                        "Where the pod join stands (disabled, static, syncing, ready, reconnecting): 1 for the current status.",
+                        &[("status", status.as_str())],
+                    )
+                })
+                .collect(),
+            preload_path: PreloadPath::ALL
+                .iter()
+                .map(|state| {
+                    recorder.gauge(
+                        "kai_node_agent_preload_path",
+                        "What is at <mount>/ld.so.preload on the host: file, missing, directory (pods mounting it run uncapped), unreadable or unchecked.",
+                        &[("state", state.label())],
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    fn set(&self, state: &NodeState, scans: u64, preload: PreloadPath) {
+        self.containers.set(state.containers.len() as f64);
+        self.corrupt_regions.absolute(state.corrupt_regions);
+        // Revisions stay far below 2^53: exact as f64.
+        self.revision.set(state.revision as f64);
+        self.scans.absolute(scans);
+        let one_of = |gauges: &[Gauge], current: usize| {
+            for (i, gauge) in gauges.iter().enumerate() {
+                gauge.set(if i == current { 1.0 } else { 0.0 });
+            }
+        };
+        let index = |found: Option<usize>| found.unwrap_or(usize::MAX);
+        one_of(
+            &self.pod_source,
+            index(
+                PodSourceStatus::ALL
+                    .iter()
+                    .position(|s| *s == state.kube_status),
+            ),
+        );
+        one_of(
+            &self.preload_path,
+            index(PreloadPath::ALL.iter().position(|s| *s == preload)),
+        );
+    }
 }
 
 impl Default for Metrics {
@@ -43,7 +139,9 @@ impl Metrics {
         let enforce = enforce::Counts::register(&recorder);
         let watch_streams = stream_limit(&recorder, "watch_containers", limits.max_watch_streams);
         let scrapes = stream_limit(&recorder, "metrics", limits.serve.max_concurrent_scrapes);
+        let view = View::register(&recorder);
         Self {
+            view,
             recorder,
             enforce,
             watch_streams,
@@ -93,9 +191,11 @@ pub fn render(
     metrics: &Metrics,
     legacy: bool,
 ) -> String {
-    let containers = filtered(state, "", "");
-    let escaped: Vec<_> = state.escaped.iter().map(escaped_to_pb).collect();
-    let checks = checks_to_pb(&state.checks);
+    // The revision's unfiltered update, built once and shared with every
+    // WatchContainers stream: a scrape of an unchanged node converts
+    // nothing.
+    let update = shared_update(state, "", "");
+    let containers = &update.containers;
     let devices: Vec<_> = host.iter().cloned().map(host_to_pb).collect();
     let mut out = String::with_capacity(1024 + containers.len() * 2048);
     let opts = Options {
@@ -109,58 +209,23 @@ pub fn render(
             node: &state.node,
             devices: &devices,
         }],
-        &containers,
+        containers,
         opts,
     );
     kai_exposition::render_isolation(
         &mut out,
-        &containers,
+        containers,
         [NodeIsolation {
             node: &state.node,
-            escaped: &escaped,
-            checks: Some(&checks),
+            escaped: &update.escaped_processes,
+            checks: update.checks.as_ref(),
         }],
         opts,
     );
-    // The agent's own series. Those that describe its state (and the
-    // counts kept in it) are set into a recorder made for this scrape, so
-    // each shows the state as it is now (one `pod_source` status, not every
-    // status it ever had); the events are on the agent's recorder.
-    let view = Recorder::default();
-    view.gauge(
-        "kai_node_agent_containers",
-        "Containers with a readable region.",
-        &[],
-    )
-    .set(state.containers.len() as f64);
-    view.counter(
-        "kai_node_agent_corrupt_regions_total",
-        "Regions skipped as unreadable since start.",
-        &[],
-    )
-    .absolute(state.corrupt_regions);
-    view.gauge(
-        "kai_node_agent_pod_source",
-        "Where the pod join stands (disabled, static, syncing, ready, reconnecting).",
-        &[("status", state.kube_status.as_str())],
-    )
-    .set(1.0);
-    // Revisions stay far below 2^53: exact as f64.
-    view.gauge(
-        "kai_node_agent_revision",
-        "Revision of the container set.",
-        &[],
-    )
-    .set(state.revision as f64);
-    // Counted by the scanner in an atomic the tests also read.
-    view.counter(
-        "kai_node_agent_scans_total",
-        "Scans of the containers directory since start (periodic and on directory changes).",
-        &[],
-    )
-    .absolute(scans);
-    super::preload_path::set(&view);
-    view.render_into(&mut out);
+    // The agent's own series: its state, set now, and its events.
+    metrics
+        .view
+        .set(state, scans, super::preload_path::current());
     metrics.recorder.render_into(&mut out);
     out
 }

@@ -212,6 +212,15 @@ pub enum PodSourceStatus {
 }
 
 impl PodSourceStatus {
+    /// Every status (the `status` values of `kai_node_agent_pod_source`).
+    pub const ALL: [Self; 5] = [
+        Self::Disabled,
+        Self::Static,
+        Self::Syncing,
+        Self::Ready,
+        Self::Reconnecting,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Disabled => "disabled",

@@ -38,7 +38,8 @@ pub enum PreloadPath {
 }
 
 impl PreloadPath {
-    const ALL: [Self; 5] = [
+    /// Every state, in the order of the atomic's values.
+    pub const ALL: [Self; 5] = [
         Self::Unchecked,
         Self::File,
         Self::Missing,
@@ -69,7 +70,8 @@ impl PreloadPath {
 
 static CURRENT: AtomicU8 = AtomicU8::new(0);
 
-fn current() -> PreloadPath {
+/// What the last look found.
+pub(crate) fn current() -> PreloadPath {
     PreloadPath::ALL
         .get(usize::from(CURRENT.load(Ordering::Relaxed)))
         .copied()
@@ -122,20 +124,5 @@ pub async fn watch(containers_dir: PathBuf, shutdown: CancellationToken) -> Resu
                 tracing::info!(path = %path.display(), state = found.label(), "ld.so.preload")
             }
         }
-    }
-}
-
-/// Sets `kai_node_agent_preload_path` into a scrape's `view`: 1 for the
-/// current state, 0 for the others.
-pub fn set(view: &kai_exposition::Recorder) {
-    let now = current();
-    for state in PreloadPath::ALL {
-        let value = if state == now { 1.0 } else { 0.0 };
-        view.gauge(
-            "kai_node_agent_preload_path",
-            "What is at <mount>/ld.so.preload on the host: file, missing, directory (pods mounting it run uncapped), unreadable or unchecked.",
-            &[("state", state.label())],
-        )
-        .set(value);
     }
 }

@@ -1,5 +1,6 @@
 //! HTTPS over rustls for hyper services, plain HTTP with an idle timeout,
-//! and a small keep-alive client.
+//! request bodies read under a size limit, a byte budget and a deadline
+//! ([`body`]), and a small keep-alive client.
 //!
 //! warp 0.4 ships no TLS, so the accept loop lives here: TCP accept →
 //! rustls handshake (bounded in time) → hyper's auto (HTTP/1.1 + h2)
@@ -286,6 +287,7 @@ async fn handshake(
     }
 }
 
+pub mod body;
 #[cfg(feature = "test-support")]
 mod client;
 #[cfg(feature = "test-support")]

@@ -3,9 +3,9 @@
 //! [`Delivery`]; the env is the same for both.
 
 use super::{
-    CSI_CONTAINERS_SUBPATH, CSI_VGPULOCK_SUBPATH, ENV_CONTAINER_NAME, ENV_POD_UID, ENV_VGPU_MOUNT,
-    HOST_VGPULOCK_SUBDIR, LD_SO_PRELOAD_PATH, LD_SO_PRELOAD_SUBPATH, VGPULOCK_PATH,
-    VOLUME_CONTAINERS, VOLUME_VGPU, VOLUME_VGPULOCK,
+    CSI_VGPULOCK_SUBPATH, ENV_CONTAINER_NAME, ENV_POD_UID, ENV_VGPU_MOUNT, HOST_VGPULOCK_SUBDIR,
+    LD_SO_PRELOAD_PATH, LD_SO_PRELOAD_SUBPATH, VGPULOCK_PATH, VOLUME_CONTAINERS, VOLUME_VGPU,
+    VOLUME_VGPULOCK,
 };
 use crate::config::{Delivery, InjectConfig};
 
@@ -14,6 +14,10 @@ use crate::config::{Delivery, InjectConfig};
 pub struct Layout {
     pub volumes: &'static [VolumeSpec],
     pub mounts: &'static [MountSpec],
+    /// Paths no other mount of the target may take although we mount
+    /// nothing there ourselves: under CSI, `<mount>/containers`, where a
+    /// mount of the tenant's would hide the region directory.
+    pub reserved: &'static [Dir],
 }
 
 /// A volume we add.
@@ -86,14 +90,23 @@ pub const HOST_PATH: Layout = Layout {
             read_only: false,
         },
     ],
+    reserved: &[],
 };
 
-/// [`Delivery::Csi`]: one CSI volume, mounted at the same four paths. The
-/// plugin fills it with read-only binds of libvgpu.so and ld.so.preload,
-/// this pod's own region directory under `containers` and its own lock
-/// directory `vgpulock`, so the pod sees no other pod's region or lock.
-/// The volume itself is not `readOnly` (kubelet would make every mount of
-/// it read-only, the two writable ones included); the library mounts are.
+/// [`Delivery::Csi`]: one CSI volume, mounted whole at `<mount>` and by
+/// subPath at `/etc/ld.so.preload` and `/tmp/vgpulock`. The plugin fills
+/// it with read-only binds of libvgpu.so and ld.so.preload, this pod's own
+/// region directory bound at `containers/<podUID>_<container>` and its own
+/// lock directory `vgpulock`, so the pod sees no other pod's region or lock.
+///
+/// `<mount>/containers` is not a mount of its own: kubelet binds a subPath
+/// without the mounts beneath it, so a `containers` subPath would cover the
+/// region directory with the volume's read-only directory (seen on a real
+/// kubelet and containerd: kind-tests/node.sh). The whole volume is bound
+/// with what is mounted in it, and its `readOnly` applies to the top only,
+/// so the region directory stays writable. The volume itself is not
+/// `readOnly` (kubelet would make every mount of it read-only, the lock
+/// directory included); the library mounts are.
 pub const CSI: Layout = Layout {
     volumes: &[VolumeSpec {
         name: VOLUME_VGPU,
@@ -104,17 +117,12 @@ pub const CSI: Layout = Layout {
         PRELOAD_MOUNT,
         MountSpec {
             volume: VOLUME_VGPU,
-            path: Dir::ContainersDir,
-            sub_path: Some(CSI_CONTAINERS_SUBPATH),
-            read_only: false,
-        },
-        MountSpec {
-            volume: VOLUME_VGPU,
             path: Dir::Fixed(VGPULOCK_PATH),
             sub_path: Some(CSI_VGPULOCK_SUBPATH),
             read_only: false,
         },
     ],
+    reserved: &[Dir::ContainersDir],
 };
 
 /// The volumes and mounts of `delivery`.
@@ -237,23 +245,9 @@ pub enum Dir {
 }
 
 impl Dir {
-    /// Whether `path` is this path under `cfg`, without building it.
+    /// Whether `path` is this path under `cfg`.
     pub(super) fn is(self, path: &str, cfg: &InjectConfig) -> bool {
-        match self {
-            Self::VgpuMount => path == cfg.vgpu_mount,
-            Self::ContainersDir => path
-                .strip_prefix(cfg.vgpu_mount.as_str())
-                .is_some_and(|rest| rest == "/containers"),
-            Self::HostVgpu => path == cfg.host_vgpu_dir,
-            Self::HostContainers => path
-                .strip_prefix(cfg.host_vgpu_dir.as_str())
-                .is_some_and(|rest| rest == "/containers"),
-            Self::HostVgpuLock => path
-                .strip_prefix(cfg.host_vgpu_dir.as_str())
-                .and_then(|rest| rest.strip_prefix('/'))
-                .is_some_and(|rest| rest == HOST_VGPULOCK_SUBDIR),
-            Self::Fixed(fixed) => path == fixed,
-        }
+        path == self.resolve(cfg)
     }
 
     /// The path under `cfg`.
@@ -261,9 +255,9 @@ impl Dir {
         match self {
             Self::VgpuMount => cfg.vgpu_mount.clone(),
             Self::ContainersDir => cfg.containers_dir(),
-            Self::HostVgpu => cfg.host_vgpu_dir.clone(),
-            Self::HostContainers => format!("{}/containers", cfg.host_vgpu_dir),
-            Self::HostVgpuLock => format!("{}/{HOST_VGPULOCK_SUBDIR}", cfg.host_vgpu_dir),
+            Self::HostVgpu => cfg.host_dir().to_owned(),
+            Self::HostContainers => format!("{}/containers", cfg.host_dir()),
+            Self::HostVgpuLock => format!("{}/{HOST_VGPULOCK_SUBDIR}", cfg.host_dir()),
             Self::Fixed(fixed) => fixed.to_owned(),
         }
     }

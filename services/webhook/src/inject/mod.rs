@@ -43,22 +43,12 @@ pub const LEGACY_HOST_VGPULOCK: &str = "/tmp/vgpulock";
 pub const HOST_VGPULOCK_SUBDIR: &str = "vgpulock";
 pub const LD_SO_PRELOAD_PATH: &str = "/etc/ld.so.preload";
 pub const LD_SO_PRELOAD_SUBPATH: &str = "ld.so.preload";
-/// The CSI volume's directory holding this pod's region directory
-/// (`<POD_UID>_<CONTAINER_NAME>`), mounted at `<mount>/containers`.
-pub const CSI_CONTAINERS_SUBPATH: &str = "containers";
-/// The CSI volume's lock directory of this pod, mounted at [`VGPULOCK_PATH`].
-pub const CSI_VGPULOCK_SUBPATH: &str = "vgpulock";
-
-/// The CSI volume's attributes (`volumeAttributes`), which the kai-csi
-/// plugin reads from its volume context: the target container's name,
-/// whose region directory it creates…
-pub const CSI_ATTR_CONTAINER: &str = "kai-resource-isolator.io/container";
-/// …owned by the user the container runs as (decimal; omitted when neither
-/// the container nor the pod sets `runAsUser`)…
-pub const CSI_ATTR_RUN_AS_USER: &str = "kai-resource-isolator.io/run-as-user";
-/// …and its group (`runAsGroup`, likewise); kubelet hands the plugin the
-/// pod's `fsGroup` itself.
-pub const CSI_ATTR_RUN_AS_GROUP: &str = "kai-resource-isolator.io/run-as-group";
+// The CSI volume's attributes and directories, shared with the kai-csi
+// plugin that reads and serves them.
+pub use kai_vocab::csi::{
+    ATTR_CONTAINER as CSI_ATTR_CONTAINER, ATTR_RUN_AS_GROUP as CSI_ATTR_RUN_AS_GROUP,
+    ATTR_RUN_AS_USER as CSI_ATTR_RUN_AS_USER, VGPULOCK as CSI_VGPULOCK_SUBPATH,
+};
 
 pub const ENV_POD_UID: &str = "POD_UID";
 pub const ENV_CONTAINER_NAME: &str = "CONTAINER_NAME";

@@ -109,18 +109,19 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
             ),
         };
     }
-    for want in layout.mounts {
-        if let Some(clash) = mounts
-            .into_iter()
-            .flatten()
-            .find(|have| want.path.is(&have.mount_path, cfg) && !same_mount(have, want, cfg))
-        {
+    // Our paths, each taken by our mount or by none; the reserved ones by none.
+    let ours = layout.mounts.iter().map(|m| (m.path, Some(m)));
+    let reserved = layout.reserved.iter().map(|&dir| (dir, None));
+    for (path, want) in ours.chain(reserved) {
+        if let Some(clash) = mounts.into_iter().flatten().find(|have| {
+            path.is(&have.mount_path, cfg) && !want.is_some_and(|w| same_mount(have, w, cfg))
+        }) {
             return Decision::Deny {
                 message: format!(
                     "container {:?} already mounts volume {:?} at {}; kai-resource-isolator needs that path for libvgpu",
                     container.name,
                     clash.name,
-                    want.path.resolve(cfg)
+                    path.resolve(cfg)
                 ),
             };
         }
@@ -133,12 +134,11 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
     let wanted = Wanted {
         target: &target,
         cfg,
-        memory: memory_mib
-            .map(|mib| format!("{mib}m"))
-            .or_else(|| env_from.then(String::new)),
-        sm: sm_percent
-            .map(|percent| percent.to_string())
-            .or_else(|| env_from.then(String::new)),
+        limits: [
+            memory_mib.map(|mib| format!("{mib}m")),
+            sm_percent.map(|percent| percent.to_string()),
+        ]
+        .map(|value| value.or_else(|| env_from.then(String::new))),
         kai_config_map: kai_config_map(pod, &target),
     };
     let env = container
@@ -158,6 +158,15 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
     }
 
     let found = env.as_ref();
+    // Our literal of limit `i`, unless it is there already.
+    let limit = |i: usize| {
+        let have = found.map(|f| f.limits[i]).unwrap_or_default();
+        let value = wanted.limits[i].clone().filter(|_| !have.ours);
+        value.map(|value| Insert {
+            value,
+            before: have.kai_at,
+        })
+    };
     let pins = if env_from {
         (0..PIN_COUNT)
             .filter(|&i| found.is_none_or(|f| f.pinned & (1 << i) == 0))
@@ -179,20 +188,8 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
             found.is_some_and(|found| found.ours[i])
         }),
         limits: Limits {
-            memory: wanted
-                .memory
-                .filter(|_| !found.is_some_and(|f| f.memory_ours))
-                .map(|value| Insert {
-                    value,
-                    before: found.and_then(|f| f.memory_kai_at),
-                }),
-            sm: wanted
-                .sm
-                .filter(|_| !found.is_some_and(|f| f.sm_ours))
-                .map(|value| Insert {
-                    value,
-                    before: found.and_then(|f| f.sm_kai_at),
-                }),
+            memory: limit(0),
+            sm: limit(1),
         },
         pins,
     };
@@ -208,11 +205,9 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
 struct Wanted<'a> {
     target: &'a Target,
     cfg: &'a InjectConfig,
-    /// Our `CUDA_DEVICE_MEMORY_LIMIT` literal (`<MiB>m`, or empty to mask
-    /// `envFrom`), if we write one.
-    memory: Option<String>,
-    /// Our `CUDA_DEVICE_SM_LIMIT` literal, as `memory`.
-    sm: Option<String>,
+    /// Our literal of each of [`LIMITS`] (`<MiB>m`, a percentage, or empty
+    /// to mask `envFrom`), if we write one.
+    limits: [Option<String>; 2],
     /// The ConfigMap KAI's entries read, when the pod names one.
     kai_config_map: Option<String>,
 }
@@ -256,15 +251,27 @@ struct EnvFound {
     foreign: Vec<usize>,
     /// Their names, in order (repeats possible).
     foreign_names: Vec<String>,
-    /// Our `CUDA_DEVICE_MEMORY_LIMIT` literal is there, before KAI's.
-    memory_ours: bool,
-    /// KAI's first `CUDA_DEVICE_MEMORY_LIMIT` reference, as an index of
-    /// the list once the foreign entries are gone.
-    memory_kai_at: Option<usize>,
-    sm_ours: bool,
-    sm_kai_at: Option<usize>,
+    /// What the list holds of each of [`LIMITS`].
+    limits: [LimitFound; 2],
     /// Bit `i`: [`pin_name`]`(i)` already has an empty entry.
     pinned: u64,
+}
+
+/// The limits we write a literal of, in the order of [`Wanted::limits`].
+const LIMITS: [&str; 2] = [ENV_MEMORY_LIMIT, ENV_SM_LIMIT];
+
+fn limit_index(name: &str) -> Option<usize> {
+    LIMITS.iter().position(|l| *l == name)
+}
+
+/// What a container's env list holds of one of [`LIMITS`].
+#[derive(Clone, Copy, Default)]
+struct LimitFound {
+    /// Our literal is there, before KAI's reference.
+    ours: bool,
+    /// KAI's first reference, as an index of the list once the foreign
+    /// entries are gone.
+    kai_at: Option<usize>,
 }
 
 impl EnvFound {
@@ -283,17 +290,14 @@ impl EnvFound {
                 Entry::Ours => {
                     if let Some(i) = ENV_NAMES.iter().position(|n| *n == name) {
                         found.ours[i] = true;
-                    } else if name == ENV_MEMORY_LIMIT {
-                        found.memory_ours = true;
-                    } else if name == ENV_SM_LIMIT {
-                        found.sm_ours = true;
+                    } else if let Some(i) = limit_index(name) {
+                        found.limits[i].ours = true;
                     }
                 }
-                Entry::Kai if name == ENV_MEMORY_LIMIT => {
-                    found.memory_kai_at.get_or_insert(kept);
-                }
                 Entry::Kai => {
-                    found.sm_kai_at.get_or_insert(kept);
+                    if let Some(i) = limit_index(name) {
+                        found.limits[i].kai_at.get_or_insert(kept);
+                    }
                 }
                 Entry::Empty => {
                     if let Some(i) = (0..PIN_COUNT).find(|&i| pin_name(i) == name) {
@@ -335,20 +339,15 @@ fn classify(entry: &EnvVar, wanted: &Wanted<'_>, found: &EnvFound) -> Entry {
         };
         return if ours { Entry::Ours } else { Entry::Foreign };
     }
-    let limit = |want: Option<&String>, kai_at: Option<usize>| {
-        if is_kai_ref(entry, name, wanted.kai_config_map.as_deref()) {
+    if let Some(i) = limit_index(name) {
+        let want = wanted.limits[i].as_deref();
+        return if is_kai_ref(entry, name, wanted.kai_config_map.as_deref()) {
             Entry::Kai
-        } else if literal.is_some() && literal == want.map(String::as_str) && kai_at.is_none() {
+        } else if literal.is_some() && literal == want && found.limits[i].kai_at.is_none() {
             Entry::Ours
         } else {
             Entry::Foreign
-        }
-    };
-    if name == ENV_MEMORY_LIMIT {
-        return limit(wanted.memory.as_ref(), found.memory_kai_at);
-    }
-    if name == ENV_SM_LIMIT {
-        return limit(wanted.sm.as_ref(), found.sm_kai_at);
+        };
     }
     let pinnable = (0..PIN_COUNT).any(|i| pin_name(i) == name);
     if pinnable {
@@ -538,7 +537,8 @@ fn same_mount(have: &VolumeMount, want: &MountSpec, cfg: &InjectConfig) -> bool 
 fn requested_share_resource(pod: &Pod, cfg: &InjectConfig) -> Option<String> {
     let spec = pod.spec.as_ref()?;
     let init = spec.init_containers.as_deref().unwrap_or_default();
-    let sharing = |name: &&String| cfg.share_resources.contains(*name);
+    // An empty entry of the flag's list names nothing.
+    let sharing = |name: &&String| !name.is_empty() && cfg.share_resources.contains(*name);
     spec.containers
         .iter()
         .chain(init)

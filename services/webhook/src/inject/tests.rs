@@ -26,7 +26,10 @@ fn rfc6902(patch: &Patch, target: &Target, cfg: &InjectConfig) -> json_patch::Pa
 /// hostPath delivery: what the webhook did before CSI delivery, and what
 /// the tests below, written then, pin. CSI delivery's tests are at the end.
 fn cfg() -> InjectConfig {
-    InjectConfig::default().with_delivery(Delivery::HostPath)
+    InjectConfig {
+        delivery: Delivery::HostPath,
+        ..InjectConfig::default()
+    }
 }
 
 /// Applies the planned patch to the pod's JSON, as the API server does.
@@ -360,9 +363,10 @@ fn partially_injected_pod_gets_only_what_is_missing() {
 
 #[test]
 fn custom_mount_is_used_everywhere() {
-    let custom = InjectConfig::new("/opt/hami", vec![])
-        .expect("valid")
-        .with_delivery(Delivery::HostPath);
+    let custom = InjectConfig {
+        vgpu_mount: "/opt/hami".into(),
+        ..cfg()
+    };
     let original = sharing_pod(json!([{"name": "main"}]));
     let Decision::Inject { patch, target } = plan_for(&original, &custom) else {
         panic!("expected injection");
@@ -385,10 +389,10 @@ fn custom_mount_is_used_everywhere() {
 /// the volumes come from the host directory, workloads see the mount.
 #[test]
 fn host_directory_is_the_hostpath_source_and_the_mount_stays() {
-    let split = InjectConfig::new("/usr/local/vgpu", vec![])
-        .and_then(|c| c.with_host_vgpu_dir("/home/kubernetes/bin/nvidia/vgpu"))
-        .expect("valid")
-        .with_delivery(Delivery::HostPath);
+    let split = InjectConfig {
+        host_vgpu_dir: Some("/home/kubernetes/bin/nvidia/vgpu".into()),
+        ..cfg()
+    };
     let original = sharing_pod(json!([{"name": "main"}]));
     let Decision::Inject { patch, target } = plan_for(&original, &split) else {
         panic!("expected injection");
@@ -544,7 +548,10 @@ fn fraction_pods_and_unreadable_sizes_get_no_literal_memory_limit() {
 
 #[test]
 fn the_literal_memory_limit_can_be_turned_off() {
-    let off = cfg().with_memory_limit_fallback(false);
+    let off = InjectConfig {
+        memory_limit_fallback: false,
+        ..cfg()
+    };
     let original = sharing_pod(json!([{"name": "main", "env": [kai_memory_ref()]}]));
     let Decision::Inject { patch, target } = plan_for(&original, &off) else {
         panic!("expected injection");
@@ -749,7 +756,10 @@ fn every_isolation_variable_a_tenant_sets_is_replaced_or_removed() {
 
 #[test]
 fn under_the_deny_policy_the_pod_is_denied_naming_the_variables() {
-    let cfg = cfg().with_tenant_env(crate::config::TenantEnv::Deny);
+    let cfg = InjectConfig {
+        tenant_env: crate::config::TenantEnv::Deny,
+        ..cfg()
+    };
     for (name, value) in hostile_env() {
         let original = sharing_pod(json!([{"name": "main", "env": [literal_env(&name, &value)]}]));
         match plan_for(&original, &cfg) {
@@ -969,7 +979,10 @@ fn without_env_from_nothing_is_pinned() {
 // === CSI delivery ===
 
 fn csi() -> InjectConfig {
-    InjectConfig::default().with_delivery(Delivery::Csi)
+    InjectConfig {
+        delivery: Delivery::Csi,
+        ..InjectConfig::default()
+    }
 }
 
 fn csi_volume(attributes: Value) -> Value {
@@ -989,12 +1002,8 @@ fn csi_mounts() -> Vec<(String, String, Option<String>, bool)> {
             Some("ld.so.preload".into()),
             true,
         ),
-        (
-            VOLUME_VGPU.into(),
-            "/usr/local/vgpu/containers".into(),
-            Some("containers".into()),
-            false,
-        ),
+        // No `containers` subPath: it would cover the region directory
+        // bound inside the volume (items.rs, CSI).
         (
             VOLUME_VGPU.into(),
             "/tmp/vgpulock".into(),
@@ -1015,7 +1024,7 @@ fn patch_text(decision: &Decision, cfg: &InjectConfig) -> String {
 }
 
 #[test]
-fn csi_delivery_adds_one_csi_volume_and_the_four_mounts() {
+fn csi_delivery_adds_one_csi_volume_and_its_three_mounts() {
     let original = sharing_pod(json!([{"name": "main", "image": "cuda"}]));
     let (decision, doc) = apply_with(&original, &csi());
     assert_eq!(
@@ -1061,10 +1070,11 @@ fn csi_delivery_adds_one_csi_volume_and_the_four_mounts() {
 
 #[test]
 fn csi_delivery_uses_the_configured_driver_and_mount() {
-    let cfg = InjectConfig::new("/opt/hami", vec![])
-        .and_then(|c| c.with_csi_driver("vgpu.example.com"))
-        .expect("valid")
-        .with_delivery(Delivery::Csi);
+    let cfg = InjectConfig {
+        vgpu_mount: "/opt/hami".into(),
+        csi_driver: "vgpu.example.com".into(),
+        ..csi()
+    };
     let (_, doc) = apply_with(&sharing_pod(json!([{"name": "main"}])), &cfg);
     assert_eq!(
         doc["spec"]["volumes"][0]["csi"]["driver"],
@@ -1074,15 +1084,7 @@ fn csi_delivery_uses_the_configured_driver_and_mount() {
         .into_iter()
         .map(|m| m.1)
         .collect();
-    assert_eq!(
-        paths,
-        [
-            "/opt/hami",
-            "/etc/ld.so.preload",
-            "/opt/hami/containers",
-            "/tmp/vgpulock"
-        ]
-    );
+    assert_eq!(paths, ["/opt/hami", "/etc/ld.so.preload", "/tmp/vgpulock"]);
     assert_eq!(doc["spec"]["containers"][0]["env"][2]["value"], "/opt/hami");
 }
 
