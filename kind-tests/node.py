@@ -936,13 +936,14 @@ def main():
                                     csi_pod_runs):
                 check("inside: the preload names libvgpu.so, it is mapped, the library and preload are read-only; "
                       f"{MOUNT}/containers lists only its own directory, owned 1000:2000 on the node", csi_inside)
-                check_known(f"the container (uid 1000) writes into its region directory {MOUNT}/containers/<podUID>_main "
-                            "and the node sees the file", csi_region_writable, known="CSI_REGION_DIR",
-                            why="the webhook's `containers` subPath mount is a plain (non-recursive) bind the kubelet "
-                                "makes of the volume's read-only tmpfs containers/ directory, without the region "
-                                "directory kai-csi bound inside it, and it covers that directory in the container")
-                check("the same csi volume without the `containers` subPath mount: the region directory reaches the "
-                      "container through the volume's mount, writable, and only its own", csi_without_containers_subpath)
+                # Was read-only while the webhook added a `containers` subPath
+                # mount (the kubelet's non-recursive bind of the volume's
+                # containers/ covered the region directory); fixed in f1f1de5.
+                check(f"the container (uid 1000) writes into its region directory {MOUNT}/containers/<podUID>_main "
+                      "and the node sees the file", csi_region_writable)
+                check("a pod declaring the csi volume itself (the webhook's volume and mounts, no `containers` subPath, "
+                      "the webhook skipped): its region directory reaches it through the volume's mount, writable, "
+                      "only its own", csi_without_containers_subpath)
     check("all pods deleted and helm uninstall: no pod left on the node, the kubelet removed their directories", uninstall)
     print(f"node.py: {passed} passed, {len(failed)} failed, {len(KNOWN)} known failures (README.md) "
           f"in {time.monotonic() - t0:.0f} s", flush=True)
