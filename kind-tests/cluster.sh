@@ -13,6 +13,7 @@
 # DIR/env holds KUBECONFIG (admin), BIN (the binaries), NODE_IP, the ports and
 # the node names; DIR/users/<name>.kubeconfig is a kubeconfig per test user
 # (client certificates of the cluster CA: tenant-a, tenant-b, viewer).
+# KAI_FAKE_NODES="" (set and empty) starts it without the two fake nodes.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
@@ -123,7 +124,8 @@ apiserver_cmd() {
   # and PodSecurity named explicitly (both are what a kubeadm/GKE cluster
   # runs). --enable-aggregator-routing sends webhook calls to the Service's
   # EndpointSlice addresses rather than its ClusterIP (nothing here routes
-  # ClusterIPs).
+  # ClusterIPs). A real kubelet (node.sh) is reached at its InternalIP: its
+  # node name resolves nowhere here.
   exec "$BIN/kube-apiserver" \
     --bind-address 127.0.0.1 --secure-port "$API_PORT" --advertise-address "$NODE_IP" \
     --etcd-servers "https://127.0.0.1:$ETCD_PORT" \
@@ -135,6 +137,7 @@ apiserver_cmd() {
     --requestheader-extra-headers-prefix X-Remote-Extra- \
     --proxy-client-cert-file "$pki/front-proxy-client.crt" --proxy-client-key-file "$pki/front-proxy-client.key" \
     --kubelet-client-certificate "$pki/apiserver-kubelet.crt" --kubelet-client-key "$pki/apiserver-kubelet.key" \
+    --kubelet-preferred-address-types InternalIP,Hostname \
     --authorization-mode Node,RBAC \
     --enable-admission-plugins NodeRestriction,PodSecurity \
     --service-account-issuer "https://kubernetes.default.svc.cluster.local" \
@@ -212,7 +215,8 @@ up() {
   K8S_VERSION="$(grep -Eo 'k8s.io/kubernetes v[0-9][^ ]*' "$here/k8s/go.mod" | head -n1 | cut -d' ' -f2)"
   NODE_IP="$(node_ip)"
   API_PORT="$(free_port)"; ETCD_PORT="$(free_port)"; ETCD_PEER_PORT="$(free_port)"; ETCD_METRICS_PORT="$(free_port)"
-  NODES="gpu-node-a gpu-node-b"
+  # KAI_FAKE_NODES="" starts no fake node (node.sh registers a real kubelet).
+  NODES="${KAI_FAKE_NODES-gpu-node-a gpu-node-b}"
   # DRA (GA) with consumable capacity: devices shared by claims that each
   # consume part of a capacity (the CSI/DRA issue uses it). Named explicitly
   # so a release that still gates it fails here, loudly.

@@ -91,7 +91,10 @@ mounts = [m for o in ops if o["path"].endswith("volumeMounts") for m in o["value
 paths = [m["mountPath"] for m in mounts]
 assert r["allowed"] and r["uid"] == "uid-e2e-gpu" and "/etc/ld.so.preload" in paths, (r, mounts)
 writable = sorted(m["mountPath"] for m in mounts if not m.get("readOnly"))
-assert writable == ["/tmp/vgpulock", "/usr/local/vgpu/containers"], mounts
+# The region directory comes with the volume mounted at <mount> (no
+# containers subPath: it would cover the region directory, node.sh).
+assert writable == ["/tmp/vgpulock"], mounts
+assert "/usr/local/vgpu/containers" not in paths, mounts
 assert any(m["mountPath"] == "/usr/local/vgpu" and m.get("readOnly") for m in mounts), mounts
 assert {m["name"] for m in mounts} == {"kai-resource-isolator-vgpu"}, mounts
 vols = [v for o in ops if o["path"].startswith("/spec/volumes") for v in (o["value"] if isinstance(o["value"], list) else [o["value"]])]
@@ -99,7 +102,7 @@ assert vols == [{"name": "kai-resource-isolator-vgpu", "csi": {"driver": "vgpu.k
                  "volumeAttributes": {"kai-resource-isolator.io/container": "main"}}}], vols
 env = [e for o in ops if "/env" in o["path"] for e in (o["value"] if isinstance(o["value"], list) else [o["value"]])]
 assert {"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "1024m"} in env, env
-' && ok "webhook (default delivery) mutates a gpu-memory pod: one csi volume, no hostPath; ld.so.preload, <mount> read-only, only containers/ and the lock dir writable, literal 1024m limit" || bad "webhook mutation: $gpu"
+' && ok "webhook (default delivery) mutates a gpu-memory pod: one csi volume, no hostPath; ld.so.preload, <mount> read-only (the region directory comes with it), only the lock dir a writable mount, no containers subPath, literal 1024m limit" || bad "webhook mutation: $gpu"
 cores=$(mutate "$(review e2e-cores '{"gpu-fraction":"0.5","kai-resource-isolator.io/gpu-cores":"30"}')")
 echo "$cores" | python3 -c '
 import base64, json, sys
@@ -141,7 +144,7 @@ PY
 two='{"containers":[{"name":"main","image":"ubuntu:24.04"},{"name":"sidecar","image":"ubuntu:24.04"}]}'
 admit e2e-fraction '{"gpu-fraction":"0.5"}' "$two"
 python3 "$checks" injected "$work/e2e-fraction.patched.json" main --delivery csi \
-  && ok "gpu-fraction pod (csi): one csi volume naming main, four mounts at their paths, three env vars on main only" \
+  && ok "gpu-fraction pod (csi): one csi volume naming main, three mounts at their paths, three env vars on main only" \
   || bad "gpu-fraction pod as patched"
 admit e2e-named '{"gpu-memory":"1024","gpu-fraction-container-name":"sidecar"}' "$two"
 python3 "$checks" injected "$work/e2e-named.patched.json" sidecar --delivery csi \

