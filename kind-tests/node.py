@@ -414,23 +414,6 @@ def restarts(p):
 KNOWN = []
 
 
-def check_known(name, fn, known, why):
-    """A check that fails today for a reason recorded in README.md: its
-    failure is printed as KNOWN (not counted) unless KAI_NODE_STRICT names
-    it (or is "all"); when it passes, it is an ordinary ok line."""
-    strict = os.environ.get("KAI_NODE_STRICT", "")
-    if strict in ("all", known) or known in strict.split(","):
-        return check(name, fn)
-    try:
-        fn()
-        ok(name)
-        return True
-    except Exception as e:  # reported, not counted
-        KNOWN.append(f"{name}: {e}")
-        print(f"KNOWN {name}: {why}; this run: {str(e)[:900]}", flush=True)
-        return False
-
-
 def wanted(part):
     return ONLY is None or part in ONLY
 
@@ -733,27 +716,6 @@ def kubelet_log_since(offset):
         return f.read()
 
 
-def csi_self_registration():
-    """kai-csi as the chart runs it: it serves the registration socket
-    itself (--registration-dir) and must be registered by the kubelet."""
-    offset = os.path.getsize(ENV["KUBELET_LOG"])
-    port = start_csi(self_register=True)
-    try:
-        eventually(f"the kubelet lists {CSI_DRIVER} in CSINode {NODE} (kai-csi's own registration)", csi_listed,
-                   timeout=30)
-        eventually("kai-csi ready", lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200, timeout=30)
-    except AssertionError as e:
-        refused = [ln for ln in kubelet_log_since(offset).splitlines() if "RegisterPlugin error" in ln]
-        h2 = [ln for ln in log_tail("kai-csi", 400).splitlines() if "malformed" in ln]
-        CSI["self_registration"] = (refused[-1:] + h2[-1:]) or [str(e)]
-        raise AssertionError("; ".join(CSI["self_registration"])[-1200:])
-    finally:
-        if "self_registration" in CSI:
-            stop("kai-csi")
-            if os.path.exists(REG_SOCK):
-                os.remove(REG_SOCK)
-
-
 def csi_registered():
     r = helm("upgrade", RELEASE, CHART, "-n", NS, "--reuse-values",
              "--set", "libraryDelivery=csi", "--set", f"csi.kubeletDir={ENV['KUBELET_ROOT']}", check=False)
@@ -767,6 +729,10 @@ def csi_registered():
 def csi_via_registrar():
     """kai-csi without its own registration, registered the way
     node-driver-registrar does it (node/registrar, a Go gRPC server)."""
+    reg = container_of("daemonset", f"{FULL}-node", "csi-registrar")
+    assert "--csi-address=/csi/csi.sock" in reg["args"], reg["args"]
+    kubelet_path = f"--kubelet-registration-path={ENV['KUBELET_ROOT']}/plugins/{CSI_DRIVER}/csi.sock"
+    assert kubelet_path in reg["args"], reg["args"]
     port = start_csi(self_register=False)
     eventually("kai-csi ready", lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200, timeout=30,
                show=lambda: log_tail("kai-csi"))
@@ -920,15 +886,14 @@ def main():
     if wanted("csi"):
         if check("helm upgrade to libraryDelivery=csi (csi.kubeletDir = the kubelet's --root-dir): the webhook "
                  "restarted from the Deployment delivers csi, the CSIDriver exists", csi_registered):
-            registered = check_known(
-                "kai-csi with the chart's args registers itself (plugins_registry) and the kubelet lists it in CSINode",
-                csi_self_registration, known="CSI_SELF_REGISTRATION",
-                why="the kubelet dials a registration socket with its path as the HTTP/2 :authority "
-                    "(pkg/kubelet/pluginmanager/operationexecutor dial(), no grpc.WithAuthority), and h2 refuses "
-                    "it: PROTOCOL_ERROR (kubernetes/kubernetes#108254, hyperium/h2#487)")
-            if not registered:
-                registered = check("kai-csi without --registration-dir, registered by node/registrar (Go, as "
-                                   "node-driver-registrar): the kubelet lists it in CSINode", csi_via_registrar)
+            # The chart registers kai-csi through its csi-registrar sidecar
+            # (node-driver-registrar: kai-csi's own registration socket
+            # refuses the kubelet's :authority, hyperium/h2#487). That image
+            # is in no registry here: node/registrar (Go) does its job, with
+            # the sidecar's arguments from the chart.
+            registered = check("kai-csi with the chart's args (no --registration-dir), registered as the chart's "
+                               "csi-registrar sidecar registers it (node/registrar, Go, in node-driver-registrar's "
+                               "place): the kubelet lists it in CSINode", csi_via_registrar)
             if registered and check("a gpu-memory pod in a Pod Security restricted namespace (uid 1000, gid 2000) is admitted with "
                                     "the csi volume and runs: the kubelet called kai-csi"
                                     + ("" if "libsync" in procs else "; before libsync ran it waited (FailedMount: "
