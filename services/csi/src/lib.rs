@@ -68,7 +68,13 @@ pub struct Args {
     #[arg(long, default_value = "/var/lib/kubelet/pods")]
     pub target_root: PathBuf,
     /// kubelet's plugins_registry directory, as mounted here: the plugin
-    /// registers itself there (what node-driver-registrar does).
+    /// serves a registration socket there (what node-driver-registrar
+    /// does). kubelet 1.37 and older cannot use it: they dial it with the
+    /// socket's path as the HTTP/2 `:authority`, which h2 refuses
+    /// (hyperium/h2#487; seen by kind-tests/node.sh). The chart therefore
+    /// registers the plugin with the node-driver-registrar sidecar and does
+    /// not pass this flag; it is kept for clients that send a valid
+    /// authority.
     #[arg(long)]
     pub registration_dir: Option<PathBuf>,
     /// The CSI socket's path as kubelet sees it, told at registration.
