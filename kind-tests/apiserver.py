@@ -745,7 +745,12 @@ def library_delivery():
         assert pods and all(p["spec"].get("nodeName") in NODES for p in pods), [p["spec"].get("nodeName") for p in pods]
         for p in pods:
             cs = {c["name"]: c for c in p["spec"]["containers"]}
-            assert sorted(cs) == ["agent", "csi"], sorted(cs)
+            assert sorted(cs) == ["agent", "csi", "csi-registrar"], sorted(cs)
+            # The registrar registers kai-csi with kubelet (node-driver-registrar),
+            # unprivileged.
+            reg = cs["csi-registrar"]
+            assert f"--kubelet-registration-path=/var/lib/kubelet/plugins/{CSI_DRIVER}/csi.sock" in reg["args"], reg["args"]
+            assert not reg["securityContext"].get("privileged"), reg["securityContext"]
             c = cs["csi"]
             assert c["command"] == ["/bin/kai-csi"], c["command"]
             assert f"--kubelet-endpoint=/var/lib/kubelet/plugins/{CSI_DRIVER}/csi.sock" in c["args"], c["args"]
@@ -756,7 +761,7 @@ def library_delivery():
             assert kubelet_dir.get("mountPropagation") == "Bidirectional", kubelet_dir
             assert not cs["agent"].get("securityContext", {}).get("privileged"), cs["agent"]["securityContext"]
         release_delivery(NS, RELEASE)
-    check("the node DaemonSet's pods (scheduled by the controller) carry the privileged csi container (kai-csi, Bidirectional kubelet dir); the agent is not privileged", node_pods_run_the_plugin)
+    check("the node DaemonSet's pods (scheduled by the controller) carry the privileged csi container (kai-csi, Bidirectional kubelet dir) and its unprivileged csi-registrar sidecar; the agent is not privileged", node_pods_run_the_plugin)
 
     # (a) csi, the default: restricted admits the sharing pod, mutated.
     def restricted_admits_csi():
