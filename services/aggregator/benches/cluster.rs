@@ -634,6 +634,10 @@ fn main() {
     let update_ratio = ratio(&ours, &floor);
     let (update_ours, update_floor) = (median(ours), median(floor));
 
+    // The server's limits register their series (streams open, refusals)
+    // on the cluster's recorder: made before the page is rendered, so the
+    // page and the scrape below carry the same series.
+    let limits = http::Limits::new(cluster.health(), &kai_aggregator::Limits::default());
     // Render: the same text from both, then interleaved timings.
     let now = kai_runtime::unix_ms() / 1000;
     let text: Vec<u8> = MetricsPage::new(cluster.snapshot(), health.clone(), false, now).fold(
@@ -746,7 +750,7 @@ fn main() {
             tls: None,
             legacy: false,
             synced: tokio::sync::watch::channel(true).1,
-            limits: http::Limits::new(cluster.health(), &kai_aggregator::Limits::default()),
+            limits,
         };
         let server = tokio::spawn(http::serve(listener, state, shutdown.clone()));
         let mut scrapes = Vec::new();
