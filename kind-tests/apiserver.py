@@ -15,8 +15,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -27,17 +25,15 @@ import http.client
 import http.server
 from concurrent.futures import ThreadPoolExecutor
 
-from poll import poll
+import harness
+from harness import (CHART, FULL, HERE, NS, RELEASE, ROOT, TENANT, apply, bad, built_library, chart_env, check,
+                     container_of, create, eventually, failed, free_port, grpc_tls_files, helm, http_get, kjson,
+                     kubectl, load_env, log_tail, procs, rewrite, run, sa_kubeconfig, start, stop, stop_all,
+                     write_kubeconfig)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-CHART = os.path.join(ROOT, "chart", "kai-resource-isolator")
 CORPUS = os.path.join(ROOT, "services", "webhook", "tests", "pods")
 RBAC_DIR = os.path.join(HERE, "rbac")
 
-RELEASE, NS = "kai", "kai-system"
-FULL = f"{RELEASE}-kai-resource-isolator"
-TENANT = "team-a"
 OURS = ("kai-resource-isolator-vgpu", "kai-resource-isolator-containers", "kai-resource-isolator-vgpulock")
 # The chart's default library delivery (values.yaml libraryDelivery): what
 # every injected pod of the default release must carry; the hostPath checks
@@ -45,186 +41,25 @@ OURS = ("kai-resource-isolator-vgpu", "kai-resource-isolator-containers", "kai-r
 DELIVERY = "csi"
 CSI_DRIVER = "vgpu.kai-resource-isolator.io"
 
-passed, failed = 0, []
-
-
-def ok(name):
-    global passed
-    passed += 1
-    print(f"ok   {name}", flush=True)
-
-
-def bad(name, why):
-    failed.append(name)
-    print(f"FAIL {name}: {why}", flush=True)
-
-
-def check(name, fn):
-    try:
-        fn()
-        ok(name)
-    except AssertionError as e:
-        bad(name, e)
-    except subprocess.CalledProcessError as e:
-        bad(name, f"{' '.join(e.cmd[:6])}…: rc {e.returncode}: {(e.stderr or '')[-600:]}")
-    except Exception as e:  # a broken step fails its line, not the suite
-        bad(name, f"{type(e).__name__}: {e}")
-
 
 # --- the cluster -------------------------------------------------------------
-
-def load_env(d):
-    env = {}
-    for line in open(os.path.join(d, "env")):
-        line = line.strip().removeprefix("export ")
-        if "=" in line:
-            k, v = line.split("=", 1)
-            env[k] = v.strip('"')
-    return env
-
 
 CLUSTER = os.path.abspath(sys.argv[1])
 TARGET = os.path.abspath(sys.argv[2])
 HELM = sys.argv[3]
 ONLY = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else None
-ENV = load_env(CLUSTER)
+ENV = load_env(os.path.join(CLUSTER, "env"))
 BIN = ENV["BIN"]
 NODE_IP = ENV["NODE_IP"]
 NODES = ENV["NODES"].split()
 ADMIN = os.path.join(CLUSTER, "admin.kubeconfig")
 PKI = os.path.join(CLUSTER, "pki")
 WORK = tempfile.mkdtemp(prefix="kai-apiserver-test.", dir=CLUSTER)
-procs = {}
-
-
-def run(*args, check=True, input=None, env=None, timeout=120):
-    return subprocess.run(args, check=check, input=input, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def kubectl(*args, kubeconfig=ADMIN, check=True, input=None):
-    return run(os.path.join(BIN, "kubectl"), "--kubeconfig", kubeconfig, *args, check=check, input=input)
-
-
-def kjson(*args, **kw):
-    return json.loads(kubectl(*args, "-o", "json", **kw).stdout)
-
-
-def apply(obj, *args):
-    return kubectl("apply", "-f", "-", *args, input=json.dumps(obj))
-
-
-def helm(*args, check=True):
-    return run(HELM, "--kubeconfig", ADMIN, *args, check=check, timeout=300)
-
-
-def eventually(what, fn, timeout=90):
-    """Polls fn until it returns something truthy (poll.py): waits on an
-    event, never on time alone."""
-    return poll(what, fn, timeout, (subprocess.CalledProcessError, AssertionError, KeyError, OSError, ValueError))
-
-
-def free_port(host="127.0.0.1"):
-    s = socket.socket()
-    s.bind((host, 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def http_get(url, timeout=5, token=None, header="Authorization", stream=False):
-    """GET with a bearer token in `header`; with `stream`, only the status
-    (an event stream never ends)."""
-    host, _, rest = url.removeprefix("http://").partition("/")
-    h, p = host.rsplit(":", 1)
-    c = http.client.HTTPConnection(h, int(p), timeout=timeout)
-    c.request("GET", "/" + rest, headers={header: f"Bearer {token}"} if token else {})
-    r = c.getresponse()
-    if stream:
-        c.close()
-        return r.status, ""
-    return r.status, r.read().decode()
-
-
-def start(name, argv, env=None):
-    log = open(os.path.join(WORK, f"{name}.log"), "ab")
-    procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return procs[name]
-
-
-def stop(name):
-    p = procs.pop(name, None)
-    if p and p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
-def log_tail(name, n=40):
-    try:
-        return "\n".join(open(os.path.join(WORK, f"{name}.log"), errors="replace").read().splitlines()[-n:])
-    except OSError:
-        return ""
+harness.setup(target=TARGET, helm=HELM, env=ENV, admin=ADMIN, pki=PKI, work=WORK)
 
 
 def cluster(*args):
     return run("bash", os.path.join(HERE, "cluster.sh"), *args, CLUSTER, timeout=300)
-
-
-# --- tokens: each component as its own ServiceAccount ------------------------
-
-def sa_kubeconfig(sa, ns=NS, pod=None):
-    """A kubeconfig holding a TokenRequest token of the ServiceAccount: bound
-    to `pod` (a pod object) as the kubelet binds a pod's projected token, so
-    the API server knows its node; else bound to nothing else."""
-    bound = ["--bound-object-kind", "Pod", "--bound-object-name", pod["metadata"]["name"],
-             "--bound-object-uid", pod["metadata"]["uid"]] if pod else []
-    token = kubectl("create", "token", sa, "-n", ns, "--duration=2h", *bound).stdout.strip()
-    path = os.path.join(WORK, f"{sa}{'-' + pod['metadata']['name'] if pod else ''}.kubeconfig")
-    return write_kubeconfig(path, sa, f'{{token: "{token}"}}', ns)
-
-
-def write_kubeconfig(path, name, user, namespace):
-    """A kubeconfig at `path` for this cluster: user `name` whose
-    credentials are `user` (a YAML flow mapping: a token, an exec plugin)."""
-    with open(path, "w") as f:
-        f.write(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:{ENV['API_PORT']}", certificate-authority: "{PKI}/ca.crt"}}}}]
-users: [{{name: {name}, user: {user}}}]
-contexts: [{{name: c, context: {{cluster: c, user: {name}, namespace: {namespace}}}}}]
-current-context: c
-""")
-    return path
-
-
-def container_of(kind, name, container):
-    obj = kjson("get", kind, name, "-n", NS)
-    (c,) = [c for c in obj["spec"]["template"]["spec"]["containers"] if c["name"] == container]
-    return c
-
-
-def chart_env(c, **fields):
-    """The container's env as the kubelet would give it: literal values and
-    the downward-API fields the test supplies."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_COLOR": "1"}
-    for e in c.get("env", []):
-        if "value" in e:
-            env[e["name"]] = e["value"]
-        elif e["name"] in fields:
-            env[e["name"]] = fields[e["name"]]
-    return env
-
-
-def rewrite(args, subst):
-    out = []
-    for a in args:
-        for pat, rep in subst:
-            a = re.sub(pat, rep, a)
-        out.append(a)
-    return out
 
 
 # --- pods ------------------------------------------------------------------
@@ -239,14 +74,6 @@ def pod(name, annotations=None, containers=("main",), labels=None, node=None, in
     if node:
         p["spec"]["nodeName"] = node
     return p
-
-
-def create(obj, ns=TENANT, dry_run=False, check=True):
-    obj = json.loads(json.dumps(obj))
-    obj["metadata"]["namespace"] = ns
-    args = ["create", "-f", "-", "-o", "json"] + (["--dry-run=server"] if dry_run else [])
-    r = kubectl(*args, input=json.dumps(obj), check=check)
-    return json.loads(r.stdout) if r.returncode == 0 else r
 
 
 def pod_checks(mode, pod_obj, *args, delivery=None):
@@ -1041,14 +868,6 @@ MY_PID, OTHER_PID = 4100, 4200
 GPU_UUID = "GPU-a0000000-0000-4000-8000-000000000000"
 
 
-def fake_nvml_library():
-    for d in (TARGET, os.path.join(TARGET, "deps")):
-        lib = os.path.join(d, "libkai_fake_nvml.so")
-        if os.path.isfile(lib):
-            return lib
-    raise SystemExit(f"libkai_fake_nvml.so not in {TARGET} or its deps/ (cargo build -p kai-fake-nvml, or run the tests first)")
-
-
 def node_processes(procs):
     """Writes the fake host /proc and the fake NVML's processes."""
     for pid, (uid, _) in procs.items():
@@ -1071,20 +890,6 @@ def agent_pod(node):
                      "--field-selector", f"spec.nodeName={node}")["items"]
         return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     return eventually(f"a node-agent pod on {node}", on_node, timeout=60)[0]
-
-
-def grpc_tls_files(side):
-    """The chart's gRPC TLS Secret of `side` ("node" or "aggregator") as the
-    kubelet would mount it; None when the release has none."""
-    r = kubectl("get", "secret", f"{FULL}-{side}-grpc-tls", "-n", NS, "-o", "json", check=False)
-    if r.returncode != 0:
-        return None
-    d = os.path.join(WORK, f"grpc-tls-{side}")
-    os.makedirs(d, exist_ok=True)
-    for k, v in json.loads(r.stdout)["data"].items():
-        with open(os.path.join(d, k), "wb") as f:
-            f.write(base64.b64decode(v))
-    return d
 
 
 def mount_grpc_tls(args, side):
@@ -1118,14 +923,15 @@ def start_agent(node=NODES[0]):
     AGENT["proc"] = os.path.join(HOST, "proc")
     AGENT["nvml_config"] = os.path.join(HOST, "nvml.json")
     node_processes({})
+    nvml_lib = built_library("libkai_fake_nvml.so", "kai-fake-nvml", hint=", or run the tests first")
     args = rewrite(c["args"], [(r"^--containers-dir=.*", f"--containers-dir={containers}"),
                                (r"^--grpc-listen=.*", f"--grpc-listen={NODE_IP}:{grpc_port}"),
                                (r"^--metrics-listen=.*", f"--metrics-listen=127.0.0.1:{metrics_port}"),
                                (r"^--host-proc=.*", f"--host-proc={AGENT['proc']}"),
-                               (r"^--nvml-library=.*", f"--nvml-library={fake_nvml_library()}"),
+                               (r"^--nvml-library=.*", f"--nvml-library={nvml_lib}"),
                                (r"^--log-format=.*", "--log-format=plain")])
     if not any(a.startswith("--nvml-library=") for a in args):
-        args.append(f"--nvml-library={fake_nvml_library()}")
+        args.append(f"--nvml-library={nvml_lib}")
     AGENT["tls"] = any(a.startswith("--grpc-tls-cert-file=") for a in args)
     args = mount_grpc_tls(args, "node")
     env = chart_env(c, NODE_NAME=node, POD_NAME=f"{FULL}-node-test")
@@ -1890,14 +1696,13 @@ def main():
         part("faults", faults)
         part("latency", lambda: check("pod-creation latency through the API server with and without the webhook (recorded)", latency))
     finally:
-        for name in list(procs):
-            stop(name)
+        stop_all()
         if failed:
             for name in ("webhook", "agent", "aggregator"):
                 tail = log_tail(name)
                 if tail:
                     print(f"\n--- {name} log (last lines) ---\n{tail}")
-    print(f"\n{passed} passed, {len(failed)} failed")
+    print(f"\n{harness.passed} passed, {len(failed)} failed")
     for f in failed:
         print(f"  FAILED: {f}")
     return min(len(failed), 100)

@@ -20,65 +20,22 @@ import base64
 import http.client
 import json
 import os
-import re
 import shutil
 import signal
-import socket
 import ssl
 import stat
-import subprocess
 import sys
 import time
 
-from poll import poll
+import harness
+from harness import (CHART, FULL, HERE, NS, RELEASE, TENANT, apply, built_library, chart_env, check, container_of,
+                     create, eventually, failed, free_port, grpc_tls_files, helm, http_get, kjson, kubectl, load_env,
+                     log_tail, procs, rewrite, run, sa_kubeconfig, start, stop, stop_all, write_kubeconfig)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-CHART = os.path.join(ROOT, "chart", "kai-resource-isolator")
-RELEASE, NS = "kai", "kai-system"
-FULL = f"{RELEASE}-kai-resource-isolator"
-TENANT, OPT_OUT_NS = "team-a", "opt-out-allowed"
+OPT_OUT_NS = "opt-out-allowed"
 IMAGE = "kai.test/debian:bookworm"
 MOUNT = "/usr/local/vgpu"  # paths.containerVgpuMount: where containers see the library
 LIB = f"{MOUNT}/libvgpu.so"
-
-passed, failed = 0, []
-
-
-def ok(name):
-    global passed
-    passed += 1
-    print(f"ok   {name}", flush=True)
-
-
-def bad(name, why):
-    failed.append(name)
-    print(f"FAIL {name}: {why}", flush=True)
-
-
-def check(name, fn):
-    try:
-        fn()
-        ok(name)
-        return True
-    except AssertionError as e:
-        bad(name, e)
-    except subprocess.CalledProcessError as e:
-        bad(name, f"{' '.join(map(str, e.cmd[:6]))}…: rc {e.returncode}: {(e.stderr or '')[-600:]}")
-    except Exception as e:  # a broken step fails its line, not the suite
-        bad(name, f"{type(e).__name__}: {e}")
-    return False
-
-
-def load_env(path):
-    env = {}
-    for line in open(path):
-        line = line.strip().removeprefix("export ")
-        if "=" in line:
-            k, v = line.split("=", 1)
-            env[k] = v.strip('"')
-    return env
-
 
 NODE_DIR = os.path.abspath(sys.argv[1])
 TARGET = os.path.abspath(sys.argv[2])
@@ -88,136 +45,17 @@ CLUSTER = os.path.join(NODE_DIR, "cluster")
 ENV = {**load_env(os.path.join(CLUSTER, "env")), **load_env(os.path.join(NODE_DIR, "node.env"))}
 BIN, NODE_IP, NODE = ENV["BIN"], ENV["NODE_IP"], ENV["NODE_NAME"]
 ADMIN = os.path.join(CLUSTER, "admin.kubeconfig")
-PKI = os.path.join(CLUSTER, "pki")
 WORK = os.path.join(NODE_DIR, "test")
 os.makedirs(WORK, exist_ok=True)
 HOST_VGPU = os.path.join(ENV["HOST_BASE"], "vgpu")  # paths.hostInstallBase + /vgpu
-procs = {}
-
-
-def run(*args, check=True, input=None, env=None, timeout=120):
-    return subprocess.run(args, check=check, input=input, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def kubectl(*args, check=True, input=None, timeout=120):
-    return run(os.path.join(BIN, "kubectl"), "--kubeconfig", ADMIN, *args, check=check, input=input, timeout=timeout)
-
-
-def kjson(*args, **kw):
-    return json.loads(kubectl(*args, "-o", "json", **kw).stdout)
-
-
-def apply(obj):
-    return kubectl("apply", "-f", "-", input=json.dumps(obj))
-
-
-def helm(*args, check=True):
-    return run(HELM, "--kubeconfig", ADMIN, *args, check=check, timeout=300)
-
-
-def eventually(what, fn, timeout=90, show=None):
-    return poll(what, fn, timeout, (subprocess.CalledProcessError, AssertionError, KeyError, OSError, ValueError,
-                                    IndexError), show=show)
-
-
-def free_port(host="127.0.0.1"):
-    s = socket.socket()
-    s.bind((host, 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def start(name, argv, env=None, in_node_ns=False):
-    """A process of ours, logged to WORK/name.log; `in_node_ns`: in the
-    node's mount namespace (where the kubelet and containerd mount)."""
-    if in_node_ns:
-        argv = ["nsenter", "-t", ENV["HOLDER_PID"], "-m", "--", *argv]
-    log = open(os.path.join(WORK, f"{name}.log"), "ab")
-    procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return procs[name]
-
-
-def stop(name):
-    p = procs.pop(name, None)
-    if p and p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
-def stop_all():
-    for name in list(procs):
-        stop(name)
-
+harness.setup(target=TARGET, helm=HELM, env=ENV, admin=ADMIN, pki=os.path.join(CLUSTER, "pki"), work=WORK,
+              ns_pid=ENV["HOLDER_PID"], log_tail_lines=30, eventually_errors=(IndexError,))
 
 atexit.register(stop_all)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
 
 
-def log_tail(name, n=30):
-    try:
-        return "\n".join(open(os.path.join(WORK, f"{name}.log"), errors="replace").read().splitlines()[-n:])
-    except OSError:
-        return ""
-
-
-def http_get(url, timeout=5):
-    host, _, rest = url.removeprefix("http://").partition("/")
-    h, p = host.rsplit(":", 1)
-    c = http.client.HTTPConnection(h, int(p), timeout=timeout)
-    c.request("GET", "/" + rest)
-    r = c.getresponse()
-    return r.status, r.read().decode()
-
-
 # --- the chart's components as processes (as apiserver.py runs them) ----------
-
-def container_of(kind, name, container):
-    obj = kjson("get", kind, name, "-n", NS)
-    spec = obj["spec"]["template"]["spec"]
-    (c,) = [c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == container]
-    return c
-
-
-def chart_env(c, **fields):
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_COLOR": "1"}
-    for e in c.get("env", []):
-        if "value" in e:
-            env[e["name"]] = e["value"]
-        elif e["name"] in fields:
-            env[e["name"]] = fields[e["name"]]
-    return env
-
-
-def rewrite(args, subst):
-    out = []
-    for a in args:
-        for pat, rep in subst:
-            a = re.sub(pat, rep, a)
-        out.append(a)
-    return out
-
-
-def write_kubeconfig(path, name, user, namespace):
-    with open(path, "w") as f:
-        f.write(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:{ENV['API_PORT']}", certificate-authority: "{PKI}/ca.crt"}}}}]
-users: [{{name: {name}, user: {user}}}]
-contexts: [{{name: c, context: {{cluster: c, user: {name}, namespace: {namespace}}}}}]
-current-context: c
-""")
-    return path
-
-
-def sa_kubeconfig(sa, ns=NS):
-    token = kubectl("create", "token", sa, "-n", ns, "--duration=2h").stdout.strip()
-    return write_kubeconfig(os.path.join(WORK, f"{sa}.kubeconfig"), sa, f'{{token: "{token}"}}', ns)
-
 
 WEBHOOK = {}
 
@@ -261,14 +99,6 @@ def start_webhook():
 LIBSYNC = {}
 
 
-def fake_vgpu_library():
-    for d in (TARGET, os.path.join(TARGET, "deps")):
-        lib = os.path.join(d, "libkai_fake_vgpu.so")
-        if os.path.isfile(lib):
-            return lib
-    raise SystemExit(f"libkai_fake_vgpu.so not in {TARGET} or its deps/ (cargo build -p kai-fake-vgpu)")
-
-
 def start_libsync():
     """The chart's libsync container as a process: its source directory holds
     the stand-in as libvgpu.so (the image's /artifacts), its preload file is
@@ -277,7 +107,7 @@ def start_libsync():
     c = container_of("daemonset", f"{FULL}-libsync", "libsync")
     src = os.path.join(WORK, "artifacts")
     os.makedirs(src, exist_ok=True)
-    shutil.copyfile(fake_vgpu_library(), os.path.join(src, "libvgpu.so"))
+    shutil.copyfile(built_library("libkai_fake_vgpu.so", "kai-fake-vgpu"), os.path.join(src, "libvgpu.so"))
     cm = kjson("get", "configmap", f"{FULL}-preload", "-n", NS)["data"]
     preload_dir = os.path.join(WORK, "preload")
     os.makedirs(preload_dir, exist_ok=True)
@@ -328,12 +158,6 @@ def gpu_pod(name):
     # The annotation KAI's GPU-memory sharing puts on a pod (the webhook's
     # trigger), as apiserver.py's injected pods carry it.
     return pod(name, {"gpu-memory": "1024"}, GPU_SCRIPT)
-
-
-def create(obj, ns=TENANT):
-    obj = json.loads(json.dumps(obj))
-    obj["metadata"]["namespace"] = ns
-    return json.loads(kubectl("create", "-f", "-", "-o", "json", input=json.dumps(obj)).stdout)
 
 
 def running(name, ns=TENANT, timeout=120):
@@ -475,7 +299,7 @@ def libsync_installs():
     assert os.path.isfile(p), f"{p}: not a file after libsync's first sync"
     with open(p) as f:
         assert f.read().strip() == LIB, f"{p} names {open(p).read()!r}, want {LIB}"
-    with open(os.path.join(HOST_VGPU, "libvgpu.so"), "rb") as a, open(fake_vgpu_library(), "rb") as b:
+    with open(os.path.join(HOST_VGPU, "libvgpu.so"), "rb") as a, open(built_library("libkai_fake_vgpu.so", "kai-fake-vgpu"), "rb") as b:
         assert a.read() == b.read(), "the host's libvgpu.so is not the library of the source directory"
     mode = stat.S_IMODE(os.stat(os.path.join(HOST_VGPU, "containers")).st_mode)
     assert mode == 0o1777, f"containers/ mode {oct(mode)}, want 0o1777"
@@ -560,26 +384,6 @@ GPU_UUID = "GPU-a0000000-0000-4000-8000-000000000000"
 AGENT = {}
 
 
-def fake_nvml_library():
-    for d in (TARGET, os.path.join(TARGET, "deps")):
-        lib = os.path.join(d, "libkai_fake_nvml.so")
-        if os.path.isfile(lib):
-            return lib
-    raise AssertionError(f"libkai_fake_nvml.so not in {TARGET} (cargo build -p kai-fake-nvml)")
-
-
-def grpc_tls_files(side):
-    r = kubectl("get", "secret", f"{FULL}-{side}-grpc-tls", "-n", NS, "-o", "json", check=False)
-    if r.returncode != 0:
-        return None
-    d = os.path.join(WORK, f"grpc-tls-{side}")
-    os.makedirs(d, exist_ok=True)
-    for k, v in json.loads(r.stdout)["data"].items():
-        with open(os.path.join(d, k), "wb") as f:
-            f.write(base64.b64decode(v))
-    return d
-
-
 def host_pid(pod_obj, container="main"):
     """The container's PID 1 as the host sees it (containerd's task)."""
     (cs,) = [c for c in pod_obj["status"]["containerStatuses"] if c["name"] == container]
@@ -621,7 +425,8 @@ def agent_sees_pod():
                                (r"^--host-proc=.*", "--host-proc=/proc"),
                                (r"^--no-region-grace-seconds=.*", "--no-region-grace-seconds=3"),
                                (r"^--log-format=.*", "--log-format=plain")])
-    args = [a for a in args if not a.startswith("--nvml-library=")] + [f"--nvml-library={fake_nvml_library()}"]
+    nvml_lib = built_library("libkai_fake_nvml.so", "kai-fake-nvml", AssertionError)
+    args = [a for a in args if not a.startswith("--nvml-library=")] + [f"--nvml-library={nvml_lib}"]
     tls = grpc_tls_files("node") if any(a.startswith("--grpc-tls-cert-file=") for a in args) else None
     if tls:
         args = [a.replace("/etc/kai/grpc-tls/", tls + "/") for a in args]
@@ -907,7 +712,7 @@ def main():
                       "the webhook skipped): its region directory reaches it through the volume's mount, writable, "
                       "only its own", csi_without_containers_subpath)
     check("all pods deleted and helm uninstall: no pod left on the node, the kubelet removed their directories", uninstall)
-    print(f"node.py: {passed} passed, {len(failed)} failed "
+    print(f"node.py: {harness.passed} passed, {len(failed)} failed "
           f"in {time.monotonic() - t0:.0f} s", flush=True)
     for name in failed:
         print(f"  failed: {name}")
