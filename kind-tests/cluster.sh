@@ -78,15 +78,7 @@ start() { # name cmd... : run in the background, log to DIR/logs/name.log
   echo "$name $!" >> "$dir/pids"
 }
 
-pid_of() { awk -v n="$1" '$1 == n {p=$2} END {print p}' "$dir/pids"; }
-
-stop() { # name : TERM the PID we started under that name, then KILL
-  local pid; pid="$(pid_of "$1")"
-  [ -n "$pid" ] || return 0
-  kill "$pid" 2>/dev/null || return 0
-  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
-  kill -9 "$pid" 2>/dev/null || true
-}
+. "$(dirname "${BASH_SOURCE[0]}")/pids.sh"  # pid_of, stop (over $PIDS)
 
 wait_for() { # what url [cert args] : poll until it answers 200 "ok"
   local what=$1 url=$2; shift 2
@@ -209,6 +201,7 @@ up() {
   dir="${1:-$(mktemp -d "${TMPDIR:-/tmp}/kai-cluster.XXXXXX")}"
   mkdir -p "$dir"/{pki,logs,users}
   dir="$(cd "$dir" && pwd)"
+  PIDS="$dir/pids"
   pki="$dir/pki"
   : > "$dir/pids"
   BIN="$(bash "$here/k8s/build.sh" | tail -n1)"
@@ -318,6 +311,7 @@ EOF
 
 load() {
   dir="$(cd "${1:?usage: cluster.sh $2 DIR}" && pwd)"
+  PIDS="$dir/pids"
   pki="$dir/pki"
   [ -f "$dir/env" ] || die "$dir holds no cluster (no env file)"
   # shellcheck disable=SC1091

@@ -44,14 +44,7 @@ die() { echo "node.sh: NODE NOT STARTED: $*" >&2; exit 1; }
 log() { echo "node.sh: $*" >&2; }
 
 SYSCTLS="vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes"
-pid_of() { awk -v n="$1" '$1 == n {p=$2} END {print p}' "$T/pids"; }
-stop() { # name: TERM the PID we started under that name, then KILL
-  local pid; pid="$(pid_of "$1")"
-  [ -n "$pid" ] || return 0
-  kill "$pid" 2>/dev/null || return 0
-  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
-  kill -9 "$pid" 2>/dev/null || true
-}
+. "$(dirname "${BASH_SOURCE[0]}")/pids.sh"  # pid_of, stop (over $PIDS)
 in_ns() { nsenter -t "$(pid_of holder)" -m -- "$@"; }
 ctr_() { in_ns ctr --address "$T/containerd/containerd.sock" -n k8s.io "$@"; }
 kc() { "$BIN/kubectl" --kubeconfig "$T/cluster/admin.kubeconfig" "$@"; }
@@ -124,6 +117,7 @@ down() {
 
 if [ "$mode" = down ]; then
   T="$(cd "${2:?usage: node.sh --down NODE_DIR}" && pwd)"
+  PIDS="$T/pids"
   down
   exit 0
 fi
@@ -173,6 +167,7 @@ log "binaries and images ready in $((SECONDS - t0)) s"
 
 T="$(mktemp -d "${TMPDIR:-/tmp}/kai-node.XXXXXX")"
 T="$(cd "$T" && pwd)"
+PIDS="$T/pids"
 mkdir -p "$T"/{ns/run,ns/varlog,sysctl,containerd/root,containerd/state,cni/net.d,cni/data,kubelet,podlogs,pki,host}
 : > "$T/pids"
 for k in $SYSCTLS; do echo "$k=$(sysctl -n "$k")"; done > "$T/sysctl.host"
