@@ -105,24 +105,13 @@ impl View {
         // Revisions stay far below 2^53: exact as f64.
         self.revision.set(state.revision as f64);
         self.scans.absolute(scans);
-        let one_of = |gauges: &[Gauge], current: usize| {
-            for (i, gauge) in gauges.iter().enumerate() {
-                gauge.set(if i == current { 1.0 } else { 0.0 });
-            }
-        };
-        let index = |found: Option<usize>| found.unwrap_or(usize::MAX);
-        one_of(
-            &self.pod_source,
-            index(
-                PodSourceStatus::ALL
-                    .iter()
-                    .position(|s| *s == state.kube_status),
-            ),
-        );
-        one_of(
-            &self.preload_path,
-            index(PreloadPath::ALL.iter().position(|s| *s == preload)),
-        );
+        // 1 for the current value, 0 for the others.
+        for (status, gauge) in PodSourceStatus::ALL.iter().zip(&self.pod_source) {
+            gauge.set(f64::from(u8::from(*status == state.kube_status)));
+        }
+        for (found, gauge) in PreloadPath::ALL.iter().zip(&self.preload_path) {
+            gauge.set(f64::from(u8::from(*found == preload)));
+        }
     }
 }
 
