@@ -577,6 +577,25 @@ def isolation_settings():
 check("monitor.isolation: host /proc read-only, Events RBAC and thresholds follow the values", isolation_settings)
 
 
+def agent_extra_env():
+    base = containers(one(render(), "DaemonSet", "-node"))["agent"]["env"]
+    ds = one(render(extra=("--set", "monitor.agent.extraEnv[0].name=HTTPS_PROXY",
+                           "--set", "monitor.agent.extraEnv[0].value=http://proxy:3128",
+                           "--set", "monitor.agent.extraEnv[1].name=FROM_FIELD",
+                           "--set", "monitor.agent.extraEnv[1].valueFrom.fieldRef.fieldPath=spec.nodeName")),
+             "DaemonSet", "-node")
+    env = containers(ds)["agent"]["env"]
+    # The chart's own first, unchanged; the extra ones after, as given.
+    assert env[:len(base)] == base, env
+    assert env[len(base):] == [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
+                               {"name": "FROM_FIELD", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}], env
+    assert all("HTTPS_PROXY" not in {e["name"] for e in c.get("env", [])}
+               for name, c in containers(ds).items() if name != "agent")
+
+
+check("monitor.agent.extraEnv: appended to the agent container's env after the chart's own", agent_extra_env)
+
+
 # --- drop-in for the Go chart's users -----------------------------------------
 
 def validate_docs(docs):
