@@ -9,9 +9,12 @@ kai-node, kai-csi, kai-aggregator and libkai_fake_vgpu.so. Each line printed
 is one assertion; the exit status is the number of failures (capped).
 
 The chart is installed with libraryDelivery=hostPath and its host directory
-under NODE_DIR (paths.hostInstallBase); the webhook and libsync run as
-processes with the chart's own arguments and environment (read back from the
-API server), as apiserver.py runs them. The stand-in for libvgpu.so is
+under NODE_DIR (paths.hostInstallBase), its image the one node.sh imports
+(node/kai_image.sh, from TARGET_DIR): libsync's DaemonSet runs as a real pod
+on the node. The webhook, the node agent and kai-csi run as processes with
+the chart's own arguments and environment (read back from the API server),
+as apiserver.py runs them: without kube-proxy, a pod here cannot reach the
+API server's ClusterIP, which those three need. The stand-in for libvgpu.so is
 libkai_fake_vgpu.so (services/fake-vgpu): loaded, it is in the process's
 maps; the pods never call CUDA, so it does nothing else.
 """
@@ -20,7 +23,6 @@ import base64
 import http.client
 import json
 import os
-import shutil
 import signal
 import ssl
 import stat
@@ -30,10 +32,11 @@ import time
 import harness
 from harness import (CHART, FULL, HERE, NS, RELEASE, TENANT, apply, built_library, chart_env, check, container_of,
                      create, eventually, failed, free_port, grpc_tls_files, helm, http_get, kjson, kubectl, load_env,
-                     log_tail, procs, rewrite, run, sa_kubeconfig, start, stop, stop_all, write_kubeconfig)
+                     log_tail, rewrite, run, sa_kubeconfig, start, stop, stop_all, write_kubeconfig)
 
 OPT_OUT_NS = "opt-out-allowed"
 IMAGE = "kai.test/debian:bookworm"
+KAI_IMAGE = "kai.test/kai-resource-isolator:dev"  # node.sh imports it (node/kai_image.sh)
 MOUNT = "/usr/local/vgpu"  # paths.containerVgpuMount: where containers see the library
 LIB = f"{MOUNT}/libvgpu.so"
 
@@ -96,36 +99,40 @@ def start_webhook():
            "ports": [{"name": "https", "port": port, "protocol": "TCP"}]})
 
 
+# Reasons a container waits for that no retry within a test passes.
+STUCK = ("ErrImageNeverPull", "CreateContainerConfigError", "CreateContainerError", "CrashLoopBackOff",
+         "RunContainerError")
 LIBSYNC = {}
 
 
 def start_libsync():
-    """The chart's libsync container as a process: its source directory holds
-    the stand-in as libvgpu.so (the image's /artifacts), its preload file is
-    the chart's ConfigMap, its host directory the chart's hostPath (here, on
-    this host, without the container's /host prefix)."""
-    c = container_of("daemonset", f"{FULL}-libsync", "libsync")
-    src = os.path.join(WORK, "artifacts")
-    os.makedirs(src, exist_ok=True)
-    shutil.copyfile(built_library("libkai_fake_vgpu.so", "kai-fake-vgpu"), os.path.join(src, "libvgpu.so"))
-    cm = kjson("get", "configmap", f"{FULL}-preload", "-n", NS)["data"]
-    preload_dir = os.path.join(WORK, "preload")
-    os.makedirs(preload_dir, exist_ok=True)
-    for k, v in cm.items():
-        with open(os.path.join(preload_dir, k), "w") as f:
-            f.write(v)
-    # The DaemonSet's hostPath volume (type DirectoryOrCreate) would make it.
-    os.makedirs(HOST_VGPU, exist_ok=True)
-    port = LIBSYNC.setdefault("port", free_port())
-    args = rewrite(c["args"], [(r"^--source-dir=.*", f"--source-dir={src}"),
-                               (r"^--preload-file=/etc/kai/preload/", f"--preload-file={preload_dir}/"),
-                               (r"^--host-vgpu-dir=.*", f"--host-vgpu-dir={HOST_VGPU}"),
-                               (r"^--health-listen=.*", f"--health-listen=127.0.0.1:{port}"),
-                               (r"^--log-format=.*", "--log-format=plain")])
-    assert args[0] == "libsync", args
-    start("libsync", [os.path.join(TARGET, "kai-node"), *args], env=chart_env(c))
-    eventually("libsync ready (first full sync)", lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200,
-               timeout=30, show=lambda: log_tail("libsync"))
+    """The chart's libsync DaemonSet, for real: its pod lands on the node once
+    the node carries a GPU label (as the GPU operator labels it), runs the
+    project's image (node/kai_image.sh: /artifacts/libvgpu.so is the
+    stand-in) with the chart's args, the preload ConfigMap and the hostPath
+    host directory, and is Ready after its first full sync."""
+    kubectl("label", "node", NODE, "nvidia.com/gpu.present=true", "--overwrite")
+
+    def ready():
+        pods = [p for p in kjson("get", "pods", "-n", NS, "-l", "app.kubernetes.io/component=libsync",
+                                 "--field-selector", f"spec.nodeName={NODE}")["items"]
+                if not p["metadata"].get("deletionTimestamp")]
+        for p in pods:
+            for cs in p["status"].get("containerStatuses", []):
+                waiting = cs.get("state", {}).get("waiting", {})
+                if waiting.get("reason") in STUCK:
+                    raise AssertionError(f"libsync pod {p['metadata']['name']}: {waiting}")
+        ok = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
+                                     for c in p["status"].get("conditions", []))]
+        return ok[0]["metadata"]["name"] if ok else None
+    LIBSYNC["pod"] = eventually("the libsync DaemonSet's pod Ready on the node (first full sync)", ready,
+                                timeout=90, show=lambda: json.dumps(kjson("get", "pods", "-n", NS, "-l",
+                                                                          "app.kubernetes.io/component=libsync")
+                                                                    ["items"][:1])[-1200:])
+
+
+def libsync_log():
+    return kubectl("logs", LIBSYNC["pod"], "-n", NS, "-c", "libsync", check=False).stdout
 
 
 # --- pods ----------------------------------------------------------------------
@@ -173,8 +180,7 @@ def running(name, ns=TENANT, timeout=120):
         p = kjson("get", "pod", name, "-n", ns)
         for cs in p["status"].get("containerStatuses", []):
             waiting = cs.get("state", {}).get("waiting", {})
-            if waiting.get("reason") in ("ErrImageNeverPull", "CreateContainerConfigError", "CreateContainerError",
-                                         "CrashLoopBackOff", "RunContainerError"):
+            if waiting.get("reason") in STUCK:
                 raise SystemExit(f"pod {ns}/{name}: {waiting}")
         if p["status"].get("phase") == "Running" and all(
                 "running" in cs.get("state", {}) for cs in p["status"].get("containerStatuses", [])):
@@ -253,6 +259,13 @@ def node_ready():
 def install_release():
     r = helm("install", RELEASE, CHART, "-n", NS, "--create-namespace",
              "--set", "libraryDelivery=hostPath", "--set", f"paths.hostInstallBase={ENV['HOST_BASE']}",
+             # The project's image, imported by node.sh (node/kai_image.sh):
+             # libsync's DaemonSet runs it on the node.
+             "--set", f"image.repository={KAI_IMAGE.rsplit(':', 1)[0]}", "--set", f"image.tag={KAI_IMAGE.rsplit(':', 1)[1]}",
+             "--set", "image.pullPolicy=Never",
+             # The agent (and kai-csi) run as processes here: without
+             # kube-proxy, a pod cannot reach the API server's ClusterIP.
+             "--set-string", "monitor.nodeSelector.kai-test\\.io/process=elsewhere",
              # The webhook and aggregator run as processes here (their images
              # are in no registry this machine reaches): their Deployments'
              # pods are kept off the node rather than failing to pull there.
@@ -303,7 +316,10 @@ def libsync_installs():
         assert a.read() == b.read(), "the host's libvgpu.so is not the library of the source directory"
     mode = stat.S_IMODE(os.stat(os.path.join(HOST_VGPU, "containers")).st_mode)
     assert mode == 0o1777, f"containers/ mode {oct(mode)}, want 0o1777"
-    assert "removed an empty directory where a file belongs" in log_tail("libsync", 200), log_tail("libsync")
+    assert "removed an empty directory where a file belongs" in libsync_log(), libsync_log()[-1500:]
+    p = kjson("get", "pod", LIBSYNC["pod"], "-n", NS)
+    assert [c["image"] for c in p["spec"]["containers"]] == [KAI_IMAGE], p["spec"]["containers"]
+    assert restarts(p) == 0, p["status"].get("containerStatuses")
 
 
 def recovers():
@@ -566,7 +582,7 @@ def csi_pod_runs():
                timeout=60)
     stored = create(restricted_gpu_pod("gpu-csi"), ns=RESTRICTED)
     pod_checks("injected", stored, "main", MOUNT, "--delivery", "csi")
-    if "libsync" not in procs:
+    if "pod" not in LIBSYNC:
         # docs/isolation.md: before libsync ran, publishing answers
         # Unavailable; the kubelet retries and the pod starts once the
         # library is there, instead of starting without it.
@@ -648,8 +664,12 @@ def uninstall():
     stop("webhook")
     r = helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "90s", check=False)
     assert r.returncode == 0, r.stderr[-600:]
-    left = kjson("get", "pods", "-A", "--field-selector", f"spec.nodeName={NODE}")["items"]
-    assert not left, [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in left]
+    # The release's own pods (libsync's DaemonSet) go through the garbage
+    # collector once their DaemonSet is deleted, after helm returned.
+    def left():
+        return [f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+                for p in kjson("get", "pods", "-A", "--field-selector", f"spec.nodeName={NODE}")["items"]]
+    eventually("no pod left on the node", lambda: not left(), timeout=90, show=left)
     # Nothing of a pod left mounted or running on the node: the kubelet
     # removed every pod directory.
     pods_dir = os.path.join(ENV["KUBELET_ROOT"], "pods")
@@ -666,11 +686,12 @@ def main():
     if wanted("hostpath"):
         if check("before libsync ran: the gpu-memory pod runs, kubelet made <host>/ld.so.preload an empty directory, "
                  "inside /etc/ld.so.preload is a directory and libvgpu.so is not loaded", before_libsync):
-            if check("libsync (the chart's args) replaces that directory with the file naming libvgpu.so, "
-                     "installs the library and a 1777 containers/", libsync_installs):
+            if check("libsync, the chart's DaemonSet pod (the project's image, scheduled once the node is labelled "
+                     "a GPU node), replaces that directory with the file naming libvgpu.so, installs the library "
+                     "and a 1777 containers/, 0 restarts", libsync_installs):
                 check("the pod started before libsync, restarted, has libvgpu.so in /proc/1/maps", recovers)
         else:
-            check("libsync (the chart's args) installs", libsync_installs)
+            check("libsync, the chart's DaemonSet pod, installs", libsync_installs)
         if check("a gpu-memory pod in a dynamic Debian image as uid 1000 runs, mutated with the hostPath delivery",
                  gpu_pod_runs):
             check(f"inside, /etc/ld.so.preload names {LIB}", preload_inside)
@@ -698,7 +719,7 @@ def main():
                                "place): the kubelet lists it in CSINode", csi_via_registrar)
             if registered and check("a gpu-memory pod in a Pod Security restricted namespace (uid 1000, gid 2000) is admitted with "
                                     "the csi volume and runs: the kubelet called kai-csi"
-                                    + ("" if "libsync" in procs else "; before libsync ran it waited (FailedMount: "
+                                    + ("" if "pod" in LIBSYNC else "; before libsync ran it waited (FailedMount: "
                                        "not installed yet) and started once libsync installed the library"),
                                     csi_pod_runs):
                 check("inside: the preload names libvgpu.so, it is mapped, the library and preload are read-only; "
@@ -724,7 +745,9 @@ if __name__ == "__main__":
     finally:
         stop_all()
         if failed:
-            for name in ("webhook", "libsync", "kai-csi", "registrar", "agent"):
+            if "pod" in LIBSYNC:
+                print("--- libsync pod log (last lines) ---\n" + "\n".join(libsync_log().splitlines()[-15:]))
+            for name in ("webhook", "kai-csi", "registrar", "agent"):
                 tail = log_tail(name, 15)
                 if tail:
                     print(f"--- {name}.log (last lines) ---\n{tail}")

@@ -236,6 +236,10 @@ echo "containerd $!" >> "$T/pids"
 for _ in $(seq 100); do ctr_ version >/dev/null 2>&1 && break; sleep 0.2; done
 ctr_ version >/dev/null 2>&1 || { tail -20 "$T/containerd.log" >&2; die "containerd did not answer on $T/containerd/containerd.sock"; }
 for img in debian pause; do ctr_ images import "$IMAGES/$img.oci.tar" >/dev/null; done
+# The project's own image, from TARGET_DIR's binaries (not cached: they change).
+bash "$here/node/kai_image.sh" "$target" kai.test/kai-resource-isolator:dev "$T/kai.oci.tar"
+ctr_ images import "$T/kai.oci.tar" >/dev/null
+rm -f "$T/kai.oci.tar"
 log "containerd $(containerd --version | awk '{print $3}') up, images imported"
 
 # --- the kubelet ----------------------------------------------------------------

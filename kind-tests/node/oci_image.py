@@ -2,7 +2,7 @@
 """An OCI image archive (oci-layout, index.json, blobs) from one layer tar,
 importable with `ctr -n k8s.io images import` (no registry needed).
 
-  oci_image.py NAME LAYER_TAR OUT_TAR [--cmd ARG ...] [--env K=V ...]
+  oci_image.py NAME LAYER_TAR OUT_TAR [--cmd ARG ...] [--env K=V ...] [--user UID:GID]
 
 NAME (e.g. kai.test/debian:bookworm) goes into the index as
 io.containerd.image.name and org.opencontainers.image.ref.name. The layer is
@@ -19,9 +19,12 @@ def main(argv):
     name, layer_path, out = argv[:3]
     rest = argv[3:]
     cmd, env, key = [], ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], None
+    user = None
     for a in rest:
-        if a in ("--cmd", "--env"):
+        if a in ("--cmd", "--env", "--user"):
             key = a
+        elif key == "--user":
+            user, key = a, None
         elif key == "--cmd":
             cmd.append(a)
         elif key == "--env":
@@ -37,7 +40,7 @@ def main(argv):
     layer = h.hexdigest()
     config = json.dumps({
         "architecture": "amd64", "os": "linux", "created": "1970-01-01T00:00:00Z",
-        "config": {"Env": env, "Cmd": cmd or None, "WorkingDir": "/"},
+        "config": {"Env": env, "Cmd": cmd or None, "WorkingDir": "/", **({"User": user} if user else {})},
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer}"]},
         "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "kind-tests/node/oci_image.py"}],
     }, sort_keys=True).encode()
