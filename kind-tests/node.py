@@ -36,7 +36,6 @@ from harness import (CHART, FULL, HERE, NS, RELEASE, TENANT, apply, built_librar
 
 OPT_OUT_NS = "opt-out-allowed"
 IMAGE = "kai.test/debian:bookworm"
-KAI_IMAGE = "kai.test/kai-resource-isolator:dev"  # node.sh imports it (node/kai_image.sh)
 MOUNT = "/usr/local/vgpu"  # paths.containerVgpuMount: where containers see the library
 LIB = f"{MOUNT}/libvgpu.so"
 
@@ -51,6 +50,7 @@ ADMIN = os.path.join(CLUSTER, "admin.kubeconfig")
 WORK = os.path.join(NODE_DIR, "test")
 os.makedirs(WORK, exist_ok=True)
 HOST_VGPU = os.path.join(ENV["HOST_BASE"], "vgpu")  # paths.hostInstallBase + /vgpu
+KAI_IMAGE = ENV["KAI_IMAGE"]  # the project's image, as node.sh imported it (node/kai_image.sh)
 harness.setup(target=TARGET, helm=HELM, env=ENV, admin=ADMIN, pki=os.path.join(CLUSTER, "pki"), work=WORK,
               ns_pid=ENV["HOLDER_PID"], log_tail_lines=30, eventually_errors=(IndexError,))
 
@@ -102,6 +102,18 @@ def start_webhook():
 # Reasons a container waits for that no retry within a test passes.
 STUCK = ("ErrImageNeverPull", "CreateContainerConfigError", "CreateContainerError", "CrashLoopBackOff",
          "RunContainerError")
+
+
+def stuck(p):
+    """The first `waiting` state of the pod's containers whose reason is in
+    STUCK, else None."""
+    for cs in p["status"].get("containerStatuses", []):
+        waiting = cs.get("state", {}).get("waiting", {})
+        if waiting.get("reason") in STUCK:
+            return waiting
+    return None
+
+
 LIBSYNC = {}
 
 
@@ -118,10 +130,8 @@ def start_libsync():
                                  "--field-selector", f"spec.nodeName={NODE}")["items"]
                 if not p["metadata"].get("deletionTimestamp")]
         for p in pods:
-            for cs in p["status"].get("containerStatuses", []):
-                waiting = cs.get("state", {}).get("waiting", {})
-                if waiting.get("reason") in STUCK:
-                    raise AssertionError(f"libsync pod {p['metadata']['name']}: {waiting}")
+            if waiting := stuck(p):
+                raise AssertionError(f"libsync pod {p['metadata']['name']}: {waiting}")
         ok = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
                                      for c in p["status"].get("conditions", []))]
         return ok[0]["metadata"]["name"] if ok else None
@@ -178,10 +188,8 @@ def running(name, ns=TENANT, timeout=120):
 
     def up():
         p = kjson("get", "pod", name, "-n", ns)
-        for cs in p["status"].get("containerStatuses", []):
-            waiting = cs.get("state", {}).get("waiting", {})
-            if waiting.get("reason") in STUCK:
-                raise SystemExit(f"pod {ns}/{name}: {waiting}")
+        if waiting := stuck(p):
+            raise SystemExit(f"pod {ns}/{name}: {waiting}")
         if p["status"].get("phase") == "Running" and all(
                 "running" in cs.get("state", {}) for cs in p["status"].get("containerStatuses", [])):
             return p
@@ -257,18 +265,17 @@ def node_ready():
 
 
 def install_release():
+    repo, tag = KAI_IMAGE.rsplit(":", 1)
     r = helm("install", RELEASE, CHART, "-n", NS, "--create-namespace",
              "--set", "libraryDelivery=hostPath", "--set", f"paths.hostInstallBase={ENV['HOST_BASE']}",
              # The project's image, imported by node.sh (node/kai_image.sh):
              # libsync's DaemonSet runs it on the node.
-             "--set", f"image.repository={KAI_IMAGE.rsplit(':', 1)[0]}", "--set", f"image.tag={KAI_IMAGE.rsplit(':', 1)[1]}",
-             "--set", "image.pullPolicy=Never",
-             # The agent (and kai-csi) run as processes here: without
-             # kube-proxy, a pod cannot reach the API server's ClusterIP.
+             "--set", f"image.repository={repo}", "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never",
+             # The webhook, the agent (and kai-csi) run as processes here and
+             # the aggregator not at all: without kube-proxy, a pod cannot
+             # reach the API server's ClusterIP. Their pods are kept off the
+             # node.
              "--set-string", "monitor.nodeSelector.kai-test\\.io/process=elsewhere",
-             # The webhook and aggregator run as processes here (their images
-             # are in no registry this machine reaches): their Deployments'
-             # pods are kept off the node rather than failing to pull there.
              "--set-string", "webhook.nodeSelector.kai-test\\.io/process=elsewhere",
              "--set-string", "monitor.aggregator.nodeSelector.kai-test\\.io/process=elsewhere",
              check=False)

@@ -38,6 +38,7 @@ fi
 HELM="${HELM:-${XDG_CACHE_HOME:-$HOME/.cache}/kai-tools/helm/helm}"
 NODE_NAME="${NODE_NAME:-kai-node-1}"
 BRIDGE=kai-cni0
+KAI_IMAGE=kai.test/kai-resource-isolator:dev
 POD_SUBNET=10.88.77.0/24
 
 die() { echo "node.sh: NODE NOT STARTED: $*" >&2; exit 1; }
@@ -237,7 +238,7 @@ for _ in $(seq 100); do ctr_ version >/dev/null 2>&1 && break; sleep 0.2; done
 ctr_ version >/dev/null 2>&1 || { tail -20 "$T/containerd.log" >&2; die "containerd did not answer on $T/containerd/containerd.sock"; }
 for img in debian pause; do ctr_ images import "$IMAGES/$img.oci.tar" >/dev/null; done
 # The project's own image, from TARGET_DIR's binaries (not cached: they change).
-bash "$here/node/kai_image.sh" "$target" kai.test/kai-resource-isolator:dev "$T/kai.oci.tar"
+bash "$here/node/kai_image.sh" "$target" "$KAI_IMAGE" "$T/kai.oci.tar"
 ctr_ images import "$T/kai.oci.tar" >/dev/null
 rm -f "$T/kai.oci.tar"
 log "containerd $(containerd --version | awk '{print $3}') up, images imported"
@@ -320,6 +321,7 @@ HOST_BASE=$T/host
 POD_LOGS=$T/podlogs
 KUBELET_LOG=$T/kubelet.log
 REGISTRAR=$REGISTRAR
+KAI_IMAGE=$KAI_IMAGE
 EOF
 
 rc=0

@@ -27,7 +27,7 @@ done
 # Every shared object the binaries and the library need, the loader itself
 # included (its path is the one written in the binaries).
 for f in "$root"/bin/* "$root/artifacts/libvgpu.so"; do
-  ldd "$f" | grep -Eo '/[^ ]+\.so[^ ]*' 
+  ldd "$f" | grep -Eo '/[^ ]+\.so[^ ]*'
 done | sort -u | while read -r so; do
   mkdir -p "$root$(dirname "$so")"
   cp -L "$so" "$root$so"
