@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 import harness
 from harness import (CHART, FULL, HERE, NS, RELEASE, ROOT, TENANT, apply, bad, built_library, chart_env, check,
                      container_of, create, eventually, failed, free_port, grpc_tls_files, helm, http_get, kjson,
-                     kubectl, load_env, log_tail, procs, rewrite, run, sa_kubeconfig, start, stop, stop_all,
-                     write_kubeconfig)
+                     kubectl, load_env, log_tail, procs, prometheus_token, rewrite, run, sa_kubeconfig, series, start,
+                     stop, stop_all, write_kubeconfig)
 
 CORPUS = os.path.join(ROOT, "services", "webhook", "tests", "pods")
 RBAC_DIR = os.path.join(HERE, "rbac")
@@ -1060,16 +1060,6 @@ def components():
     check("aggregator with its ServiceAccount token discovers the agent pod and serves its containers", aggregator)
 
 
-def series(url, name):
-    status, text = http_get(url, token=prometheus_token())
-    assert status == 200, f"{url}: {status} {text[:200]}"
-    out = {}
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            out[line.rsplit(" ", 1)[0]] = float(line.rsplit(" ", 1)[1])
-    return out
-
-
 AGG = {}
 
 
@@ -1142,24 +1132,6 @@ def aggregator():
 
 USERS_NS = "kai-users"
 TOKENS = {}
-
-
-def prometheus_token():
-    """A token of Prometheus' ServiceAccount, bound as kube-prometheus binds
-    it (its ClusterRole grants get on the non-resource URL /metrics): what
-    a ServiceMonitor's bearerTokenFile sends."""
-    if "prometheus" not in TOKENS:
-        kubectl("create", "namespace", "monitoring", check=False)
-        kubectl("create", "serviceaccount", "prometheus-k8s", "-n", "monitoring", check=False)
-        apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-               "metadata": {"name": "prometheus-k8s"},
-               "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]},
-                         {"apiGroups": [""], "resources": ["nodes/metrics"], "verbs": ["get"]}]})
-        kubectl("create", "clusterrolebinding", "prometheus-k8s", "--clusterrole=prometheus-k8s",
-                "--serviceaccount=monitoring:prometheus-k8s", check=False)
-        TOKENS["prometheus"] = kubectl("create", "token", "prometheus-k8s", "-n", "monitoring",
-                                       "--duration=2h").stdout.strip()
-    return TOKENS["prometheus"]
 
 
 def user_token(name, *extra):

@@ -14,6 +14,8 @@
 # the node names; DIR/users/<name>.kubeconfig is a kubeconfig per test user
 # (client certificates of the cluster CA: tenant-a, tenant-b, viewer).
 # KAI_FAKE_NODES="" (set and empty) starts it without the two fake nodes.
+# KAI_API_BIND=0.0.0.0 has the API server listen beyond loopback: node.sh's
+# pods reach it through the `kubernetes` Service, whose endpoint is NODE_IP.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
@@ -119,7 +121,7 @@ apiserver_cmd() {
   # ClusterIPs). A real kubelet (node.sh) is reached at its InternalIP: its
   # node name resolves nowhere here.
   exec "$BIN/kube-apiserver" \
-    --bind-address 127.0.0.1 --secure-port "$API_PORT" --advertise-address "$NODE_IP" \
+    --bind-address "${API_BIND:-127.0.0.1}" --secure-port "$API_PORT" --advertise-address "$NODE_IP" \
     --etcd-servers "https://127.0.0.1:$ETCD_PORT" \
     --etcd-cafile "$pki/ca.crt" --etcd-certfile "$pki/apiserver-etcd.crt" --etcd-keyfile "$pki/apiserver-etcd.key" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
@@ -214,6 +216,7 @@ up() {
   # consume part of a capacity (the CSI/DRA issue uses it). Named explicitly
   # so a release that still gates it fails here, loudly.
   FEATURE_GATES="${KAI_FEATURE_GATES:-DRAConsumableCapacity=true}"
+  API_BIND="${KAI_API_BIND:-127.0.0.1}"
 
   log "PKI in $pki"
   openssl req -x509 -new -newkey rsa:2048 -nodes -keyout "$pki/ca.key" -out "$pki/ca.crt" \
@@ -260,6 +263,7 @@ ETCD_PEER_PORT=$ETCD_PEER_PORT
 ETCD_METRICS_PORT=$ETCD_METRICS_PORT
 NODES="$NODES"
 FEATURE_GATES=$FEATURE_GATES
+API_BIND=$API_BIND
 EOF
 
   local t0=$SECONDS

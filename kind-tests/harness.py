@@ -259,3 +259,36 @@ def sa_kubeconfig(sa, ns=NS, pod=None):
     token = kubectl("create", "token", sa, "-n", ns, "--duration=2h", *bound).stdout.strip()
     path = os.path.join(WORK, f"{sa}{'-' + pod['metadata']['name'] if pod else ''}.kubeconfig")
     return write_kubeconfig(path, sa, f'{{token: "{token}"}}', ns)
+
+
+# --- scraping as Prometheus does ------------------------------------------------
+
+_PROMETHEUS = {}
+
+
+def prometheus_token():
+    """A token of Prometheus' ServiceAccount, bound as kube-prometheus binds
+    it (its ClusterRole grants get on the non-resource URL /metrics): what
+    a ServiceMonitor's bearerTokenFile sends."""
+    if "token" not in _PROMETHEUS:
+        kubectl("create", "namespace", "monitoring", check=False)
+        kubectl("create", "serviceaccount", "prometheus-k8s", "-n", "monitoring", check=False)
+        apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": "prometheus-k8s"},
+               "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]},
+                         {"apiGroups": [""], "resources": ["nodes/metrics"], "verbs": ["get"]}]})
+        kubectl("create", "clusterrolebinding", "prometheus-k8s", "--clusterrole=prometheus-k8s",
+                "--serviceaccount=monitoring:prometheus-k8s", check=False)
+        _PROMETHEUS["token"] = kubectl("create", "token", "prometheus-k8s", "-n", "monitoring",
+                                       "--duration=2h").stdout.strip()
+    return _PROMETHEUS["token"]
+
+
+def series(url, name):
+    status, text = http_get(url, token=prometheus_token())
+    assert status == 200, f"{url}: {status} {text[:200]}"
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            out[line.rsplit(" ", 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return out

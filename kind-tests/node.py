@@ -10,11 +10,16 @@ is one assertion; the exit status is the number of failures (capped).
 
 The chart is installed with libraryDelivery=hostPath and its host directory
 under NODE_DIR (paths.hostInstallBase), its image the one node.sh imports
-(node/kai_image.sh, from TARGET_DIR): libsync's DaemonSet runs as a real pod
-on the node. The webhook, the node agent and kai-csi run as processes with
+(node/kai_image.sh, from TARGET_DIR): libsync's and the node agent's
+DaemonSets and the aggregator's Deployment run as real pods on the node, and
+reach the API server through the `kubernetes` Service (node.sh runs
+kube-proxy). The agent's NVML is the stand-in libkai_fake_nvml.so
+(services/fake-nvml), given through monitor.nvml.hostLibraryDir; its config
+names the containers' real host PIDs. With libraryDelivery=csi, the node
+DaemonSet's pod adds kai-csi and its registrar sidecar (node/registrar's
+image), which the kubelet calls for real. The webhook runs as a process with
 the chart's own arguments and environment (read back from the API server),
-as apiserver.py runs them: without kube-proxy, a pod here cannot reach the
-API server's ClusterIP, which those three need. The stand-in for libvgpu.so is
+as apiserver.py runs it. The stand-in for libvgpu.so is
 libkai_fake_vgpu.so (services/fake-vgpu): loaded, it is in the process's
 maps; the pods never call CUDA, so it does nothing else.
 """
@@ -32,7 +37,7 @@ import time
 import harness
 from harness import (CHART, FULL, HERE, NS, RELEASE, TENANT, apply, built_library, chart_env, check, container_of,
                      create, eventually, failed, free_port, grpc_tls_files, helm, http_get, kjson, kubectl, load_env,
-                     log_tail, rewrite, run, sa_kubeconfig, start, stop, stop_all, write_kubeconfig)
+                     log_tail, rewrite, run, sa_kubeconfig, series, start, stop, stop_all)
 
 OPT_OUT_NS = "opt-out-allowed"
 IMAGE = "kai.test/debian:bookworm"
@@ -51,6 +56,7 @@ WORK = os.path.join(NODE_DIR, "test")
 os.makedirs(WORK, exist_ok=True)
 HOST_VGPU = os.path.join(ENV["HOST_BASE"], "vgpu")  # paths.hostInstallBase + /vgpu
 KAI_IMAGE = ENV["KAI_IMAGE"]  # the project's image, as node.sh imported it (node/kai_image.sh)
+REGISTRAR_IMAGE = ENV["REGISTRAR_IMAGE"]  # node/registrar's (node/registrar_image.sh)
 harness.setup(target=TARGET, helm=HELM, env=ENV, admin=ADMIN, pki=os.path.join(CLUSTER, "pki"), work=WORK,
               ns_pid=ENV["HOLDER_PID"], log_tail_lines=30, eventually_errors=(IndexError,))
 
@@ -114,7 +120,31 @@ def stuck(p):
     return None
 
 
+def release_pod(component, what, other_than=None):
+    """The release's Ready pod of `component` on the node (not `other_than`,
+    a pod name: the one a rollout replaces); fails early on a container that
+    is stuck."""
+    selector = f"app.kubernetes.io/component={component}"
+
+    def ready():
+        pods = [p for p in kjson("get", "pods", "-n", NS, "-l", selector,
+                                 "--field-selector", f"spec.nodeName={NODE}")["items"]
+                if not p["metadata"].get("deletionTimestamp") and p["metadata"]["name"] != other_than]
+        for p in pods:
+            if waiting := stuck(p):
+                raise AssertionError(f"{component} pod {p['metadata']['name']}: {waiting}")
+        ok = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
+                                     for c in p["status"].get("conditions", []))]
+        return ok[0] if ok else None
+    return eventually(what, ready, timeout=90,
+                      show=lambda: json.dumps([p["status"] for p in kjson("get", "pods", "-n", NS, "-l", selector)
+                                               ["items"]])[-1200:])
+
+
 LIBSYNC = {}
+# A node label of the test's: the CSI part alone (--only csi) holds libsync
+# back with it (librarySync.nodeSelector) until start_libsync adds it.
+LIBSYNC_HOLD = ("kai-test.io/libsync", "run")
 
 
 def start_libsync():
@@ -122,27 +152,20 @@ def start_libsync():
     the node carries a GPU label (as the GPU operator labels it), runs the
     project's image (node/kai_image.sh: /artifacts/libvgpu.so is the
     stand-in) with the chart's args, the preload ConfigMap and the hostPath
-    host directory, and is Ready after its first full sync."""
-    kubectl("label", "node", NODE, "nvidia.com/gpu.present=true", "--overwrite")
-
-    def ready():
-        pods = [p for p in kjson("get", "pods", "-n", NS, "-l", "app.kubernetes.io/component=libsync",
-                                 "--field-selector", f"spec.nodeName={NODE}")["items"]
-                if not p["metadata"].get("deletionTimestamp")]
-        for p in pods:
-            if waiting := stuck(p):
-                raise AssertionError(f"libsync pod {p['metadata']['name']}: {waiting}")
-        ok = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
-                                     for c in p["status"].get("conditions", []))]
-        return ok[0]["metadata"]["name"] if ok else None
-    LIBSYNC["pod"] = eventually("the libsync DaemonSet's pod Ready on the node (first full sync)", ready,
-                                timeout=90, show=lambda: json.dumps(kjson("get", "pods", "-n", NS, "-l",
-                                                                          "app.kubernetes.io/component=libsync")
-                                                                    ["items"][:1])[-1200:])
+    host directory, and is Ready after its first full sync. The node agent's
+    DaemonSet, placed by the same label, starts with it."""
+    kubectl("label", "node", NODE, "nvidia.com/gpu.present=true", "=".join(LIBSYNC_HOLD),
+            "--overwrite")
+    LIBSYNC["pod"] = release_pod("libsync", "the libsync DaemonSet's pod Ready on the node (first full sync)")[
+        "metadata"]["name"]
 
 
 def libsync_log():
     return kubectl("logs", LIBSYNC["pod"], "-n", NS, "-c", "libsync", check=False).stdout
+
+
+def pod_log(pod_name, container, lines=30):
+    return kubectl("logs", pod_name, "-n", NS, "-c", container, f"--tail={lines}", check=False).stdout
 
 
 # --- pods ----------------------------------------------------------------------
@@ -264,20 +287,47 @@ def node_ready():
     assert nodes == [NODE], f"nodes {nodes}: only the real one"
 
 
+# The stand-in NVML as the agent pod gets it (monitor.nvml.hostLibraryDir):
+# the library and its config in one host directory, mounted read-only at
+# /run/kai/nvidia-lib; the config is read again at every call.
+NVML_DIR = os.path.join(WORK, "nvidia-lib")
+NVML_IN_POD = "/run/kai/nvidia-lib"
+GPU_UUID = "GPU-a0000000-0000-4000-8000-000000000000"
+
+
+def fake_nvml(processes):
+    """The GPU the stand-in NVML reports, running `processes` ({host PID:
+    bytes}); written whole and renamed, so the agent never reads half."""
+    os.makedirs(NVML_DIR, exist_ok=True)
+    lib = os.path.join(NVML_DIR, "libkai_fake_nvml.so")
+    if not os.path.exists(lib):
+        with open(built_library("libkai_fake_nvml.so", "kai-fake-nvml", AssertionError), "rb") as a, \
+                open(lib, "wb") as b:
+            b.write(a.read())
+    cfg = {"driver": "550.54.15",
+           "devices": [{"uuid": GPU_UUID, "name": "NVIDIA H100 80GB HBM3", "total": 80 << 30,
+                        "used": sum(processes.values()),
+                        "processes": [{"pid": pid, "used": used} for pid, used in processes.items()]}]}
+    with open(os.path.join(NVML_DIR, "nvml.json.new"), "w") as f:
+        json.dump(cfg, f)
+    os.rename(os.path.join(NVML_DIR, "nvml.json.new"), os.path.join(NVML_DIR, "nvml.json"))
+
+
 def install_release():
     repo, tag = KAI_IMAGE.rsplit(":", 1)
+    fake_nvml({})
     r = helm("install", RELEASE, CHART, "-n", NS, "--create-namespace",
              "--set", "libraryDelivery=hostPath", "--set", f"paths.hostInstallBase={ENV['HOST_BASE']}",
              # The project's image, imported by node.sh (node/kai_image.sh):
-             # libsync's DaemonSet runs it on the node.
+             # libsync's and the agent's DaemonSets and the aggregator run it.
              "--set", f"image.repository={repo}", "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never",
-             # The webhook, the agent (and kai-csi) run as processes here and
-             # the aggregator not at all: without kube-proxy, a pod cannot
-             # reach the API server's ClusterIP. Their pods are kept off the
-             # node.
-             "--set-string", "monitor.nodeSelector.kai-test\\.io/process=elsewhere",
+             "--set", f"monitor.nvml.hostLibraryDir={NVML_DIR}", "--set", "monitor.nvml.library=libkai_fake_nvml.so",
+             "--set", "monitor.agent.extraEnv[0].name=FAKE_NVML_CONFIG",
+             "--set", f"monitor.agent.extraEnv[0].value={NVML_IN_POD}/nvml.json",
+             "--set", "monitor.isolation.noRegionGraceSeconds=3",
+             # The webhook runs as a process (as in apiserver.py): its pod is
+             # kept off the node.
              "--set-string", "webhook.nodeSelector.kai-test\\.io/process=elsewhere",
-             "--set-string", "monitor.aggregator.nodeSelector.kai-test\\.io/process=elsewhere",
              check=False)
     assert r.returncode == 0, r.stderr[-800:]
     for ns in (TENANT, OPT_OUT_NS):
@@ -401,9 +451,8 @@ def no_restarts():
         f"phase {p['status']['phase']}, restarts {restarts(p)}"
 
 
-# --- the node agent on the real node --------------------------------------------
+# --- the node agent and the aggregator as real pods ------------------------------
 
-GPU_UUID = "GPU-a0000000-0000-4000-8000-000000000000"
 AGENT = {}
 
 
@@ -417,12 +466,44 @@ def host_pid(pod_obj, container="main"):
     return pid
 
 
+def write_region(pod_obj, pid, limit_mib, used_mib):
+    """The region libvgpu would write at cuInit (the pods never call CUDA),
+    in the host's containers directory the agent pod mounts."""
+    run(os.path.join(TARGET, "kai-node"), "write-region", "--containers-dir", os.path.join(HOST_VGPU, "containers"),
+        "--pod-uid", pod_obj["metadata"]["uid"], "--container", "main", "--gpu-uuid", GPU_UUID,
+        "--limit-mib", str(limit_mib), "--used-mib", str(used_mib), "--pid", str(pid))
+
+
+def agent_grpc(method, body):
+    """grpcurl to the agent pod's gRPC port (its pod IP, through the pod
+    bridge), with the aggregator's client certificate when TLS is on."""
+    p = AGENT["pod"]
+    tls = grpc_tls_files("aggregator")
+    flags = (["-cacert", os.path.join(tls, "ca.crt"), "-cert", os.path.join(tls, "tls.crt"),
+              "-key", os.path.join(tls, "tls.key"), "-servername", "kai-node-agent"] if tls else ["-plaintext"])
+    r = run(os.environ.get("GRPCURL", "grpcurl"), *flags, "-d", json.dumps(body),
+            f"{p['status']['podIP']}:50051", f"vgpu.v1.VgpuNode/{method}")
+    return json.loads(r.stdout)
+
+
+def agent_log():
+    return pod_log(AGENT["pod"]["metadata"]["name"], "agent") if "pod" in AGENT else ""
+
+
+def region_events(name, reason):
+    return [e for e in kjson("get", "events", "-n", TENANT, "--field-selector",
+                             f"involvedObject.name={name}")["items"] if e["reason"] == reason]
+
+
 def agent_sees_pod():
-    """The chart's agent container as a process, with the node's real /proc
-    (it attributes a region's process to a pod by the process's cgroup: here
-    the kubelet's cgroupfs v1 path /kubepods/<qos>/pod<uid>/<id>) and a fake
-    NVML reporting the container's real host PID on one GPU."""
-    c = container_of("daemonset", f"{FULL}-node", "agent")
+    """The chart's node DaemonSet, for real: its agent container reads the
+    host's /proc (the kubelet's cgroupfs v1 path /kubepods/<qos>/pod<uid>/<id>
+    names a process's pod) and the stand-in NVML, which reports the gpu
+    container's real host PID on one GPU."""
+    agent = release_pod("node-agent", "the node agent's DaemonSet pod Ready on the node (pod watch synced)")
+    AGENT["pod"] = agent
+    c = [x for x in agent["spec"]["containers"] if x["name"] == "agent"][0]
+    assert c["image"] == KAI_IMAGE and f"--nvml-library={NVML_IN_POD}/libkai_fake_nvml.so" in c["args"], c
     # A static binary (the pause image's /pause) never reads
     # /etc/ld.so.preload: injected, it runs without libvgpu and no region.
     static = gpu_pod("static-bin")
@@ -434,97 +515,82 @@ def agent_sees_pod():
     with open(f"/proc/{pid}/cgroup") as f:
         cg = f.read()
     assert f"pod{p['metadata']['uid']}" in cg, f"/proc/{pid}/cgroup names no pod{p['metadata']['uid']}:\n{cg}"
-    nvml = os.path.join(WORK, "nvml.json")
-    with open(nvml, "w") as f:
-        json.dump({"driver": "550.54.15", "devices": [{"uuid": GPU_UUID, "name": "NVIDIA H100 80GB HBM3",
-                                                       "total": 80 << 30, "used": 512 << 20,
-                                                       "processes": [{"pid": pid, "used": 512 << 20}]}]}, f)
-    grpc = AGENT.setdefault("grpc", free_port(NODE_IP))
-    metrics = AGENT.setdefault("metrics", free_port())
-    containers = os.path.join(HOST_VGPU, "containers")
-    args = rewrite(c["args"], [(r"^--containers-dir=.*", f"--containers-dir={containers}"),
-                               (r"^--grpc-listen=.*", f"--grpc-listen={NODE_IP}:{grpc}"),
-                               (r"^--metrics-listen=.*", f"--metrics-listen=127.0.0.1:{metrics}"),
-                               (r"^--host-proc=.*", "--host-proc=/proc"),
-                               (r"^--no-region-grace-seconds=.*", "--no-region-grace-seconds=3"),
-                               (r"^--log-format=.*", "--log-format=plain")])
-    nvml_lib = built_library("libkai_fake_nvml.so", "kai-fake-nvml", AssertionError)
-    args = [a for a in args if not a.startswith("--nvml-library=")] + [f"--nvml-library={nvml_lib}"]
-    tls = grpc_tls_files("node") if any(a.startswith("--grpc-tls-cert-file=") for a in args) else None
-    if tls:
-        args = [a.replace("/etc/kai/grpc-tls/", tls + "/") for a in args]
-    env = chart_env(c, NODE_NAME=NODE, POD_NAME=f"{FULL}-node-test")
-    # A token of the agent's ServiceAccount bound to this Node: the API
-    # server puts the node's name in it, which the node guard checks.
-    token = kubectl("create", "token", f"{FULL}-node", "-n", NS, "--duration=1h",
-                    "--bound-object-kind", "Node", "--bound-object-name", NODE).stdout.strip()
-    env["KUBECONFIG"] = write_kubeconfig(os.path.join(WORK, "agent.kubeconfig"), "agent", f'{{token: "{token}"}}', NS)
-    env["FAKE_NVML_CONFIG"] = nvml
-    start("agent", [os.path.join(TARGET, "kai-node"), *args], env=env)
-    eventually("agent ready", lambda: http_get(f"http://127.0.0.1:{metrics}/readyz")[0] == 200, timeout=60,
-               show=lambda: log_tail("agent"))
-    # The region libvgpu would write at cuInit (the pod never calls CUDA).
-    run(os.path.join(TARGET, "kai-node"), "write-region", "--containers-dir", containers,
-        "--pod-uid", p["metadata"]["uid"], "--container", "main", "--gpu-uuid", GPU_UUID,
-        "--limit-mib", "1024", "--used-mib", "512", "--pid", str(pid))
-    grpcurl = os.environ.get("GRPCURL", "grpcurl")
-    if tls:
-        agg = grpc_tls_files("aggregator")
-        flags = ["-cacert", os.path.join(agg, "ca.crt"), "-cert", os.path.join(agg, "tls.crt"),
-                 "-key", os.path.join(agg, "tls.key"), "-servername", "kai-node-agent"]
-    else:
-        flags = ["-plaintext"]
+    AGENT["gpu_pid"] = pid
+    fake_nvml({pid: 512 << 20})
+    write_region(p, pid, 1024, 512)
 
     def listed():
-        r = run(grpcurl, *flags, "-d", json.dumps({"namespace": TENANT}), f"{NODE_IP}:{grpc}",
-                "vgpu.v1.VgpuNode/ListContainers")
-        return [x for x in json.loads(r.stdout).get("containers", []) if x.get("pod") == "gpu"]
-    got = eventually("the agent lists pod gpu over gRPC", listed, timeout=60, show=lambda: log_tail("agent"))
+        return [x for x in agent_grpc("ListContainers", {"namespace": TENANT}).get("containers", [])
+                if x.get("pod") == "gpu"]
+    got = eventually("the agent pod lists pod gpu over gRPC", listed, timeout=60, show=agent_log)
     assert got[0]["isolationState"] == "ISOLATION_STATE_CAPPED", got
-
-    def events(name):
-        return [e for e in kjson("get", "events", "-n", TENANT, "--field-selector",
-                                 f"involvedObject.name={name}")["items"] if e["reason"] == "GpuRegionMissing"]
     # docs/isolation.md: no_region, "a static or musl binary".
-    eventually("a GpuRegionMissing Event on the static pod (no_region)", lambda: events("static-bin"), timeout=60,
-               show=lambda: log_tail("agent"))
-    assert not events("gpu"), events("gpu")
-    stop("agent")
+    eventually("a GpuRegionMissing Event on the static pod (no_region)",
+               lambda: region_events("static-bin", "GpuRegionMissing"), timeout=60, show=agent_log)
+    assert not region_events("gpu", "GpuRegionMissing"), region_events("gpu", "GpuRegionMissing")
     delete_pod("static-bin")
+    agent = kjson("get", "pod", agent["metadata"]["name"], "-n", NS)
+    assert restarts(agent) == 0, agent["status"].get("containerStatuses")
 
 
-# --- the CSI delivery: kai-csi registered with the kubelet ---------------------
+def aggregator_serves():
+    """The chart's aggregator Deployment, for real: it finds the agent pod
+    through the API server, subscribes to it over mutual TLS (pod to pod) and
+    serves its series on the Service's :9394 to a token allowed `get
+    /metrics` (Prometheus' ServiceAccount)."""
+    agg = release_pod("aggregator", "the aggregator's pod Ready")
+    svc = kjson("get", "service", f"{FULL}-aggregator", "-n", NS)
+    (port,) = [x["port"] for x in svc["spec"]["ports"] if x["name"] == "http-metrics"]
+    url = f"http://{svc['spec']['clusterIP']}:{port}/metrics"
+    want = 'pod="gpu"'
+
+    def served():
+        return {k: v for k, v in series(url, "hami_vgpu_memory_used_bytes").items()
+                if want in k and f'node="{NODE}"' in k}
+    got = eventually(f"the aggregator's Service ({url}) serves pod gpu's series with its node label", served,
+                     timeout=60, show=lambda: pod_log(agg["metadata"]["name"], "aggregator"))
+    assert list(got.values()) == [512 << 20], got
+    status, _ = http_get(url)
+    assert status == 401, f"the aggregator's /metrics without a token: {status}"
+
+
+def enforce_evicts():
+    """--enforce evict (monitor.isolation.enforce): a pod whose region says
+    uncapped (limit 0) while NVML sees its process use memory is evicted
+    through the Eviction API, and its container really stops; the capped pod
+    stays."""
+    delete_pod("early")  # no region of its own: no_region would evict it too
+    old = AGENT["pod"]["metadata"]["name"]
+    r = helm("upgrade", RELEASE, CHART, "-n", NS, "--reuse-values", "--set", "monitor.isolation.enforce=evict",
+             check=False)
+    assert r.returncode == 0, r.stderr[-800:]
+    AGENT["pod"] = release_pod("node-agent", "the agent pod of the rolled DaemonSet Ready", other_than=old)
+    (c,) = [x for x in AGENT["pod"]["spec"]["containers"] if x["name"] == "agent"]
+    assert "--enforce=evict" in c["args"], c["args"]
+    greedy = running(create(gpu_pod("greedy"))["metadata"]["name"])
+    pid = host_pid(greedy)
+    fake_nvml({AGENT["gpu_pid"]: 512 << 20, pid: 700 << 20})
+    write_region(greedy, pid, 0, 700)
+
+    def gone():
+        r = kubectl("get", "pod", "greedy", "-n", TENANT, "-o", "json", check=False)
+        return r.returncode != 0 and "NotFound" in r.stderr
+    eventually("pod greedy evicted and deleted", gone, timeout=90, show=agent_log)
+    # The kubelet stopped its container: the process is gone from the host.
+    eventually(f"the greedy container's process (host PID {pid}) gone", lambda: not os.path.exists(f"/proc/{pid}"),
+               timeout=60)
+    ev = region_events("greedy", "GpuIsolationEviction")
+    assert ev and "uncapped" in ev[0]["message"].lower(), ev
+    assert not region_events("gpu", "GpuIsolationEviction"), region_events("gpu", "GpuIsolationEviction")
+    evicted = series(f"http://{AGENT['pod']['status']['podIP']}:9394/metrics", "kai_isolator_evictions_total")
+    assert evicted.get('kai_isolator_evictions_total{reason="uncapped_no_limit"}') == 1, evicted
+
+
+# --- the CSI delivery: kai-csi, a real pod the kubelet calls ----------------------
 
 CSI_DRIVER = "vgpu.kai-resource-isolator.io"
 RESTRICTED = "restricted-ns"
 CSI = {}
-
-
-def start_csi(self_register):
-    """The chart's `csi` container of the node DaemonSet as a process in the
-    node's mount namespace (where the kubelet mounts, as the container's
-    Bidirectional kubelet-dir mount would have it): it registers itself in
-    the kubelet's plugins_registry, as the chart's container does."""
-    c = container_of("daemonset", f"{FULL}-node", "csi")
-    root = ENV["KUBELET_ROOT"]
-    sock_dir = os.path.join(root, "plugins", CSI_DRIVER)
-    os.makedirs(sock_dir, exist_ok=True)
-    # The chart derives both from csi.kubeletDir: the kubelet's --root-dir.
-    assert f"--kubelet-endpoint={sock_dir}/csi.sock" in c["args"], c["args"]
-    assert f"--target-root={root}/pods" in c["args"], c["args"]
-    port = CSI.setdefault("port", free_port())
-    args = rewrite(c["args"], [(r"^--endpoint=unix:///csi/", f"--endpoint=unix://{sock_dir}/"),
-                               (r"^--registration-dir=/registration$", f"--registration-dir={root}/plugins_registry"),
-                               (r"^--host-vgpu-dir=/host/vgpu$", f"--host-vgpu-dir={HOST_VGPU}"),
-                               (r"^--health-listen=.*", f"--health-listen=127.0.0.1:{port}"),
-                               (r"^--log-format=.*", "--log-format=plain"),
-                               # h2's own words when it refuses a request.
-                               (r"^--log-level=(.*)", r"--log-level=\1,h2=debug")])
-    if not self_register:
-        args = [a for a in args if not a.startswith("--registration-dir=")]
-    CSI["endpoint"] = f"{sock_dir}/csi.sock"
-    start("kai-csi", [os.path.join(TARGET, "kai-csi"), *args], env=chart_env(c, NODE_NAME=NODE), in_node_ns=True)
-    return port
 
 
 def csi_listed():
@@ -532,39 +598,52 @@ def csi_listed():
     return [d for d in drivers if d["name"] == CSI_DRIVER and d["nodeID"] == NODE]
 
 
-REG_SOCK = os.path.join(ENV["KUBELET_ROOT"], "plugins_registry", f"{CSI_DRIVER}-reg.sock")
-
-
-def kubelet_log_since(offset):
-    with open(ENV["KUBELET_LOG"], errors="replace") as f:
-        f.seek(offset)
-        return f.read()
-
-
 def csi_registered():
-    r = helm("upgrade", RELEASE, CHART, "-n", NS, "--reuse-values",
-             "--set", "libraryDelivery=csi", "--set", f"csi.kubeletDir={ENV['KUBELET_ROOT']}", check=False)
+    registry, name = REGISTRAR_IMAGE.split("/", 1)
+    repo, tag = name.rsplit(":", 1)
+    old = AGENT["pod"]["metadata"]["name"] if "pod" in AGENT else None
+    # Without the hostpath part, libsync has not run: a node selector of
+    # the test's holds it back (start_libsync labels the node for it) while
+    # the node DaemonSet (agent, kai-csi) runs, so the CSI part starts
+    # before libsync ran.
+    helm_key = "librarySync.nodeSelector." + LIBSYNC_HOLD[0].replace(".", "\\.")  # --set escapes a key's dots
+    hold = [] if "pod" in LIBSYNC else ["--set-string", f"{helm_key}={LIBSYNC_HOLD[1]}"]
+    r = helm("upgrade", RELEASE, CHART, "-n", NS, "--reuse-values", *hold,
+             "--set", "libraryDelivery=csi", "--set", f"csi.kubeletDir={ENV['KUBELET_ROOT']}",
+             # node/registrar's image (node.sh) in the place of
+             # csi-node-driver-registrar, which is in no registry here.
+             "--set", f"csi.registrar.image.registry={registry}", "--set", f"csi.registrar.image.repository={repo}",
+             "--set", f"csi.registrar.image.tag={tag}", "--set", "csi.registrar.image.pullPolicy=Never",
+             # The hostpath part left it at evict: the pods here write no
+             # region (no_region would evict them).
+             "--set", "monitor.isolation.enforce=none", check=False)
     assert r.returncode == 0, r.stderr[-800:]
     stop("webhook")
     start_webhook()
     assert chart_env(container_of("deployment", f"{FULL}-webhook", "webhook"))["LIBRARY_DELIVERY"] == "csi"
     kjson("get", "csidriver", CSI_DRIVER)
+    if "pod" not in LIBSYNC:
+        kubectl("label", "node", NODE, "nvidia.com/gpu.present=true", "--overwrite")
+    CSI["old"] = old
 
 
-def csi_via_registrar():
-    """kai-csi without its own registration, registered the way
-    node-driver-registrar does it (node/registrar, a Go gRPC server)."""
-    reg = container_of("daemonset", f"{FULL}-node", "csi-registrar")
-    assert "--csi-address=/csi/csi.sock" in reg["args"], reg["args"]
-    kubelet_path = f"--kubelet-registration-path={ENV['KUBELET_ROOT']}/plugins/{CSI_DRIVER}/csi.sock"
-    assert kubelet_path in reg["args"], reg["args"]
-    port = start_csi(self_register=False)
-    eventually("kai-csi ready", lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200, timeout=30,
-               show=lambda: log_tail("kai-csi"))
-    start("registrar", [ENV["REGISTRAR"], "-driver", CSI_DRIVER, "-endpoint", CSI["endpoint"], "-socket", REG_SOCK],
-          in_node_ns=True)
+def csi_pod_registered():
+    """The node DaemonSet's pod with the chart's csi and csi-registrar
+    containers, for real: kai-csi privileged with the kubelet's directory
+    mounted Bidirectional, the registrar (node/registrar's image) asks it
+    for its name and registers it in the kubelet's plugins_registry; the
+    kubelet lists the driver in CSINode and the pod is Ready (the
+    registrar's /healthz says the kubelet registered it)."""
+    p = release_pod("node-agent", "the node DaemonSet's pod with kai-csi and its registrar Ready",
+                    other_than=CSI.get("old"))
+    CSI["node_pod"] = p
+    names = [c["name"] for c in p["spec"]["containers"]]
+    assert {"csi", "csi-registrar"} <= set(names), names
+    (reg,) = [c for c in p["spec"]["containers"] if c["name"] == "csi-registrar"]
+    assert reg["image"] == REGISTRAR_IMAGE, reg["image"]
     eventually(f"the kubelet lists {CSI_DRIVER} in CSINode {NODE}", csi_listed, timeout=60,
-               show=lambda: log_tail("registrar"))
+               show=lambda: pod_log(p["metadata"]["name"], "csi-registrar"))
+    assert "kubelet registered" in pod_log(p["metadata"]["name"], "csi-registrar", 100)
 
 
 def restricted_gpu_pod(name):
@@ -668,6 +747,20 @@ def csi_without_containers_subpath():
 def uninstall():
     for ns in (TENANT, OPT_OUT_NS, RESTRICTED):
         kubectl("delete", "pods", "--all", "-n", ns, "--wait=true", "--timeout=90s", check=False)
+    pods_dir = os.path.join(ENV["KUBELET_ROOT"], "pods")
+
+    def leftover_dirs():
+        """Pod directories of pods no longer in the API: the kubelet still
+        has to unpublish their volumes (kai-csi's among them)."""
+        live = {p["metadata"]["uid"] for p in kjson("get", "pods", "-A", "--field-selector",
+                                                       f"spec.nodeName={NODE}")["items"]}
+        return sorted(set(os.listdir(pods_dir)) - live)
+    # The kubelet unpublishes a deleted pod's CSI volume after the pod has
+    # gone from the API; uninstalling before that leaves the volume mounted
+    # on the node (no plugin to call), so the tenants' pod directories must
+    # go first (chart README, "Going back to hostPath (or uninstalling)").
+    eventually("the kubelet unmounted the deleted pods' volumes and removed their directories",
+               lambda: not leftover_dirs(), timeout=60, show=leftover_dirs)
     stop("webhook")
     r = helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "90s", check=False)
     assert r.returncode == 0, r.stderr[-600:]
@@ -679,7 +772,6 @@ def uninstall():
     eventually("no pod left on the node", lambda: not left(), timeout=90, show=left)
     # Nothing of a pod left mounted or running on the node: the kubelet
     # removed every pod directory.
-    pods_dir = os.path.join(ENV["KUBELET_ROOT"], "pods")
     eventually("the kubelet removed the pods' directories", lambda: not os.listdir(pods_dir), timeout=60,
                show=lambda: os.listdir(pods_dir))
 
@@ -707,10 +799,19 @@ def main():
                   f"{MOUNT}/containers and /tmp/vgpulock are writable", mount_read_only)
             check("the container's process (uid 1000) made <mount>/containers/<podUID>_main from the injected env; "
                   "the node sees it owned 1000:1000", region_dir)
-            check("the node agent (the chart's args, the node's real /proc, a fake NVML naming the container's host "
-                  "PID, whose cgroup is the kubelet's cgroupfs v1 pod<uid> path) serves the pod's region over gRPC, "
-                  "named from the API server, capped; an injected pod of a static binary (the pause image) gets "
-                  "a GpuRegionMissing Event (no_region), the gpu pod none", agent_sees_pod)
+            if check("the node agent, the chart's DaemonSet pod (the project's image, the host's /proc, the stand-in "
+                     "NVML through monitor.nvml.hostLibraryDir naming the container's host PID, whose cgroup is the "
+                     "kubelet's cgroupfs v1 pod<uid> path), serves the pod's region over gRPC at its pod IP, named "
+                     "from the API server through the kubernetes Service, capped; an injected pod of a static "
+                     "binary (the pause image) gets a GpuRegionMissing Event (no_region), the gpu pod none; "
+                     "0 restarts", agent_sees_pod):
+                check("the aggregator, the chart's Deployment pod, subscribes to the agent pod over mutual TLS and "
+                      "serves pod gpu's HAMi series with its node label on its Service's :9394 (Prometheus' token; "
+                      "401 without)", aggregator_serves)
+                check("helm upgrade monitor.isolation.enforce=evict: the rolled agent evicts an uncapped pod (limit 0, "
+                      "NVML sees its process use memory) through the Eviction API, its container's process is gone "
+                      "from the node, a GpuIsolationEviction Event and kai_isolator_evictions_total"
+                      "{reason=uncapped_no_limit} 1; the capped gpu pod stays", enforce_evicts)
         check("a plain pod and an opted-out pod run untouched: no /etc/ld.so.preload, no libvgpu.so mapped", untouched_pods)
         check("the gpu-memory pod is still Running with 0 restarts", no_restarts)
     if wanted("csi"):
@@ -719,11 +820,12 @@ def main():
             # The chart registers kai-csi through its csi-registrar sidecar
             # (node-driver-registrar: kai-csi's own registration socket
             # refuses the kubelet's :authority, hyperium/h2#487). That image
-            # is in no registry here: node/registrar (Go) does its job, with
-            # the sidecar's arguments from the chart.
-            registered = check("kai-csi with the chart's args (no --registration-dir), registered as the chart's "
-                               "csi-registrar sidecar registers it (node/registrar, Go, in node-driver-registrar's "
-                               "place): the kubelet lists it in CSINode", csi_via_registrar)
+            # is in no registry here: node/registrar (Go) does its job with
+            # the same flags, in an image of its own (node.sh).
+            registered = check("kai-csi and its csi-registrar sidecar, containers of the node DaemonSet's pod (kai-csi "
+                               "privileged, the kubelet's directory Bidirectional; node/registrar's image in "
+                               "node-driver-registrar's place): the kubelet lists the driver in CSINode, the pod "
+                               "is Ready", csi_pod_registered)
             if registered and check("a gpu-memory pod in a Pod Security restricted namespace (uid 1000, gid 2000) is admitted with "
                                     "the csi volume and runs: the kubelet called kai-csi"
                                     + ("" if "pod" in LIBSYNC else "; before libsync ran it waited (FailedMount: "
@@ -754,7 +856,12 @@ if __name__ == "__main__":
         if failed:
             if "pod" in LIBSYNC:
                 print("--- libsync pod log (last lines) ---\n" + "\n".join(libsync_log().splitlines()[-15:]))
-            for name in ("webhook", "kai-csi", "registrar", "agent"):
+            if "pod" in AGENT:
+                print("--- agent pod log (last lines) ---\n" + agent_log())
+            if "node_pod" in CSI:
+                for c in ("csi", "csi-registrar"):
+                    print(f"--- {c} container log (last lines) ---\n" + pod_log(CSI["node_pod"]["metadata"]["name"], c))
+            for name in ("webhook",):
                 tail = log_tail(name, 15)
                 if tail:
                     print(f"--- {name}.log (last lines) ---\n{tail}")

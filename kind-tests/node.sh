@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # A real node on this machine: the control plane of cluster.sh (no fake
-# nodes), plus containerd (Debian's package) and the kubelet built from the
-# same pinned k8s.io/kubernetes (k8s/build.sh kubelet), so injected pods run in
-# real containers. node.py then asserts the preload, the read-only library,
-# the writable region directory of a non-root container and libsync's
-# recovery in those containers (see README.md, "node.sh").
+# nodes), plus containerd (Debian's package) and the kubelet and kube-proxy
+# built from the same pinned k8s.io/kubernetes (k8s/build.sh kubelet), so
+# injected pods run in real containers and the chart's pods reach the API
+# server. node.py then asserts the preload, the read-only library, the
+# writable region directory of a non-root container and libsync's recovery
+# in those containers, with libsync, the agent, the aggregator and kai-csi as
+# the chart's real pods (see README.md, "node.sh").
 #
 #   kind-tests/node.sh [TARGET_DIR] [--only NAME,...]
 #
@@ -12,8 +14,8 @@
 # libkai_fake_vgpu.so (cargo build --bins; cargo build -p kai-fake-vgpu).
 # Needs root, a kernel with overlayfs, unshare/nsenter (util-linux), openssl,
 # curl, python3 + PyYAML, helm (HELM), go, cc; containerd, runc,
-# containernetworking-plugins and debootstrap are installed with apt-get when
-# missing. KEEP_NODE=1 leaves everything running and prints how to stop it.
+# containernetworking-plugins, debootstrap and iptables are installed with
+# apt-get when missing. KEEP_NODE=1 leaves everything running and prints how to stop it.
 #
 # Nothing of the machine's own node state is used or touched: containerd's
 # root, state and socket, the kubelet's --root-dir, pod logs and the library's
@@ -39,10 +41,12 @@ HELM="${HELM:-${XDG_CACHE_HOME:-$HOME/.cache}/kai-tools/helm/helm}"
 NODE_NAME="${NODE_NAME:-kai-node-1}"
 BRIDGE=kai-cni0
 KAI_IMAGE=kai.test/kai-resource-isolator:dev
+REGISTRAR_IMAGE=kai.test/csi-node-driver-registrar:dev
 POD_SUBNET=10.88.77.0/24
 
 die() { echo "node.sh: NODE NOT STARTED: $*" >&2; exit 1; }
 log() { echo "node.sh: $*" >&2; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("",0)); print(s.getsockname()[1])'; }
 
 SYSCTLS="vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes"
 . "$(dirname "${BASH_SOURCE[0]}")/pids.sh"  # pid_of, stop (over $PIDS)
@@ -75,6 +79,12 @@ down() {
     done
   fi
   stop kubelet
+  if [ -n "$(pid_of kube-proxy)" ]; then
+    stop kube-proxy
+    # (node.sh --down: the cached build, found again.)
+    [ -n "${KUBELET_DIR:-}" ] || KUBELET_DIR="$(bash "$here/k8s/build.sh" kubelet 2>/dev/null | tail -n1)"
+    "$KUBELET_DIR/kube-proxy" --cleanup --v=0 >/dev/null 2>&1 || true
+  fi
   if [ -n "$holder" ] && kill -0 "$holder" 2>/dev/null && [ -S "$T/containerd/containerd.sock" ]; then
     for c in $(ctr_ containers ls -q 2>/dev/null); do
       ctr_ tasks kill -s KILL "$c" >/dev/null 2>&1 || true
@@ -106,6 +116,9 @@ down() {
   done
   ls -d /sys/fs/cgroup/*/kubepods 2>/dev/null | sed 's/^/node.sh: could not remove cgroup /' >&2 || true
   ip link del "$BRIDGE" 2>/dev/null || true
+  if [ -f "$T/iptables.host" ]; then
+    iptables-restore < "$T/iptables.host" || echo "node.sh: could not restore the host's iptables ($T/iptables.host)" >&2
+  fi
   if [ -d "$T/cluster" ]; then bash "$here/cluster.sh" down "$T/cluster" || true; fi
   # The host's kernel settings must be as they were (the kubelet saw files).
   if [ -f "$T/sysctl.host" ]; then
@@ -129,6 +142,7 @@ command -v containerd >/dev/null || need_apt+=(containerd)
 command -v runc >/dev/null || need_apt+=(runc)
 [ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+command -v iptables-save >/dev/null || need_apt+=(iptables)  # kube-proxy's mode; saved and restored
 if [ "${#need_apt[@]}" -gt 0 ]; then
   log "installing ${need_apt[*]} (Debian packages)"
   apt-get update -qq
@@ -156,8 +170,10 @@ t0=$SECONDS
 BIN="$(bash "$here/k8s/build.sh" | tail -n1)"
 KUBELET_DIR="$(bash "$here/k8s/build.sh" kubelet | tail -n1)"
 IMAGES="$(bash "$here/node/images.sh" | tail -n1)"
-# node-driver-registrar's registration half (node/registrar), for node.py's
-# CSI part when kai-csi's own registration is refused by the kubelet.
+# node/registrar, node-driver-registrar's registration half with its flags:
+# the chart's csi-registrar sidecar runs it (that image is in no registry
+# here; kai-csi's own registration is refused by the kubelet, see
+# node/registrar/main.go).
 reg_pin="$(cat "$here/node/registrar/main.go" "$here/node/registrar/go.mod" "$here/node/registrar/go.sum" | sha256sum | cut -c1-12)"
 REGISTRAR="${XDG_CACHE_HOME:-$HOME/.cache}/kai-tools/node-registrar-$reg_pin/registrar"
 if [ ! -x "$REGISTRAR" ]; then
@@ -172,12 +188,15 @@ PIDS="$T/pids"
 mkdir -p "$T"/{ns/run,ns/varlog,sysctl,containerd/root,containerd/state,cni/net.d,cni/data,kubelet,podlogs,pki,host}
 : > "$T/pids"
 for k in $SYSCTLS; do echo "$k=$(sysctl -n "$k")"; done > "$T/sysctl.host"
+# The kubelet and kube-proxy write iptables rules in the host's network
+# namespace (this machine's): the tables are put back as they were.
+iptables-save > "$T/iptables.host"
 
 trap teardown EXIT
 
 # --- the control plane ------------------------------------------------------
 t1=$SECONDS
-KAI_FAKE_NODES="" bash "$here/cluster.sh" up "$T/cluster" >/dev/null
+KAI_FAKE_NODES="" KAI_API_BIND=0.0.0.0 bash "$here/cluster.sh" up "$T/cluster" >/dev/null
 # shellcheck disable=SC1091
 . "$T/cluster/env"
 log "control plane up in $((SECONDS - t1)) s"
@@ -229,7 +248,8 @@ cat > "$T/cni/net.d/10-kai.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "kai-node",
  "plugins": [
   {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_SUBNET"}]], "dataDir": "$T/cni/data"}},
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_SUBNET"}]], "routes": [{"dst": "0.0.0.0/0"}],
+           "dataDir": "$T/cni/data"}},
   {"type": "loopback"}]}
 EOF
 in_ns containerd --config "$T/containerd.toml" > "$T/containerd.log" 2>&1 &
@@ -239,28 +259,36 @@ ctr_ version >/dev/null 2>&1 || { tail -20 "$T/containerd.log" >&2; die "contain
 for img in debian pause; do ctr_ images import "$IMAGES/$img.oci.tar" >/dev/null; done
 # The project's own image, from TARGET_DIR's binaries (not cached: they change).
 bash "$here/node/kai_image.sh" "$target" "$KAI_IMAGE" "$T/kai.oci.tar"
-ctr_ images import "$T/kai.oci.tar" >/dev/null
-rm -f "$T/kai.oci.tar"
+bash "$here/node/registrar_image.sh" "$REGISTRAR" "$REGISTRAR_IMAGE" "$T/registrar.oci.tar"
+for img in kai registrar; do
+  ctr_ images import "$T/$img.oci.tar" >/dev/null
+  rm -f "$T/$img.oci.tar"
+done
 log "containerd $(containerd --version | awk '{print $3}') up, images imported"
 
 # --- the kubelet ----------------------------------------------------------------
-# A client certificate of the cluster CA in group system:nodes: the Node
-# authorizer and NodeRestriction treat it as the node's own kubelet.
 pki="$T/cluster/pki"
-openssl req -new -newkey rsa:2048 -nodes -keyout "$T/pki/node.key" \
-  -subj "/O=system:nodes/CN=system:node:$NODE_NAME" -out "$T/pki/node.csr" 2>/dev/null
-printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' > "$T/pki/node.ext"
-openssl x509 -req -in "$T/pki/node.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial -days 2 -sha256 \
-  -extfile "$T/pki/node.ext" -out "$T/pki/node.crt" 2>/dev/null
-cat > "$T/kubelet.kubeconfig" <<EOF
+# client_kubeconfig NAME SUBJECT: a kubeconfig with a client certificate of
+# the cluster CA for SUBJECT, in $T/NAME.kubeconfig.
+client_kubeconfig() {
+  local name=$1 subj=$2
+  openssl req -new -newkey rsa:2048 -nodes -keyout "$T/pki/$name.key" -subj "$subj" -out "$T/pki/$name.csr" 2>/dev/null
+  printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' > "$T/pki/$name.ext"
+  openssl x509 -req -in "$T/pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial -days 2 -sha256 \
+    -extfile "$T/pki/$name.ext" -out "$T/pki/$name.crt" 2>/dev/null
+  cat > "$T/$name.kubeconfig" <<EOF
 apiVersion: v1
 kind: Config
 clusters: [{name: c, cluster: {server: "https://127.0.0.1:$API_PORT", certificate-authority: "$pki/ca.crt"}}]
-users: [{name: node, user: {client-certificate: "$T/pki/node.crt", client-key: "$T/pki/node.key"}}]
-contexts: [{name: c, context: {cluster: c, user: node}}]
+users: [{name: $name, user: {client-certificate: "$T/pki/$name.crt", client-key: "$T/pki/$name.key"}}]
+contexts: [{name: c, context: {cluster: c, user: $name}}]
 current-context: c
 EOF
-KUBELET_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("",0)); print(s.getsockname()[1])')"
+}
+# In group system:nodes: the Node authorizer and NodeRestriction treat it as
+# the node's own kubelet.
+client_kubeconfig kubelet "/O=system:nodes/CN=system:node:$NODE_NAME"
+KUBELET_PORT="$(free_port)"
 # failCgroupV1: false: this machine is cgroup v1 (hybrid); the kubelet
 # refuses v1 by default since 1.35. cgroupfs: no systemd here. The API server
 # (the cluster CA's apiserver-kubelet client) is the only client: x509 only,
@@ -311,6 +339,41 @@ fi
 kc taint nodes "$NODE_NAME" node.kubernetes.io/not-ready:NoSchedule- >/dev/null 2>&1 || true
 log "node $NODE_NAME Ready in $((SECONDS - t2)) s (kubelet $(kc get node "$NODE_NAME" -o jsonpath='{.status.nodeInfo.kubeletVersion}'), $(kc get node "$NODE_NAME" -o jsonpath='{.status.nodeInfo.containerRuntimeVersion}'))"
 
+# --- kube-proxy -------------------------------------------------------------------
+# Pods reach the API server (the agent, the aggregator, kai-csi) through the
+# `kubernetes` Service's ClusterIP, as on any node: kube-proxy (the same
+# pinned module, iptables mode) programs it, and the API server listens on
+# NODE_IP (cluster.sh, KAI_API_BIND). Its user system:kube-proxy has the
+# default ClusterRole system:node-proxier. It leaves the host's conntrack
+# settings alone (maxPerCore 0, timeouts 0) and sets no route_localnet
+# (localhostNodePorts false); its iptables rules go at teardown
+# (kube-proxy --cleanup, then the tables as they were before the run).
+client_kubeconfig kube-proxy "/CN=system:kube-proxy"
+cat > "$T/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: "$T/kube-proxy.kubeconfig"}
+hostnameOverride: $NODE_NAME
+mode: iptables
+clusterCIDR: $POD_SUBNET
+bindAddress: $NODE_IP
+healthzBindAddress: 127.0.0.1:$(free_port)
+metricsBindAddress: 127.0.0.1:$(free_port)
+iptables: {localhostNodePorts: false}
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+EOF
+in_ns "$KUBELET_DIR/kube-proxy" --config "$T/kube-proxy.yaml" --v=2 > "$T/kube-proxy.log" 2>&1 &
+echo "kube-proxy $!" >> "$T/pids"
+api_svc="$(kc get service kubernetes -n default -o jsonpath='{.spec.clusterIP}')"
+proxied() { iptables-save -t nat 2>/dev/null | grep -q -- "-d $api_svc/32 .*default/kubernetes:https"; }
+for _ in $(seq 300); do
+  proxied && break
+  kill -0 "$(pid_of kube-proxy)" 2>/dev/null || break
+  sleep 0.2
+done
+proxied || { tail -20 "$T/kube-proxy.log" >&2; die "kube-proxy programmed no rule for the kubernetes Service ($api_svc) within 60 s ($T/kube-proxy.log)"; }
+log "kube-proxy up: the kubernetes Service $api_svc leads to $NODE_IP:$API_PORT"
+
 cat > "$T/node.env" <<EOF
 NODE_NAME=$NODE_NAME
 NODE_DIR=$T
@@ -320,8 +383,8 @@ HOLDER_PID=$(pid_of holder)
 HOST_BASE=$T/host
 POD_LOGS=$T/podlogs
 KUBELET_LOG=$T/kubelet.log
-REGISTRAR=$REGISTRAR
 KAI_IMAGE=$KAI_IMAGE
+REGISTRAR_IMAGE=$REGISTRAR_IMAGE
 EOF
 
 rc=0

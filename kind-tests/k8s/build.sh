@@ -6,9 +6,9 @@
 # hash of both go.mod and go.sum files, so a machine builds them once per pin.
 # Prints that directory on the last line of stdout.
 #
-#   build.sh kubelet   builds (or reuses) the kubelet of the same pinned
-#                      k8s.io/kubernetes (kubelet/go.mod, a module of its own)
-#                      into ~/.cache/kai-tools/kubelet-<version>-<pin>/ keyed
+#   build.sh kubelet   builds (or reuses) the kubelet and kube-proxy of the same
+#                      pinned k8s.io/kubernetes (kubelet/go.mod, a module of
+#                      its own) into ~/.cache/kai-tools/kubelet-<version>-<pin>/ keyed
 #                      by kubelet/go.mod and go.sum only, and prints that
 #                      directory; the control plane's cache key is unchanged.
 set -euo pipefail
@@ -26,23 +26,26 @@ if [ "${1:-}" = kubelet ]; then
   [ "$version" = "$cp_version" ] || { echo "build.sh: kubelet/go.mod pins $version, go.mod $cp_version: keep them at one release" >&2; exit 1; }
   pin="$(cat "$here/kubelet/go.mod" "$here/kubelet/go.sum" | sha256sum | cut -c1-12)"
   out="${XDG_CACHE_HOME:-$HOME/.cache}/kai-tools/kubelet-${version}-${pin}"
-  if [ -x "$out/kubelet" ]; then
-    echo "kubelet ${version} (pin ${pin}): cached in $out" >&2
+  if [ -x "$out/kubelet" ] && [ -x "$out/kube-proxy" ]; then
+    echo "kubelet and kube-proxy ${version} (pin ${pin}): cached in $out" >&2
     echo "$out"
     exit 0
   fi
   mkdir -p "$out.partial"
   start=$SECONDS
-  # Static (CGO_ENABLED=0), as Kubernetes releases its kubelet.
+  # Static (CGO_ENABLED=0), as Kubernetes releases them.
   (
     cd "$here/kubelet"
-    CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly -trimpath" go build \
-      -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=${version}" \
-      -o "$out.partial/kubelet" k8s.io/kubernetes/cmd/kubelet
+    for cmd in kubelet kube-proxy; do
+      CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly -trimpath" go build \
+        -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=${version}" \
+        -o "$out.partial/$cmd" "k8s.io/kubernetes/cmd/$cmd"
+      echo "built $cmd ($((SECONDS - start)) s so far)" >&2
+    done
   )
   rm -rf "$out"
   mv "$out.partial" "$out"
-  echo "kubelet ${version} (pin ${pin}) built in $((SECONDS - start)) s into $out" >&2
+  echo "kubelet and kube-proxy ${version} (pin ${pin}) built in $((SECONDS - start)) s into $out" >&2
   echo "$out"
   exit 0
 fi

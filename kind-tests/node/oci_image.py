@@ -2,12 +2,15 @@
 """An OCI image archive (oci-layout, index.json, blobs) from one layer tar,
 importable with `ctr -n k8s.io images import` (no registry needed).
 
-  oci_image.py NAME LAYER_TAR OUT_TAR [--cmd ARG ...] [--env K=V ...] [--user UID:GID]
+  oci_image.py NAME LAYER_TAR OUT_TAR [--entrypoint ARG ...] [--cmd ARG ...]
+               [--env K=V ...] [--user UID:GID]
 
 NAME (e.g. kai.test/debian:bookworm) goes into the index as
 io.containerd.image.name and org.opencontainers.image.ref.name. The layer is
 stored uncompressed; created/history are fixed, so the same layer gives the
-same image digest."""
+same image digest. --entrypoint sets config.Entrypoint, which Kubernetes
+keeps when a pod gives args (args replace Cmd only); without it the config
+has no Entrypoint key."""
 import hashlib
 import io
 import json
@@ -18,13 +21,15 @@ import tarfile
 def main(argv):
     name, layer_path, out = argv[:3]
     rest = argv[3:]
-    cmd, env, key = [], ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], None
+    entrypoint, cmd, env, key = [], [], ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], None
     user = None
     for a in rest:
-        if a in ("--cmd", "--env", "--user"):
+        if a in ("--entrypoint", "--cmd", "--env", "--user"):
             key = a
         elif key == "--user":
             user, key = a, None
+        elif key == "--entrypoint":
+            entrypoint.append(a)
         elif key == "--cmd":
             cmd.append(a)
         elif key == "--env":
@@ -40,7 +45,8 @@ def main(argv):
     layer = h.hexdigest()
     config = json.dumps({
         "architecture": "amd64", "os": "linux", "created": "1970-01-01T00:00:00Z",
-        "config": {"Env": env, "Cmd": cmd or None, "WorkingDir": "/", **({"User": user} if user else {})},
+        "config": {"Env": env, "Cmd": cmd or None, "WorkingDir": "/", **({"User": user} if user else {}),
+                   **({"Entrypoint": entrypoint} if entrypoint else {})},
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer}"]},
         "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "kind-tests/node/oci_image.py"}],
     }, sort_keys=True).encode()

@@ -3,6 +3,7 @@ module kai-resource-isolator/kind-tests/node/registrar
 go 1.26.0
 
 require (
+	github.com/container-storage-interface/spec v1.14.0
 	google.golang.org/grpc v1.82.1
 	k8s.io/kubelet v0.37.2
 )
