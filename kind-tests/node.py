@@ -17,27 +17,22 @@ kube-proxy). The agent's NVML is the stand-in libkai_fake_nvml.so
 (services/fake-nvml), given through monitor.nvml.hostLibraryDir; its config
 names the containers' real host PIDs. With libraryDelivery=csi, the node
 DaemonSet's pod adds kai-csi and its registrar sidecar (node/registrar's
-image), which the kubelet calls for real. The webhook runs as a process with
-the chart's own arguments and environment (read back from the API server),
-as apiserver.py runs it. The stand-in for libvgpu.so is
+image), which the kubelet calls for real. The webhook's Deployment runs on
+the node too: the API server calls it at its pod IP, through the chart's
+Service (--enable-aggregator-routing). Every component is a pod; node.py
+starts no process of the project's. The stand-in for libvgpu.so is
 libkai_fake_vgpu.so (services/fake-vgpu): loaded, it is in the process's
 maps; the pods never call CUDA, so it does nothing else.
 """
-import atexit
-import base64
-import http.client
 import json
 import os
-import signal
-import ssl
 import stat
 import sys
 import time
 
 import harness
-from harness import (CHART, FULL, HERE, NS, RELEASE, TENANT, apply, built_library, chart_env, check, container_of,
-                     create, eventually, failed, free_port, grpc_tls_files, helm, http_get, kjson, kubectl, load_env,
-                     log_tail, rewrite, run, sa_kubeconfig, series, start, stop, stop_all)
+from harness import (CHART, FULL, HERE, NS, RELEASE, TENANT, built_library, check, create, eventually, failed,
+                     grpc_tls_files, helm, http_get, kjson, kubectl, load_env, run, series)
 
 OPT_OUT_NS = "opt-out-allowed"
 IMAGE = "kai.test/debian:bookworm"
@@ -60,49 +55,6 @@ REGISTRAR_IMAGE = ENV["REGISTRAR_IMAGE"]  # node/registrar's (node/registrar_ima
 harness.setup(target=TARGET, helm=HELM, env=ENV, admin=ADMIN, pki=os.path.join(CLUSTER, "pki"), work=WORK,
               ns_pid=ENV["HOLDER_PID"], log_tail_lines=30, eventually_errors=(IndexError,))
 
-atexit.register(stop_all)
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-
-
-# --- the chart's components as processes (as apiserver.py runs them) ----------
-
-WEBHOOK = {}
-
-
-def start_webhook():
-    c = container_of("deployment", f"{FULL}-webhook", "webhook")
-    data = kjson("get", "secret", f"{FULL}-webhook-tls", "-n", NS)["data"]
-    tls = os.path.join(WORK, "webhook-tls")
-    os.makedirs(tls, exist_ok=True)
-    for k in ("tls.crt", "tls.key", "ca.crt"):
-        with open(os.path.join(tls, k), "wb") as f:
-            f.write(base64.b64decode(data[k]))
-    port = WEBHOOK.setdefault("port", free_port(NODE_IP))
-    args = rewrite(c["args"], [(r"^--listen=.*", f"--listen={NODE_IP}:{port}"),
-                               (r"^--tls-cert-file=.*", f"--tls-cert-file={tls}/tls.crt"),
-                               (r"^--tls-private-key-file=.*", f"--tls-private-key-file={tls}/tls.key"),
-                               (r"^--log-format=.*", "--log-format=plain")])
-    env = chart_env(c)
-    if env.get("NODE_GUARD") == "true":
-        env["KUBECONFIG"] = sa_kubeconfig(f"{FULL}-webhook")
-    start("webhook", [os.path.join(TARGET, "kai-webhook"), *args], env=env)
-    ctx = ssl.create_default_context(cafile=os.path.join(tls, "ca.crt"))
-    ctx.check_hostname = False
-
-    def healthy():
-        conn = http.client.HTTPSConnection(NODE_IP, port, context=ctx, timeout=2)
-        conn.request("GET", "/healthz")
-        return conn.getresponse().status == 200
-    eventually("webhook serving", healthy, timeout=30, show=lambda: log_tail("webhook"))
-    # The chart's Service resolves (--enable-aggregator-routing) to this
-    # EndpointSlice: the webhook process on this host's address.
-    apply({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-           "metadata": {"name": f"{FULL}-webhook-host", "namespace": NS,
-                        "labels": {"kubernetes.io/service-name": f"{FULL}-webhook",
-                                   "endpointslice.kubernetes.io/managed-by": "kai-test"}},
-           "addressType": "IPv4",
-           "endpoints": [{"addresses": [NODE_IP], "conditions": {"ready": True}}],
-           "ports": [{"name": "https", "port": port, "protocol": "TCP"}]})
 
 
 # Reasons a container waits for that no retry within a test passes.
@@ -121,21 +73,22 @@ def stuck(p):
 
 
 def release_pod(component, what, other_than=None):
-    """The release's Ready pod of `component` on the node (not `other_than`,
-    a pod name: the one a rollout replaces); fails early on a container that
-    is stuck."""
+    """The release's Ready pod of `component` on the node once it is the
+    only one: `other_than`, the pod a rollout replaces, gone (it would still
+    answer); fails early on a container that is stuck."""
     selector = f"app.kubernetes.io/component={component}"
 
     def ready():
-        pods = [p for p in kjson("get", "pods", "-n", NS, "-l", selector,
-                                 "--field-selector", f"spec.nodeName={NODE}")["items"]
-                if not p["metadata"].get("deletionTimestamp") and p["metadata"]["name"] != other_than]
+        all_pods = kjson("get", "pods", "-n", NS, "-l", selector, "--field-selector", f"spec.nodeName={NODE}")["items"]
+        if any(p["metadata"]["name"] == other_than for p in all_pods):
+            return None
+        pods = [p for p in all_pods if not p["metadata"].get("deletionTimestamp")]
         for p in pods:
             if waiting := stuck(p):
                 raise AssertionError(f"{component} pod {p['metadata']['name']}: {waiting}")
         ok = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
                                      for c in p["status"].get("conditions", []))]
-        return ok[0] if ok else None
+        return ok[0] if len(ok) == len(pods) == 1 else None
     return eventually(what, ready, timeout=90,
                       show=lambda: json.dumps([p["status"] for p in kjson("get", "pods", "-n", NS, "-l", selector)
                                                ["items"]])[-1200:])
@@ -325,9 +278,6 @@ def install_release():
              "--set", "monitor.agent.extraEnv[0].name=FAKE_NVML_CONFIG",
              "--set", f"monitor.agent.extraEnv[0].value={NVML_IN_POD}/nvml.json",
              "--set", "monitor.isolation.noRegionGraceSeconds=3",
-             # The webhook runs as a process (as in apiserver.py): its pod is
-             # kept off the node.
-             "--set-string", "webhook.nodeSelector.kai-test\\.io/process=elsewhere",
              check=False)
     assert r.returncode == 0, r.stderr[-800:]
     for ns in (TENANT, OPT_OUT_NS):
@@ -336,7 +286,7 @@ def install_release():
     for ns in (TENANT, OPT_OUT_NS):
         eventually(f"the default ServiceAccount of {ns}",
                    lambda: kubectl("get", "serviceaccount", "default", "-n", ns, check=False).returncode == 0, timeout=60)
-    start_webhook()
+    WEBHOOK["pod"] = release_pod("webhook", "the webhook's pod Ready")
 
     def mutated():
         p = gpu_pod("probe")
@@ -454,6 +404,7 @@ def no_restarts():
 # --- the node agent and the aggregator as real pods ------------------------------
 
 AGENT = {}
+WEBHOOK = {}
 
 
 def host_pid(pod_obj, container="main"):
@@ -602,6 +553,7 @@ def csi_registered():
     registry, name = REGISTRAR_IMAGE.split("/", 1)
     repo, tag = name.rsplit(":", 1)
     old = AGENT["pod"]["metadata"]["name"] if "pod" in AGENT else None
+    old_webhook = WEBHOOK["pod"]["metadata"]["name"]
     # Without the hostpath part, libsync has not run: a node selector of
     # the test's holds it back (start_libsync labels the node for it) while
     # the node DaemonSet (agent, kai-csi) runs, so the CSI part starts
@@ -618,9 +570,11 @@ def csi_registered():
              # region (no_region would evict them).
              "--set", "monitor.isolation.enforce=none", check=False)
     assert r.returncode == 0, r.stderr[-800:]
-    stop("webhook")
-    start_webhook()
-    assert chart_env(container_of("deployment", f"{FULL}-webhook", "webhook"))["LIBRARY_DELIVERY"] == "csi"
+    # The Deployment rolls (its env says csi): the hostPath replica must be
+    # gone, or it would still answer some reviews.
+    WEBHOOK["pod"] = release_pod("webhook", "the rolled webhook's pod Ready, the old one gone", other_than=old_webhook)
+    (c,) = [x for x in WEBHOOK["pod"]["spec"]["containers"] if x["name"] == "webhook"]
+    assert {"name": "LIBRARY_DELIVERY", "value": "csi"} in c["env"], c["env"]
     kjson("get", "csidriver", CSI_DRIVER)
     if "pod" not in LIBSYNC:
         kubectl("label", "node", NODE, "nvidia.com/gpu.present=true", "--overwrite")
@@ -744,6 +698,14 @@ def csi_without_containers_subpath():
         assert f.read() == "usage\n"
 
 
+def release_logs():
+    """The last lines of each release pod's containers (before they go)."""
+    for p in kjson("get", "pods", "-n", NS)["items"]:
+        for c in p["spec"]["containers"]:
+            print(f"--- {p['metadata']['name']} {c['name']} (last lines) ---\n"
+                  + pod_log(p["metadata"]["name"], c["name"], 15), flush=True)
+
+
 def uninstall():
     for ns in (TENANT, OPT_OUT_NS, RESTRICTED):
         kubectl("delete", "pods", "--all", "-n", ns, "--wait=true", "--timeout=90s", check=False)
@@ -761,7 +723,6 @@ def uninstall():
     # go first (chart README, "Going back to hostPath (or uninstalling)").
     eventually("the kubelet unmounted the deleted pods' volumes and removed their directories",
                lambda: not leftover_dirs(), timeout=60, show=leftover_dirs)
-    stop("webhook")
     r = helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "90s", check=False)
     assert r.returncode == 0, r.stderr[-600:]
     # The release's own pods (libsync's DaemonSet) go through the garbage
@@ -780,7 +741,8 @@ def main():
     t0 = time.monotonic()
     check(f"node {NODE}: a real kubelet {ENV['K8S_VERSION']} on containerd registered Ready, the only node", node_ready)
     if not check("helm install (libraryDelivery=hostPath, host directory under the test's temp dir); "
-                 "the webhook as a process behind the chart's Service: a gpu-memory pod is mutated", install_release):
+                 "the webhook's Deployment pod Ready, called by the API server through the chart's Service: "
+                 "a gpu-memory pod is mutated", install_release):
         return
     if wanted("hostpath"):
         if check("before libsync ran: the gpu-memory pod runs, kubelet made <host>/ld.so.preload an empty directory, "
@@ -841,6 +803,8 @@ def main():
                 check("a pod declaring the csi volume itself (the webhook's volume and mounts, no `containers` subPath, "
                       "the webhook skipped): its region directory reaches it through the volume's mount, writable, "
                       "only its own", csi_without_containers_subpath)
+    if failed:
+        release_logs()
     check("all pods deleted and helm uninstall: no pod left on the node, the kubelet removed their directories", uninstall)
     print(f"node.py: {harness.passed} passed, {len(failed)} failed "
           f"in {time.monotonic() - t0:.0f} s", flush=True)
@@ -849,20 +813,5 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    finally:
-        stop_all()
-        if failed:
-            if "pod" in LIBSYNC:
-                print("--- libsync pod log (last lines) ---\n" + "\n".join(libsync_log().splitlines()[-15:]))
-            if "pod" in AGENT:
-                print("--- agent pod log (last lines) ---\n" + agent_log())
-            if "node_pod" in CSI:
-                for c in ("csi", "csi-registrar"):
-                    print(f"--- {c} container log (last lines) ---\n" + pod_log(CSI["node_pod"]["metadata"]["name"], c))
-            for name in ("webhook",):
-                tail = log_tail(name, 15)
-                if tail:
-                    print(f"--- {name}.log (last lines) ---\n{tail}")
+    main()
     sys.exit(min(len(failed), 100))
