@@ -58,6 +58,7 @@ fn container(node: usize, serial: u64) -> ContainerView {
             namespace: format!("team-{}", serial % 20),
             name: format!("job-{node}-{serial}"),
             sharing: true,
+            opted_out: false,
             gpu_container: Some("main".into()),
             running: Vec::new(),
             grant: None,

@@ -14,7 +14,7 @@ use kai_csi::request::{
 use tokio_util::sync::CancellationToken;
 
 /// What kubelet would pass: the pod's inline volume, named by the webhook.
-const VOLUME: &str = "kai-resource-isolator-vgpu";
+const VOLUME: &str = kai_vocab::annotations::VOLUME_VGPU;
 
 /// A published volume; unmounted when dropped (the demo's files, removed
 /// after it, must hold no mount), whatever way the demo ends.

@@ -41,6 +41,7 @@ fn state(n: usize) -> NodeState {
                     namespace: format!("team-{}", i % 10),
                     name: format!("job-{i}-0"),
                     sharing: true,
+                    opted_out: false,
                     gpu_container: Some("main".into()),
                     running: Vec::new(),
                     grant: None,

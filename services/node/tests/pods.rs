@@ -1,6 +1,6 @@
 //! Pod join through kube-rs against a mocked API server (tower-test): the
-//! node-scoped list is issued, and UIDs resolve to sharing, non-sharing and
-//! absent pods.
+//! node-scoped list is issued, and UIDs resolve to sharing, non-sharing,
+//! opted-out and absent pods.
 
 mod support;
 
@@ -14,6 +14,20 @@ use tokio_util::sync::CancellationToken;
 const SHARING: &str = "11111111-0000-4000-8000-000000000001";
 const PLAIN: &str = "11111111-0000-4000-8000-000000000002";
 const NAMED: &str = "11111111-0000-4000-8000-000000000003";
+const OPTED_OUT: &str = "11111111-0000-4000-8000-000000000004";
+const REFUSED_OPT_OUT: &str = "11111111-0000-4000-8000-000000000005";
+
+/// `pod` with the webhook's library volume among others, as it stores an
+/// injected pod.
+fn injected(pod: serde_json::Value) -> serde_json::Value {
+    let mut pod = pod;
+    pod["spec"]["volumes"] = json!([
+        {"name": "data", "emptyDir": {}},
+        {"name": kai_vocab::annotations::VOLUME_VGPU,
+         "hostPath": {"path": "/usr/local/vgpu", "type": "Directory"}},
+    ]);
+    pod
+}
 
 #[tokio::test]
 async fn node_scoped_reflector_resolves_pods_by_uid() {
@@ -38,6 +52,22 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
                 "gpu-node-1",
                 json!({"prometheus.io/scrape": "true"}),
             ),
+            // Asked to opt out, and the webhook let it (no library volume):
+            // its namespace allows it.
+            support::pod(
+                OPTED_OUT,
+                "opted-out-0",
+                "gpu-node-1",
+                json!({"gpu-memory": "4096", "kai-resource-isolator.io/inject": " False"}),
+            ),
+            // Asked, but injected anyway (a namespace that does not allow
+            // opting out): an ordinary sharing pod.
+            injected(support::pod(
+                REFUSED_OPT_OUT,
+                "refused-0",
+                "gpu-node-1",
+                json!({"gpu-memory": "4096", "kai-resource-isolator.io/inject": "false"}),
+            )),
         ],
     );
     let shutdown = CancellationToken::new();
@@ -60,6 +90,7 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
             namespace: "team-a".into(),
             name: "trainer-0".into(),
             sharing: true,
+            opted_out: false,
             // No gpu-fraction-container-name annotation: KAI's default.
             gpu_container: Some("main".into()),
             // The waiting sidecar is not running.
@@ -76,16 +107,33 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
         source.lookup(PLAIN),
         Lookup::Known(PodMeta { sharing: false, .. })
     ));
-    let sharing: Vec<String> = source
+    let mut sharing: Vec<String> = source
         .sharing_pods()
         .into_iter()
         .map(|(uid, _)| uid)
         .collect();
+    sharing.sort();
     assert_eq!(
         sharing,
-        [SHARING],
-        "only GPU-sharing pods are checked for regions"
+        [SHARING, REFUSED_OPT_OUT],
+        "only GPU-sharing pods are checked for regions, not those let opt out"
     );
+    assert!(matches!(
+        source.lookup(OPTED_OUT),
+        Lookup::Known(PodMeta {
+            sharing: false,
+            opted_out: true,
+            ..
+        })
+    ));
+    assert!(matches!(
+        source.lookup(REFUSED_OPT_OUT),
+        Lookup::Known(PodMeta {
+            sharing: true,
+            opted_out: false,
+            ..
+        })
+    ));
     assert!(
         matches!(
             source.lookup(NAMED),

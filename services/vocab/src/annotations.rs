@@ -1,5 +1,5 @@
 //! Pod annotation names: KAI-Scheduler's (what marks a GPU-sharing pod)
-//! and ours (docs/webhook.md).
+//! and ours (docs/webhook.md); and the volume that marks an injected pod.
 
 /// KAI-Scheduler's fractional-GPU annotation.
 pub const ANNOTATION_GPU_FRACTION: &str = "gpu-fraction";
@@ -9,6 +9,18 @@ pub const ANNOTATION_GPU_MEMORY: &str = "gpu-memory";
 pub const ANNOTATION_CONTAINER_NAME: &str = "gpu-fraction-container-name";
 /// `"false"` (any case) opts a pod out of injection.
 pub const ANNOTATION_INJECT: &str = "kai-resource-isolator.io/inject";
+
+/// The library volume the webhook adds to every pod it injects, whatever
+/// the delivery: a sharing pod without it that asked to opt out
+/// ([`ANNOTATION_INJECT`]) was let go by the webhook, which honours that
+/// only in namespaces an administrator allows to opt out.
+pub const VOLUME_VGPU: &str = "kai-resource-isolator-vgpu";
+
+/// Whether a pod's `kai-resource-isolator.io/inject` annotation value
+/// asks to opt out (`"false"`, any case), as the webhook reads it.
+pub fn opts_out(inject: Option<&str>) -> bool {
+    inject.is_some_and(|v| v.trim().eq_ignore_ascii_case("false"))
+}
 /// The share of the GPU's SMs (percent, 1–100) the sharing container may
 /// use; becomes `CUDA_DEVICE_SM_LIMIT`.
 pub const ANNOTATION_GPU_CORES: &str = "kai-resource-isolator.io/gpu-cores";

@@ -59,6 +59,7 @@ mod tests {
             namespace: "team-a".into(),
             name: format!("pod-{sharing}"),
             sharing,
+            opted_out: false,
             gpu_container: Some("main".into()),
             running: Vec::new(),
             grant: None,

@@ -12,8 +12,13 @@ pub use kai_vocab::annotations::Grant;
 pub struct PodMeta {
     pub namespace: String,
     pub name: String,
-    /// Has KAI's `gpu-fraction` or `gpu-memory` annotation.
+    /// Has KAI's `gpu-fraction` or `gpu-memory` annotation and did not opt
+    /// out: a region is expected of its GPU container.
     pub sharing: bool,
+    /// Asked to opt out (`kai-resource-isolator.io/inject: "false"`) and
+    /// the webhook let it (no library volume): its namespace allows it.
+    /// Runs uncapped by an administrator's choice; never evicted.
+    pub opted_out: bool,
     /// The container KAI gives the GPU share to: the
     /// `gpu-fraction-container-name` annotation, else the first container.
     pub gpu_container: Option<String>,
@@ -137,6 +142,9 @@ pub struct Owner {
     pub namespace: String,
     pub pod: String,
     pub container: String,
+    /// The pod opted out of injection ([`PodMeta::opted_out`]): reported,
+    /// never evicted.
+    pub opted_out: bool,
 }
 
 /// A GPU process no region accounts for.

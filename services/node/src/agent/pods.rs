@@ -11,8 +11,8 @@ use std::sync::Arc;
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kai_vocab::annotations::{
-    ANNOTATION_CONTAINER_NAME, ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY, Grant,
-    SHARING_ANNOTATIONS,
+    ANNOTATION_CONTAINER_NAME, ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY, ANNOTATION_INJECT,
+    Grant, SHARING_ANNOTATIONS, VOLUME_VGPU, opts_out,
 };
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -115,6 +115,7 @@ impl PodSource {
                             namespace: p.namespace,
                             name: p.name,
                             sharing: p.sharing,
+                            opted_out: false,
                             gpu_container: p.gpu_container,
                             running: p.running,
                             grant: Grant::of(p.gpu_memory.as_deref(), p.gpu_fraction.as_deref()),
@@ -215,8 +216,8 @@ impl PodSource {
 }
 
 /// Keeps only what [`meta_of`] reads, so the cache of a busy node stays
-/// small: metadata without managed fields, container names, and the
-/// running state of each container.
+/// small: metadata without managed fields, container names, whether the
+/// pod has our library volume, and the running state of each container.
 fn trim(pod: &mut Pod) {
     pod.metadata.managed_fields = None;
     pod.metadata.labels = None;
@@ -231,6 +232,15 @@ fn trim(pod: &mut Pod) {
                     ..Default::default()
                 })
                 .collect(),
+            volumes: spec.volumes.map(|all| {
+                all.into_iter()
+                    .filter(|v| v.name == VOLUME_VGPU)
+                    .map(|v| k8s_openapi::api::core::v1::Volume {
+                        name: v.name,
+                        ..Default::default()
+                    })
+                    .collect()
+            }),
             ..Default::default()
         });
     }
@@ -262,12 +272,24 @@ fn meta_of(pod: &Pod) -> PodMeta {
         .as_ref()
         .and_then(|s| s.containers.first())
         .map(|c| c.name.clone());
+    // The webhook honours an opt-out only where the namespace allows it;
+    // elsewhere it injects the pod anyway. So a pod that asked and has no
+    // library volume of ours was let go on purpose: no region is expected
+    // of it and it is never evicted (docs/isolation.md, "Opted-out pods").
+    let injected = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .is_some_and(|v| v.iter().any(|v| v.name == VOLUME_VGPU));
+    let opted_out = opts_out(annotation(ANNOTATION_INJECT).as_deref()) && !injected;
     PodMeta {
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),
         name: pod.metadata.name.clone().unwrap_or_default(),
-        sharing: SHARING_ANNOTATIONS
-            .iter()
-            .any(|a| annotations.is_some_and(|m| m.contains_key(*a))),
+        sharing: !opted_out
+            && SHARING_ANNOTATIONS
+                .iter()
+                .any(|a| annotations.is_some_and(|m| m.contains_key(*a))),
+        opted_out,
         gpu_container: annotation(ANNOTATION_CONTAINER_NAME).or(first),
         grant: Grant::of(
             annotation(ANNOTATION_GPU_MEMORY).as_deref(),

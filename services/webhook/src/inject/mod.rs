@@ -29,7 +29,7 @@ pub use kai_vocab::annotations::{
 /// capabilities ConfigMaps (KAI-Scheduler `gpusharingconfigmap`).
 pub const ANNOTATION_KAI_CONFIG_MAP: &str = "runai/shared-gpu-configmap";
 
-pub const VOLUME_VGPU: &str = "kai-resource-isolator-vgpu";
+pub use kai_vocab::annotations::VOLUME_VGPU;
 pub const VOLUME_CONTAINERS: &str = "kai-resource-isolator-containers";
 pub const VOLUME_VGPULOCK: &str = "kai-resource-isolator-vgpulock";
 /// libvgpu's cross-process lock directory (fixed in HAMi-core).

@@ -31,8 +31,7 @@ pub enum OptOut {
 /// Whether the pod carries `kai-resource-isolator.io/inject: "false"` (any
 /// case): what [`plan`] honours under [`OptOut::Honoured`].
 pub fn asks_to_opt_out(pod: &Pod) -> bool {
-    pod.annotation(ANNOTATION_INJECT)
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"))
+    kai_vocab::annotations::opts_out(pod.annotation(ANNOTATION_INJECT))
 }
 
 /// Plans the mutation of `pod` under `cfg`.

@@ -86,8 +86,9 @@ pub struct Candidate {
 /// (the pod's own processes measured past the cap or grant, or using an
 /// uncapped GPU: a tenant can write any region, so its contents alone never
 /// evict), `no_region` past its grace (only reported past it), and the pod
-/// of an escaped GPU process whose owner was identified. A `forged` region
-/// evicts nobody. A container whose pod is not known (yet) is never a
+/// of an escaped GPU process whose owner was identified, unless that pod
+/// opted out where its namespace allows it (evicting it would only bring it
+/// back as it was, over and over). A `forged` region evicts nobody. A container whose pod is not known (yet) is never a
 /// candidate. One per pod, the reason by [`Reason`]'s order; sorted by
 /// namespace and name.
 pub fn candidates(
@@ -128,7 +129,11 @@ pub fn candidates(
         });
     }
     for e in escaped {
-        let Some(owner) = e.owner.as_ref().filter(|o| !o.pod.is_empty()) else {
+        let Some(owner) = e
+            .owner
+            .as_ref()
+            .filter(|o| !o.pod.is_empty() && !o.opted_out)
+        else {
             continue;
         };
         found.push(Candidate {

@@ -26,6 +26,7 @@ fn view(uid: &str, pod: Option<&str>, state: IsolationState) -> ContainerView {
             namespace: "team-a".to_owned(),
             name: name.to_owned(),
             sharing: true,
+            opted_out: false,
             gpu_container: None,
             running: Vec::new(),
             grant: None,
@@ -69,6 +70,7 @@ fn escaped(owner: Option<(&str, &str)>) -> Escaped {
             namespace: "team-c".to_owned(),
             pod: pod.to_owned(),
             container: String::new(),
+            opted_out: false,
         }),
         reason: "not capped".to_owned(),
         first_seen_ms: 0,
@@ -111,6 +113,17 @@ fn candidates_are_the_pods_whose_cap_does_not_hold() {
             escaped(Some(("u-esc", "escaper"))),
             escaped(None),
             escaped(Some(("u-anon", ""))),
+            // Opted out where its namespace allows it: evicted, it would
+            // come back the same; reported only.
+            Escaped {
+                owner: escaped(Some(("u-opted-out", "opted-out")))
+                    .owner
+                    .map(|o| Owner {
+                        opted_out: true,
+                        ..o
+                    }),
+                ..escaped(None)
+            },
         ],
     );
     let got: Vec<(&str, Reason)> = found.iter().map(|c| (c.pod.as_str(), c.reason)).collect();

@@ -63,6 +63,7 @@ impl Assessor {
                                 namespace: meta.namespace,
                                 pod: meta.name,
                                 container,
+                                opted_out: meta.opted_out,
                             },
                         )
                     }
@@ -83,6 +84,9 @@ impl Assessor {
             let reason = match &owner {
                 Some((true, _)) => {
                     "a process of a GPU-sharing pod has no libvgpu slot: libvgpu is not loaded in it (static or musl binary, or /etc/ld.so.preload not mounted)"
+                }
+                Some((_, o)) if o.opted_out && shared_gpus.contains(p.gpu_uuid.as_str()) => {
+                    "a process of a pod that opted out of isolation (its namespace allows it) on a shared GPU: not capped, it eats into the shares of the capped containers; never evicted"
                 }
                 _ if shared_gpus.contains(p.gpu_uuid.as_str()) => {
                     "a process on a shared GPU has no libvgpu slot: it is not capped and eats into the shares of the capped containers"

@@ -25,6 +25,7 @@ fn meta(name: &str) -> PodMeta {
         namespace: "team-a".into(),
         name: name.into(),
         sharing: true,
+        opted_out: false,
         gpu_container: Some("main".into()),
         running: Vec::new(),
         grant: None,
@@ -470,6 +471,7 @@ fn gpu_processes_without_a_slot_are_escaped_after_the_grace() {
             namespace: "team-a".into(),
             pod: "musl-0".into(),
             container: "main".into(),
+            opted_out: false,
         })
     );
     assert_eq!(leaker.used, Some(3 * GIB));
