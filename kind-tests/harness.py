@@ -30,20 +30,18 @@ procs = {}
 # Set by setup().
 TARGET = HELM = BIN = ADMIN = PKI = WORK = None
 ENV = {}
-NS_PID = None  # the PID whose mount namespace start(..., in_node_ns=True) enters
 LOG_TAIL_LINES = 40
 EVENTUALLY_ERRORS = (subprocess.CalledProcessError, AssertionError, KeyError, OSError, ValueError)
 
 
-def setup(*, target, helm, env, admin, pki, work, ns_pid=None, log_tail_lines=40, eventually_errors=()):
+def setup(*, target, helm, env, admin, pki, work, log_tail_lines=40, eventually_errors=()):
     """The suite's cluster (`env`: its env file(s), `admin`: the admin
     kubeconfig, `pki`: its CA), the built binaries (`target`), helm and the
     directory for logs and files (`work`). `eventually_errors` adds to the
     exception types `eventually` counts as "not yet"."""
-    global TARGET, HELM, BIN, ADMIN, PKI, WORK, ENV, NS_PID, LOG_TAIL_LINES, EVENTUALLY_ERRORS
+    global TARGET, HELM, BIN, ADMIN, PKI, WORK, ENV, LOG_TAIL_LINES, EVENTUALLY_ERRORS
     TARGET, HELM, ENV, ADMIN, PKI, WORK = target, helm, env, admin, pki, work
     BIN = env["BIN"]
-    NS_PID = ns_pid
     LOG_TAIL_LINES = log_tail_lines
     EVENTUALLY_ERRORS = EVENTUALLY_ERRORS + tuple(eventually_errors)
 
@@ -146,12 +144,8 @@ def http_get(url, timeout=5, token=None, header="Authorization", stream=False):
 
 # --- processes of ours --------------------------------------------------------------
 
-def start(name, argv, env=None, in_node_ns=False):
-    """A process of ours, logged to WORK/name.log; `in_node_ns`: in the
-    mount namespace of setup's `ns_pid` (node.sh's, where the kubelet and
-    containerd mount)."""
-    if in_node_ns:
-        argv = ["nsenter", "-t", NS_PID, "-m", "--", *argv]
+def start(name, argv, env=None):
+    """A process of ours, logged to WORK/name.log."""
     log = open(os.path.join(WORK, f"{name}.log"), "ab")
     procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return procs[name]

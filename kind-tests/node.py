@@ -20,7 +20,8 @@ DaemonSet's pod adds kai-csi and its registrar sidecar (node/registrar's
 image), which the kubelet calls for real. The webhook's Deployment runs on
 the node too: the API server calls it at its pod IP, through the chart's
 Service (--enable-aggregator-routing). Every component is a pod; node.py
-starts no process of the project's. The stand-in for libvgpu.so is
+runs none as a process (only `kai-node write-region`, to write a region as
+libvgpu would). The stand-in for libvgpu.so is
 libkai_fake_vgpu.so (services/fake-vgpu): loaded, it is in the process's
 maps; the pods never call CUDA, so it does nothing else.
 """
@@ -53,7 +54,7 @@ HOST_VGPU = os.path.join(ENV["HOST_BASE"], "vgpu")  # paths.hostInstallBase + /v
 KAI_IMAGE = ENV["KAI_IMAGE"]  # the project's image, as node.sh imported it (node/kai_image.sh)
 REGISTRAR_IMAGE = ENV["REGISTRAR_IMAGE"]  # node/registrar's (node/registrar_image.sh)
 harness.setup(target=TARGET, helm=HELM, env=ENV, admin=ADMIN, pki=os.path.join(CLUSTER, "pki"), work=WORK,
-              ns_pid=ENV["HOLDER_PID"], log_tail_lines=30, eventually_errors=(IndexError,))
+              log_tail_lines=30, eventually_errors=(IndexError,))
 
 
 
@@ -72,26 +73,30 @@ def stuck(p):
     return None
 
 
-def release_pod(component, what, other_than=None):
+def release_pod(component, what, other_than=()):
     """The release's Ready pod of `component` on the node once it is the
-    only one: `other_than`, the pod a rollout replaces, gone (it would still
+    only one: `other_than`, the pods a rollout replaces, gone (they would still
     answer); fails early on a container that is stuck."""
     selector = f"app.kubernetes.io/component={component}"
 
     def ready():
         all_pods = kjson("get", "pods", "-n", NS, "-l", selector, "--field-selector", f"spec.nodeName={NODE}")["items"]
-        if any(p["metadata"]["name"] == other_than for p in all_pods):
+        if any(p["metadata"]["name"] in other_than for p in all_pods):
             return None
         pods = [p for p in all_pods if not p["metadata"].get("deletionTimestamp")]
         for p in pods:
             if waiting := stuck(p):
-                raise AssertionError(f"{component} pod {p['metadata']['name']}: {waiting}")
+                # Not an AssertionError: eventually() would retry it.
+                raise SystemExit(f"{component} pod {p['metadata']['name']}: {waiting}")
         ok = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
                                      for c in p["status"].get("conditions", []))]
         return ok[0] if len(ok) == len(pods) == 1 else None
-    return eventually(what, ready, timeout=90,
-                      show=lambda: json.dumps([p["status"] for p in kjson("get", "pods", "-n", NS, "-l", selector)
-                                               ["items"]])[-1200:])
+    try:
+        return eventually(what, ready, timeout=90,
+                          show=lambda: json.dumps([p["status"] for p in kjson("get", "pods", "-n", NS, "-l", selector)
+                                                   ["items"]])[-1200:])
+    except SystemExit as e:
+        raise AssertionError(str(e))
 
 
 LIBSYNC = {}
@@ -277,7 +282,9 @@ def install_release():
              "--set", f"monitor.nvml.hostLibraryDir={NVML_DIR}", "--set", "monitor.nvml.library=libkai_fake_nvml.so",
              "--set", "monitor.agent.extraEnv[0].name=FAKE_NVML_CONFIG",
              "--set", f"monitor.agent.extraEnv[0].value={NVML_IN_POD}/nvml.json",
-             "--set", "monitor.isolation.noRegionGraceSeconds=3",
+             # Short, so no_region shows within the test; long enough that a
+             # pod's region is written (region_dir, enforce_evicts) first.
+             "--set", "monitor.isolation.noRegionGraceSeconds=10",
              check=False)
     assert r.returncode == 0, r.stderr[-800:]
     for ns in (TENANT, OPT_OUT_NS):
@@ -382,6 +389,13 @@ def region_dir():
     st = os.stat(host)
     assert stat.S_ISDIR(st.st_mode) and (st.st_uid, st.st_gid) == (1000, 1000), \
         f"{host}: uid {st.st_uid} gid {st.st_gid} mode {oct(st.st_mode)}"
+    # Now the region libvgpu would write at cuInit, and the stand-in NVML
+    # seeing the container's process: the agent (Ready or not yet) must not
+    # find the pod without a region past the grace.
+    pid = host_pid(p)
+    AGENT["gpu_pid"] = pid
+    fake_nvml({pid: 512 << 20})
+    write_region(p, pid, 1024, 512)
 
 
 def untouched_pods():
@@ -430,8 +444,9 @@ def agent_grpc(method, body):
     bridge), with the aggregator's client certificate when TLS is on."""
     p = AGENT["pod"]
     tls = grpc_tls_files("aggregator")
-    flags = (["-cacert", os.path.join(tls, "ca.crt"), "-cert", os.path.join(tls, "tls.crt"),
-              "-key", os.path.join(tls, "tls.key"), "-servername", "kai-node-agent"] if tls else ["-plaintext"])
+    assert tls, "no aggregator gRPC certificate: the chart's grpcTls is on by default"
+    flags = ["-cacert", os.path.join(tls, "ca.crt"), "-cert", os.path.join(tls, "tls.crt"),
+             "-key", os.path.join(tls, "tls.key"), "-servername", "kai-node-agent"]
     r = run(os.environ.get("GRPCURL", "grpcurl"), *flags, "-d", json.dumps(body),
             f"{p['status']['podIP']}:50051", f"vgpu.v1.VgpuNode/{method}")
     return json.loads(r.stdout)
@@ -441,8 +456,8 @@ def agent_log():
     return pod_log(AGENT["pod"]["metadata"]["name"], "agent") if "pod" in AGENT else ""
 
 
-def region_events(name, reason):
-    return [e for e in kjson("get", "events", "-n", TENANT, "--field-selector",
+def region_events(name, reason, ns=TENANT):
+    return [e for e in kjson("get", "events", "-n", ns, "--field-selector",
                              f"involvedObject.name={name}")["items"] if e["reason"] == reason]
 
 
@@ -462,13 +477,10 @@ def agent_sees_pod():
     create(static)
     running("static-bin")
     p = kjson("get", "pod", "gpu", "-n", TENANT)
-    pid = host_pid(p)
+    pid = AGENT["gpu_pid"]  # region_dir wrote its region
     with open(f"/proc/{pid}/cgroup") as f:
         cg = f.read()
     assert f"pod{p['metadata']['uid']}" in cg, f"/proc/{pid}/cgroup names no pod{p['metadata']['uid']}:\n{cg}"
-    AGENT["gpu_pid"] = pid
-    fake_nvml({pid: 512 << 20})
-    write_region(p, pid, 1024, 512)
 
     def listed():
         return [x for x in agent_grpc("ListContainers", {"namespace": TENANT}).get("containers", [])
@@ -515,13 +527,13 @@ def enforce_evicts():
     r = helm("upgrade", RELEASE, CHART, "-n", NS, "--reuse-values", "--set", "monitor.isolation.enforce=evict",
              check=False)
     assert r.returncode == 0, r.stderr[-800:]
-    AGENT["pod"] = release_pod("node-agent", "the agent pod of the rolled DaemonSet Ready", other_than=old)
+    AGENT["pod"] = release_pod("node-agent", "the agent pod of the rolled DaemonSet Ready", other_than=[old])
     (c,) = [x for x in AGENT["pod"]["spec"]["containers"] if x["name"] == "agent"]
     assert "--enforce=evict" in c["args"], c["args"]
     greedy = running(create(gpu_pod("greedy"))["metadata"]["name"])
     pid = host_pid(greedy)
-    fake_nvml({AGENT["gpu_pid"]: 512 << 20, pid: 700 << 20})
     write_region(greedy, pid, 0, 700)
+    fake_nvml({AGENT["gpu_pid"]: 512 << 20, pid: 700 << 20})
 
     def gone():
         r = kubectl("get", "pod", "greedy", "-n", TENANT, "-o", "json", check=False)
@@ -535,6 +547,32 @@ def enforce_evicts():
     assert not region_events("gpu", "GpuIsolationEviction"), region_events("gpu", "GpuIsolationEviction")
     evicted = series(f"http://{AGENT['pod']['status']['podIP']}:9394/metrics", "kai_isolator_evictions_total")
     assert evicted.get('kai_isolator_evictions_total{reason="uncapped_no_limit"}') == 1, evicted
+
+
+def opted_out_kept():
+    """Under --enforce evict, a pod that opted out where its namespace
+    allows it (no library volume: the webhook let it go) is neither
+    no_region nor evicted (evicted, it would come back as it was, over and
+    over); an injected pod that writes no region, created with it, is: the
+    agent assessed both."""
+    kept = create(pod("opted-out-2", {"gpu-memory": "1024", "kai-resource-isolator.io/inject": "false"}),
+                  ns=OPT_OUT_NS)
+    assert not any(v["name"] == "kai-resource-isolator-vgpu" for v in kept["spec"].get("volumes", [])), kept["spec"]
+    create(gpu_pod("no-region"))
+    running("opted-out-2", OPT_OUT_NS)
+    running("no-region")
+
+    def evicted():
+        return region_events("no-region", "GpuIsolationEviction")
+    ev = eventually("the injected pod without a region evicted (no_region past the grace)", evicted, timeout=90,
+                    show=agent_log)
+    assert "no_region" in ev[0]["message"], ev[0]["message"]
+    for reason in ("GpuRegionMissing", "GpuIsolationEviction"):
+        assert not region_events("opted-out-2", reason, OPT_OUT_NS), region_events("opted-out-2", reason, OPT_OUT_NS)
+    p = kjson("get", "pod", "opted-out-2", "-n", OPT_OUT_NS)
+    assert p["status"]["phase"] == "Running" and not p["metadata"].get("deletionTimestamp") and restarts(p) == 0, \
+        p["status"]
+    delete_pod("opted-out-2", OPT_OUT_NS)
 
 
 # --- the CSI delivery: kai-csi, a real pod the kubelet calls ----------------------
@@ -552,8 +590,10 @@ def csi_listed():
 def csi_registered():
     registry, name = REGISTRAR_IMAGE.split("/", 1)
     repo, tag = name.rsplit(":", 1)
-    old = AGENT["pod"]["metadata"]["name"] if "pod" in AGENT else None
-    old_webhook = WEBHOOK["pod"]["metadata"]["name"]
+    # The pods the upgrade replaces, as the API server has them now.
+    old, old_webhook = ([p["metadata"]["name"] for p in kjson("get", "pods", "-n", NS, "-l",
+                                                            f"app.kubernetes.io/component={component}")["items"]]
+                        for component in ("node-agent", "webhook"))
     # Without the hostpath part, libsync has not run: a node selector of
     # the test's holds it back (start_libsync labels the node for it) while
     # the node DaemonSet (agent, kai-csi) runs, so the CSI part starts
@@ -589,7 +629,7 @@ def csi_pod_registered():
     kubelet lists the driver in CSINode and the pod is Ready (the
     registrar's /healthz says the kubelet registered it)."""
     p = release_pod("node-agent", "the node DaemonSet's pod with kai-csi and its registrar Ready",
-                    other_than=CSI.get("old"))
+                    other_than=CSI.get("old", []))
     CSI["node_pod"] = p
     names = [c["name"] for c in p["spec"]["containers"]]
     assert {"csi", "csi-registrar"} <= set(names), names
@@ -774,6 +814,9 @@ def main():
                       "NVML sees its process use memory) through the Eviction API, its container's process is gone "
                       "from the node, a GpuIsolationEviction Event and kai_isolator_evictions_total"
                       "{reason=uncapped_no_limit} 1; the capped gpu pod stays", enforce_evicts)
+                check("under enforce=evict, a gpu-memory pod that opted out (its namespace allows it) is neither "
+                      "no_region nor evicted, while an injected pod without a region created with it is evicted "
+                      "(no_region)", opted_out_kept)
         check("a plain pod and an opted-out pod run untouched: no /etc/ld.so.preload, no libvgpu.so mapped", untouched_pods)
         check("the gpu-memory pod is still Running with 0 restarts", no_restarts)
     if wanted("csi"):

@@ -17,9 +17,11 @@
 # containernetworking-plugins, debootstrap and iptables are installed with
 # apt-get when missing. KEEP_NODE=1 leaves everything running and prints how to stop it.
 #
-# Nothing of the machine's own node state is used or touched: containerd's
-# root, state and socket, the kubelet's --root-dir, pod logs and the library's
-# host directory all live in one temp dir (NODE_DIR, printed); containerd,
+# Nothing of the machine's own node state is used or touched but its
+# iptables, which the kubelet and kube-proxy write and node.sh puts back as
+# they were: containerd's root, state and socket, the kubelet's --root-dir,
+# pod logs and the library's host directory all live in one temp dir
+# (NODE_DIR, printed); containerd,
 # its shims and the kubelet run in a private mount namespace in which /run and
 # /var/log are temp dirs (containerd 1.6 puts shim sockets under
 # /run/containerd/s whatever its config says; the kubelet writes
@@ -51,6 +53,11 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("",0)); prin
 SYSCTLS="vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes"
 . "$(dirname "${BASH_SOURCE[0]}")/pids.sh"  # pid_of, stop (over $PIDS)
 in_ns() { nsenter -t "$(pid_of holder)" -m -- "$@"; }
+# A daemon in that namespace, in the background, whose PID ($!) is the
+# daemon's own: nsenter execs it, and the subshell execs nsenter (a
+# backgrounded function would leave $! naming a bash that only waits on it,
+# and `stop` would orphan the daemon).
+bg_in_ns() { ( exec nsenter -t "$(pid_of holder)" -m -- "$@" ) & }
 ctr_() { in_ns ctr --address "$T/containerd/containerd.sock" -n k8s.io "$@"; }
 kc() { "$BIN/kubectl" --kubeconfig "$T/cluster/admin.kubeconfig" "$@"; }
 
@@ -70,8 +77,10 @@ down() {
   # shellcheck disable=SC1091
   [ -n "${BIN:-}" ] || { [ -f "$T/cluster/env" ] && . "$T/cluster/env"; } || true
   holder="$(pid_of holder)"
-  # The pods first, through the kubelet: their containers stop as on any node.
+  # The pods first, through the kubelet: their containers stop as on any node
+  # (their controllers first, which would make them again).
   if [ -n "$(pid_of kubelet)" ] && kill -0 "$(pid_of kubelet)" 2>/dev/null; then
+    kc delete daemonsets,deployments,replicasets --all -A --wait=false >/dev/null 2>&1 || true
     kc delete pods --all -A --wait=false >/dev/null 2>&1 || true
     for _ in $(seq 300); do
       [ -z "$(kc get pods -A --field-selector "spec.nodeName=$NODE_NAME" -o name 2>/dev/null)" ] && break
@@ -81,9 +90,10 @@ down() {
   stop kubelet
   if [ -n "$(pid_of kube-proxy)" ]; then
     stop kube-proxy
-    # (node.sh --down: the cached build, found again.)
-    [ -n "${KUBELET_DIR:-}" ] || KUBELET_DIR="$(bash "$here/k8s/build.sh" kubelet 2>/dev/null | tail -n1)"
-    "$KUBELET_DIR/kube-proxy" --cleanup --v=0 >/dev/null 2>&1 || true
+    # Its own clean-up first; the tables as they were come back below.
+    # shellcheck disable=SC1091
+    [ -n "${KUBELET_DIR:-}" ] || { [ -f "$T/tools.env" ] && . "$T/tools.env"; } || true
+    if [ -n "${KUBELET_DIR:-}" ]; then "$KUBELET_DIR/kube-proxy" --cleanup --v=0 >/dev/null 2>&1 || true; fi
   fi
   if [ -n "$holder" ] && kill -0 "$holder" 2>/dev/null && [ -S "$T/containerd/containerd.sock" ]; then
     for c in $(ctr_ containers ls -q 2>/dev/null); do
@@ -116,9 +126,11 @@ down() {
   done
   ls -d /sys/fs/cgroup/*/kubepods 2>/dev/null | sed 's/^/node.sh: could not remove cgroup /' >&2 || true
   ip link del "$BRIDGE" 2>/dev/null || true
-  if [ -f "$T/iptables.host" ]; then
-    iptables-restore < "$T/iptables.host" || echo "node.sh: could not restore the host's iptables ($T/iptables.host)" >&2
-  fi
+  for family in iptables ip6tables; do
+    if [ -f "$T/$family.host" ]; then
+      "$family-restore" < "$T/$family.host" || echo "node.sh: could not restore the host's $family ($T/$family.host)" >&2
+    fi
+  done
   if [ -d "$T/cluster" ]; then bash "$here/cluster.sh" down "$T/cluster" || true; fi
   # The host's kernel settings must be as they were (the kubelet saw files).
   if [ -f "$T/sysctl.host" ]; then
@@ -169,6 +181,7 @@ if ip link show "$BRIDGE" >/dev/null 2>&1; then die "network device $BRIDGE exis
 t0=$SECONDS
 BIN="$(bash "$here/k8s/build.sh" | tail -n1)"
 KUBELET_DIR="$(bash "$here/k8s/build.sh" kubelet | tail -n1)"
+[ -x "$KUBELET_DIR/kubelet" ] && [ -x "$KUBELET_DIR/kube-proxy" ] || die "k8s/build.sh kubelet built no kubelet and kube-proxy"
 IMAGES="$(bash "$here/node/images.sh" | tail -n1)"
 # node/registrar, node-driver-registrar's registration half with its flags:
 # the chart's csi-registrar sidecar runs it (that image is in no registry
@@ -187,10 +200,15 @@ T="$(cd "$T" && pwd)"
 PIDS="$T/pids"
 mkdir -p "$T"/{ns/run,ns/varlog,sysctl,containerd/root,containerd/state,cni/net.d,cni/data,kubelet,podlogs,pki,host}
 : > "$T/pids"
+echo "KUBELET_DIR=$KUBELET_DIR" > "$T/tools.env"  # for node.sh --down
 for k in $SYSCTLS; do echo "$k=$(sysctl -n "$k")"; done > "$T/sysctl.host"
 # The kubelet and kube-proxy write iptables rules in the host's network
-# namespace (this machine's): the tables are put back as they were.
+# namespace (this machine's), IPv4 and IPv6: the tables are put back as they
+# were.
 iptables-save > "$T/iptables.host"
+if command -v ip6tables-save >/dev/null && ip6tables-save > "$T/ip6tables.save" 2>/dev/null; then
+  mv "$T/ip6tables.save" "$T/ip6tables.host"
+fi
 
 trap teardown EXIT
 
@@ -252,7 +270,7 @@ cat > "$T/cni/net.d/10-kai.conflist" <<EOF
            "dataDir": "$T/cni/data"}},
   {"type": "loopback"}]}
 EOF
-in_ns containerd --config "$T/containerd.toml" > "$T/containerd.log" 2>&1 &
+bg_in_ns containerd --config "$T/containerd.toml" > "$T/containerd.log" 2>&1
 echo "containerd $!" >> "$T/pids"
 for _ in $(seq 100); do ctr_ version >/dev/null 2>&1 && break; sleep 0.2; done
 ctr_ version >/dev/null 2>&1 || { tail -20 "$T/containerd.log" >&2; die "containerd did not answer on $T/containerd/containerd.sock"; }
@@ -319,8 +337,8 @@ clusterDomain: cluster.local
 serializeImagePulls: false
 containerRuntimeEndpoint: unix://$T/containerd/containerd.sock
 EOF
-in_ns "$KUBELET_DIR/kubelet" --config "$T/kubelet.yaml" --kubeconfig "$T/kubelet.kubeconfig" \
-  --root-dir "$T/kubelet" --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --v=2 > "$T/kubelet.log" 2>&1 &
+bg_in_ns "$KUBELET_DIR/kubelet" --config "$T/kubelet.yaml" --kubeconfig "$T/kubelet.kubeconfig" \
+  --root-dir "$T/kubelet" --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --v=2 > "$T/kubelet.log" 2>&1
 echo "kubelet $!" >> "$T/pids"
 ready() { [ "$(kc get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]; }
 for _ in $(seq 600); do
@@ -362,10 +380,11 @@ metricsBindAddress: 127.0.0.1:$(free_port)
 iptables: {localhostNodePorts: false}
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
 EOF
-in_ns "$KUBELET_DIR/kube-proxy" --config "$T/kube-proxy.yaml" --v=2 > "$T/kube-proxy.log" 2>&1 &
+bg_in_ns "$KUBELET_DIR/kube-proxy" --config "$T/kube-proxy.yaml" --v=2 > "$T/kube-proxy.log" 2>&1
 echo "kube-proxy $!" >> "$T/pids"
 api_svc="$(kc get service kubernetes -n default -o jsonpath='{.spec.clusterIP}')"
-proxied() { iptables-save -t nat 2>/dev/null | grep -q -- "-d $api_svc/32 .*default/kubernetes:https"; }
+# (grep to /dev/null, not -q: an early exit would fail iptables-save with SIGPIPE.)
+proxied() { iptables-save -t nat 2>/dev/null | grep -- "-d $api_svc/32 .*default/kubernetes:https" >/dev/null; }
 for _ in $(seq 300); do
   proxied && break
   kill -0 "$(pid_of kube-proxy)" 2>/dev/null || break

@@ -30,7 +30,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 import urllib.parse
 import urllib.request
 

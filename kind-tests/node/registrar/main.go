@@ -11,8 +11,9 @@
 // its name (Identity GetPluginInfo), serves kubelet's plugin registration
 // API (pluginregistration/v1) on <--plugin-registration-path>/<name>-reg.sock,
 // answers GetInfo with --kubelet-registration-path as the driver's endpoint,
-// and serves GET /healthz on --http-endpoint. It takes the flags the chart
-// passes and no others.
+// serves GET /healthz on --http-endpoint (see health: stricter than the
+// real one's) and exits when kubelet refuses the plugin. It takes the flags
+// the chart passes and no others.
 package main
 
 import (
@@ -63,9 +64,7 @@ type registrar struct {
 	driver, endpoint string
 
 	mu         sync.Mutex
-	notified   bool   // kubelet has called NotifyRegistrationStatus
-	registered bool   // ... and said the plugin is registered
-	refusal    string // ... or why not
+	registered bool // kubelet said it registered the plugin (a refusal exits)
 }
 
 func (r *registrar) GetInfo(_ context.Context, _ *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
@@ -77,19 +76,24 @@ func (r *registrar) GetInfo(_ context.Context, _ *registerapi.InfoRequest) (*reg
 }
 
 func (r *registrar) NotifyRegistrationStatus(_ context.Context, s *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
-	r.mu.Lock()
-	r.notified, r.registered, r.refusal = true, s.PluginRegistered, s.Error
-	r.mu.Unlock()
-	if s.PluginRegistered {
-		log.Printf("kubelet registered %s at %s", r.driver, r.endpoint)
-	} else {
+	if !s.PluginRegistered {
+		// As node-driver-registrar does: exit, so that the container
+		// restarts and registers again (and the refusal shows as restarts).
 		log.Printf("kubelet refused %s: %s", r.driver, s.Error)
+		os.Exit(1)
 	}
+	r.mu.Lock()
+	r.registered = true
+	r.mu.Unlock()
+	log.Printf("kubelet registered %s at %s", r.driver, r.endpoint)
 	return &registerapi.RegistrationStatusResponse{}, nil
 }
 
-// health is nil when the registration socket exists and kubelet's last
-// NotifyRegistrationStatus said registered; otherwise why not.
+// health is nil when the registration socket exists and kubelet has said it
+// registered the driver; otherwise why not. Stricter than
+// node-driver-registrar's, which checks its socket only: with this one the
+// pod's readiness means the kubelet took the driver (node.py still asserts
+// CSINode, which holds for the real image too).
 func (r *registrar) health(socket string) error {
 	st, err := os.Stat(socket)
 	if err != nil {
@@ -100,11 +104,8 @@ func (r *registrar) health(socket string) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	switch {
-	case !r.notified:
+	if !r.registered {
 		return fmt.Errorf("kubelet has not registered %s yet (no NotifyRegistrationStatus)", r.driver)
-	case !r.registered:
-		return fmt.Errorf("kubelet refused %s: %s", r.driver, r.refusal)
 	}
 	return nil
 }
