@@ -140,15 +140,27 @@ async fn a_regions_claim_alone_is_reported_and_evicts_nobody() {
     .expect("the uncapped Event within 20 s");
     assert_eq!(event["regarding"]["name"], "uncapped-0", "{event}");
     // ...and assessments go on (each a new revision: the capped pod's
-    // usage changes) without an eviction.
+    // usage changes) without an eviction. Each write is awaited by its own
+    // content, not as "the next revision": the Event is sent before the
+    // scan that found it publishes its revision, and that revision (read
+    // before the write) would otherwise stand for it.
     let mut state = running.state.clone();
+    let capped_used = |s: &agent::state::NodeState| {
+        s.containers
+            .iter()
+            .find(|c| c.key.pod_uid == CAPPED)
+            .and_then(|c| c.snapshot.devices.first())
+            .map(|d| d.used)
+    };
     for used in [2 * GIB, GIB, 3 * GIB] {
-        state.borrow_and_update();
         region(&containers, CAPPED, 4 * GIB, used);
-        tokio::time::timeout(Duration::from_secs(20), state.changed())
-            .await
-            .expect("a new revision")
-            .expect("agent running");
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            state.wait_for(|s| capped_used(s) == Some(used)),
+        )
+        .await
+        .expect("a new revision")
+        .expect("agent running");
     }
     let metrics = support::http_get(running.metrics_addr, "/metrics").await;
     assert!(
