@@ -553,19 +553,23 @@ def opted_out_kept():
     """Under --enforce evict, a pod that opted out where its namespace
     allows it (no library volume: the webhook let it go) is neither
     no_region nor evicted (evicted, it would come back as it was, over and
-    over); an injected pod that writes no region, created with it, is: the
-    agent assessed both."""
+    over). The same request on an uninjected pod of a namespace that does
+    not allow it (created plain, annotated after admission, as a tenant
+    could) counts for nothing: that pod is evicted (no_region), which is
+    also the event the first pod's absence of one is counted against."""
     kept = create(pod("opted-out-2", {"gpu-memory": "1024", "kai-resource-isolator.io/inject": "false"}),
                   ns=OPT_OUT_NS)
     assert not any(v["name"] == "kai-resource-isolator-vgpu" for v in kept["spec"].get("volumes", [])), kept["spec"]
-    create(gpu_pod("no-region"))
+    sneaky = create(pod("no-region"))
+    assert not any(v["name"] == "kai-resource-isolator-vgpu" for v in sneaky["spec"].get("volumes", [])), sneaky["spec"]
+    kubectl("annotate", "pod", "no-region", "-n", TENANT, "gpu-memory=1024", "kai-resource-isolator.io/inject=false")
     running("opted-out-2", OPT_OUT_NS)
     running("no-region")
 
     def evicted():
         return region_events("no-region", "GpuIsolationEviction")
-    ev = eventually("the injected pod without a region evicted (no_region past the grace)", evicted, timeout=90,
-                    show=agent_log)
+    ev = eventually("the uninjected pod that asked to opt out where it may not evicted (no_region past the grace)",
+                    evicted, timeout=90, show=agent_log)
     assert "no_region" in ev[0]["message"], ev[0]["message"]
     for reason in ("GpuRegionMissing", "GpuIsolationEviction"):
         assert not region_events("opted-out-2", reason, OPT_OUT_NS), region_events("opted-out-2", reason, OPT_OUT_NS)
@@ -815,8 +819,8 @@ def main():
                       "from the node, a GpuIsolationEviction Event and kai_isolator_evictions_total"
                       "{reason=uncapped_no_limit} 1; the capped gpu pod stays", enforce_evicts)
                 check("under enforce=evict, a gpu-memory pod that opted out (its namespace allows it) is neither "
-                      "no_region nor evicted, while an injected pod without a region created with it is evicted "
-                      "(no_region)", opted_out_kept)
+                      "no_region nor evicted, while an uninjected pod annotated gpu-memory and inject=false after "
+                      "admission in a namespace that does not allow it is evicted (no_region)", opted_out_kept)
         check("a plain pod and an opted-out pod run untouched: no /etc/ld.so.preload, no libvgpu.so mapped", untouched_pods)
         check("the gpu-memory pod is still Running with 0 restarts", no_restarts)
     if wanted("csi"):

@@ -267,7 +267,8 @@ def rbac_least_privilege():
     # What the access-control roles grant is asserted in access_* below.
     pods = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}
     events = {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}
-    assert one(docs, "ClusterRole", "-node")["rules"] == [pods, events]
+    namespaces = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}  # opt-out namespaces
+    assert one(docs, "ClusterRole", "-node")["rules"] == [pods, events, namespaces]
     role = one(docs, "Role", "-aggregator")
     assert role["rules"] == [pods], role["rules"]
     assert role["metadata"]["namespace"] == NS
@@ -284,7 +285,8 @@ def rbac_least_privilege():
     assert one(off, "ServiceAccount", "-webhook")["automountServiceAccountToken"] is False
 
 
-check("RBAC: pods list/watch (+ Events create/patch for the agent, get for the node guard) only", rbac_least_privilege)
+check("RBAC: pods list/watch (+ Events create/patch and namespaces list/watch for the agent, get for the node guard) only",
+      rbac_least_privilege)
 
 
 # --- every container runs with least privilege ----------------------------
@@ -594,6 +596,29 @@ def agent_extra_env():
 
 
 check("monitor.agent.extraEnv: appended to the agent container's env after the chart's own", agent_extra_env)
+
+
+def agent_opt_out_namespaces():
+    """The agent leaves a pod let opt out alone only in the namespaces the
+    webhook lets opt out: it gets the same label, and may list them."""
+    def rules(docs):
+        (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-node")]
+        return role["rules"]
+    docs = render()
+    args = containers(one(docs, "DaemonSet", "-node"))["agent"]["args"]
+    assert "--opt-out-namespace-label=kai-resource-isolator.io/allow-opt-out=true" in args, args
+    assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]} in rules(docs), rules(docs)
+    docs = render(extra=("--set", "webhook.optOutNamespaceLabel=team.example/opt-out="))
+    args = containers(one(docs, "DaemonSet", "-node"))["agent"]["args"]
+    assert "--opt-out-namespace-label=team.example/opt-out=" in args, args
+    # Nobody may opt out: no flag, no namespace access.
+    docs = render(extra=("--set", "webhook.optOutNamespaceLabel="))
+    args = containers(one(docs, "DaemonSet", "-node"))["agent"]["args"]
+    assert not [a for a in args if a.startswith("--opt-out-namespace-label")], args
+    assert not [r for r in rules(docs) if "namespaces" in r["resources"]], rules(docs)
+
+
+check("webhook.optOutNamespaceLabel reaches the agent (flag, list/watch namespaces); empty: neither", agent_opt_out_namespaces)
 
 
 # --- drop-in for the Go chart's users -----------------------------------------

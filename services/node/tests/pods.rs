@@ -16,6 +16,16 @@ const PLAIN: &str = "11111111-0000-4000-8000-000000000002";
 const NAMED: &str = "11111111-0000-4000-8000-000000000003";
 const OPTED_OUT: &str = "11111111-0000-4000-8000-000000000004";
 const REFUSED_OPT_OUT: &str = "11111111-0000-4000-8000-000000000005";
+const NOT_ALLOWED: &str = "11111111-0000-4000-8000-000000000006";
+const LABEL_OPT_OUT: &str = "11111111-0000-4000-8000-000000000007";
+const ASKS_NOT_SHARING: &str = "11111111-0000-4000-8000-000000000008";
+const OPT_OUT_LABEL: &str = "kai-resource-isolator.io/allow-opt-out=true";
+
+/// `pod` moved to namespace `ns`.
+fn in_namespace(mut pod: serde_json::Value, ns: &str) -> serde_json::Value {
+    pod["metadata"]["namespace"] = json!(ns);
+    pod
+}
 
 /// `pod` with the webhook's library volume among others, as it stores an
 /// injected pod.
@@ -31,7 +41,8 @@ fn injected(pod: serde_json::Value) -> serde_json::Value {
 
 #[tokio::test]
 async fn node_scoped_reflector_resolves_pods_by_uid() {
-    let (client, server) = support::mock_api(
+    // team-a carries the administrator's opt-out label; team-b does not.
+    let (client, _events, server) = support::mock_cluster_with_namespaces(
         "gpu-node-1",
         vec![
             support::pod(
@@ -68,10 +79,45 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
                 "gpu-node-1",
                 json!({"gpu-memory": "4096", "kai-resource-isolator.io/inject": "false"}),
             )),
+            // Asks, not injected, in a namespace that does not allow it (made
+            // before the install, or annotated after admission): sharing,
+            // so still no_region and evicted under enforce.
+            in_namespace(
+                support::pod(
+                    NOT_ALLOWED,
+                    "sneaky-0",
+                    "gpu-node-1",
+                    json!({"gpu-memory": "4096", "kai-resource-isolator.io/inject": "false"}),
+                ),
+                "team-b",
+            ),
+            // The pod label the opt-out webhook's objectSelector honours.
+            {
+                let mut pod = support::pod(
+                    LABEL_OPT_OUT,
+                    "labelled-0",
+                    "gpu-node-1",
+                    json!({"gpu-fraction": "0.5"}),
+                );
+                pod["metadata"]["labels"] = json!({"kai-resource-isolator.io/webhook": "ignore"});
+                pod
+            },
+            // The annotation without KAI's: not a sharing pod at all, and
+            // not "opted out" either.
+            support::pod(
+                ASKS_NOT_SHARING,
+                "asks-0",
+                "gpu-node-1",
+                json!({"kai-resource-isolator.io/inject": "false"}),
+            ),
         ],
+        OPT_OUT_LABEL,
+        vec![json!({"apiVersion": "v1", "kind": "Namespace",
+                    "metadata": {"name": "team-a", "resourceVersion": "3",
+                                 "labels": {"kai-resource-isolator.io/allow-opt-out": "true"}}})],
     );
     let shutdown = CancellationToken::new();
-    let source = PodSource::watch_node(client, "gpu-node-1", shutdown.clone());
+    let source = PodSource::watch_node(client, "gpu-node-1", Some(OPT_OUT_LABEL), shutdown.clone());
     assert_eq!(source.status(), PodSourceStatus::Syncing);
     assert_eq!(
         source.lookup(SHARING),
@@ -115,9 +161,25 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
     sharing.sort();
     assert_eq!(
         sharing,
-        [SHARING, REFUSED_OPT_OUT],
+        [SHARING, REFUSED_OPT_OUT, NOT_ALLOWED],
         "only GPU-sharing pods are checked for regions, not those let opt out"
     );
+    assert!(matches!(
+        source.lookup(LABEL_OPT_OUT),
+        Lookup::Known(PodMeta {
+            sharing: false,
+            opted_out: true,
+            ..
+        })
+    ));
+    assert!(matches!(
+        source.lookup(ASKS_NOT_SHARING),
+        Lookup::Known(PodMeta {
+            sharing: false,
+            opted_out: false,
+            ..
+        })
+    ));
     assert!(matches!(
         source.lookup(OPTED_OUT),
         Lookup::Known(PodMeta {

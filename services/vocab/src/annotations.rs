@@ -10,10 +10,16 @@ pub const ANNOTATION_CONTAINER_NAME: &str = "gpu-fraction-container-name";
 /// `"false"` (any case) opts a pod out of injection.
 pub const ANNOTATION_INJECT: &str = "kai-resource-isolator.io/inject";
 
+/// The pod label that, set to [`LABEL_WEBHOOK_IGNORE`], opts a pod out
+/// where its namespace allows it (the chart's opt-out webhook skips such a
+/// pod by its objectSelector).
+pub const LABEL_WEBHOOK: &str = "kai-resource-isolator.io/webhook";
+/// The value of [`LABEL_WEBHOOK`] that opts out.
+pub const LABEL_WEBHOOK_IGNORE: &str = "ignore";
+
 /// The library volume the webhook adds to every pod it injects, whatever
-/// the delivery: a sharing pod without it that asked to opt out
-/// ([`ANNOTATION_INJECT`]) was let go by the webhook, which honours that
-/// only in namespaces an administrator allows to opt out.
+/// the delivery: a pod that asked to opt out and has it was injected
+/// anyway (its namespace does not allow opting out).
 pub const VOLUME_VGPU: &str = "kai-resource-isolator-vgpu";
 
 /// Whether a pod's `kai-resource-isolator.io/inject` annotation value

@@ -70,7 +70,12 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         PodsConfig::None => (PodSource::None, None),
         PodsConfig::Static(path) => (PodSource::from_static_file(path)?, None),
         PodsConfig::Kube(client) => (
-            PodSource::watch_node(client.clone(), &config.node_name, shutdown.clone()),
+            PodSource::watch_node(
+                client.clone(),
+                &config.node_name,
+                config.opt_out_namespace_label.as_deref(),
+                shutdown.clone(),
+            ),
             Some(client),
         ),
     };

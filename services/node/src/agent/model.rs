@@ -15,9 +15,11 @@ pub struct PodMeta {
     /// Has KAI's `gpu-fraction` or `gpu-memory` annotation and did not opt
     /// out: a region is expected of its GPU container.
     pub sharing: bool,
-    /// Asked to opt out (`kai-resource-isolator.io/inject: "false"`) and
-    /// the webhook let it (no library volume): its namespace allows it.
-    /// Runs uncapped by an administrator's choice; never evicted.
+    /// A KAI sharing pod that asked to opt out (the `inject: "false"`
+    /// annotation or the `webhook: ignore` label) in a namespace that
+    /// allows it (`--opt-out-namespace-label`), and that the webhook let go
+    /// (no library volume). Runs uncapped by an administrator's choice;
+    /// never evicted.
     pub opted_out: bool,
     /// The container KAI gives the GPU share to: the
     /// `gpu-fraction-container-name` annotation, else the first container.

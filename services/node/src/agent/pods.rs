@@ -9,12 +9,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use futures_util::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kai_vocab::annotations::{
     ANNOTATION_CONTAINER_NAME, ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY, ANNOTATION_INJECT,
-    Grant, SHARING_ANNOTATIONS, VOLUME_VGPU, opts_out,
+    Grant, LABEL_WEBHOOK, LABEL_WEBHOOK_IGNORE, SHARING_ANNOTATIONS, VOLUME_VGPU, opts_out,
 };
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
@@ -33,7 +33,79 @@ pub enum PodSource {
     Kube {
         store: Store<Pod>,
         sync: tokio::sync::watch::Receiver<PodSync>,
+        opt_out: OptOutNamespaces,
     },
+}
+
+/// The namespaces whose pods may opt out, as the webhook decides it: those
+/// carrying the administrator's label (chart `webhook.optOutNamespaceLabel`,
+/// `--opt-out-namespace-label`). A pod's own opt-out (annotation or label)
+/// counts only there: anywhere else a tenant could write it onto a pod the
+/// webhook never injected (made before the install, while the webhook was
+/// down, or annotated after admission) and escape enforcement.
+#[derive(Clone)]
+pub enum OptOutNamespaces {
+    /// No label configured: nobody opts out.
+    Nobody,
+    /// A reflector of the namespaces carrying the label (a label-selected
+    /// watch: a namespace that loses the label leaves the store), and
+    /// whether it has listed them once.
+    Labelled(Store<Namespace>, tokio::sync::watch::Receiver<bool>),
+}
+
+impl OptOutNamespaces {
+    /// Watches the namespaces matching `selector` (`key=value`) until
+    /// `shutdown`; empty until listed, so nobody opts out meanwhile (the
+    /// no-region grace covers a starting agent).
+    pub fn watch(client: Client, selector: &str, shutdown: CancellationToken) -> Self {
+        let api: Api<Namespace> = Api::all(client);
+        let (store, writer) = reflector::store();
+        let stream = watcher(api, watcher::Config::default().labels(selector))
+            .default_backoff()
+            .modify(|ns: &mut Namespace| {
+                // Its name is all that is looked up.
+                ns.metadata.managed_fields = None;
+                ns.metadata.annotations = None;
+                ns.spec = None;
+                ns.status = None;
+            })
+            .reflect(writer);
+        let selector = selector.to_owned();
+        let (listed_tx, listed) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    next = stream.next() => match next {
+                        Some(Ok(watcher::Event::InitDone)) => {
+                            listed_tx.send_replace(true);
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(error)) => tracing::warn!(
+                            %selector, %error, "opt-out namespace watch error; retrying with backoff"
+                        ),
+                        None => break,
+                    },
+                }
+            }
+        });
+        Self::Labelled(store, listed)
+    }
+
+    fn allows(&self, namespace: &str) -> bool {
+        match self {
+            Self::Nobody => false,
+            Self::Labelled(store, _) => store.get(&ObjectRef::new(namespace)).is_some(),
+        }
+    }
+
+    /// Resolves once the namespaces have been listed (at once for `Nobody`).
+    async fn listed(&self) {
+        if let Self::Labelled(_, listed) = self {
+            let _ = listed.clone().wait_for(|done| *done).await;
+        }
+    }
 }
 
 /// Where a Kubernetes pod source stands.
@@ -61,6 +133,9 @@ struct StaticPod {
     name: String,
     #[serde(default = "yes")]
     sharing: bool,
+    /// Let opt out by the webhook ([`PodMeta::opted_out`]); not sharing then.
+    #[serde(default)]
+    opted_out: bool,
     #[serde(default)]
     gpu_container: Option<String>,
     #[serde(default)]
@@ -114,8 +189,8 @@ impl PodSource {
                         PodMeta {
                             namespace: p.namespace,
                             name: p.name,
-                            sharing: p.sharing,
-                            opted_out: false,
+                            sharing: p.sharing && !p.opted_out,
+                            opted_out: p.opted_out,
                             gpu_container: p.gpu_container,
                             running: p.running,
                             grant: Grant::of(p.gpu_memory.as_deref(), p.gpu_fraction.as_deref()),
@@ -128,7 +203,18 @@ impl PodSource {
 
     /// Starts a reflector of the pods on `node`; it retries with backoff
     /// while the API server is unreachable.
-    pub fn watch_node(client: Client, node: &str, shutdown: CancellationToken) -> Self {
+    /// `opt_out_label`: the namespace label under which pods may opt out
+    /// (`key=value`), `None` for nobody.
+    pub fn watch_node(
+        client: Client,
+        node: &str,
+        opt_out_label: Option<&str>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let opt_out = match opt_out_label {
+            Some(selector) => OptOutNamespaces::watch(client.clone(), selector, shutdown.clone()),
+            None => OptOutNamespaces::Nobody,
+        };
         let api: Api<Pod> = Api::all(client);
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         let (store, writer) = reflector::store();
@@ -141,7 +227,11 @@ impl PodSource {
             .modify(trim)
             .reflect(writer);
         tokio::spawn(follow(node.to_owned(), stream, sync_tx, shutdown));
-        Self::Kube { store, sync }
+        Self::Kube {
+            store,
+            sync,
+            opt_out,
+        }
     }
 
     pub fn status(&self) -> PodSourceStatus {
@@ -156,10 +246,14 @@ impl PodSource {
         }
     }
 
-    /// Resolves once a Kubernetes source has listed this node's pods
-    /// (immediately for the other sources).
+    /// Resolves once a Kubernetes source has listed this node's pods, and
+    /// the namespaces where pods may opt out (immediately for the other
+    /// sources).
     pub async fn synced(&self) {
         self.wait_for(PodSync::Ready).await;
+        if let Self::Kube { opt_out, .. } = self {
+            opt_out.listed().await;
+        }
     }
 
     /// Resolves once a Kubernetes source is in state `want` (immediately
@@ -185,11 +279,11 @@ impl PodSource {
                 .filter(|(_, p)| p.sharing)
                 .map(|(uid, p)| (uid.clone(), p.clone()))
                 .collect(),
-            Self::Kube { store, .. } => store
+            Self::Kube { store, opt_out, .. } => store
                 .state()
                 .iter()
                 .filter_map(|pod| {
-                    let meta = meta_of(pod);
+                    let meta = meta_of(pod, opt_out);
                     Some((pod.metadata.uid.clone()?, meta)).filter(|(_, m)| m.sharing)
                 })
                 .collect(),
@@ -200,13 +294,17 @@ impl PodSource {
         match self {
             Self::None => Lookup::Unknown,
             Self::Static(pods) => pods.get(uid).cloned().map_or(Lookup::Absent, Lookup::Known),
-            Self::Kube { store, sync } => {
+            Self::Kube {
+                store,
+                sync,
+                opt_out,
+            } => {
                 let found = store
                     .state()
                     .into_iter()
                     .find(|p| p.metadata.uid.as_deref() == Some(uid));
                 match found {
-                    Some(pod) => Lookup::Known(meta_of(&pod)),
+                    Some(pod) => Lookup::Known(meta_of(&pod, opt_out)),
                     None if *sync.borrow() == PodSync::Ready => Lookup::Absent,
                     None => Lookup::Unknown,
                 }
@@ -216,11 +314,15 @@ impl PodSource {
 }
 
 /// Keeps only what [`meta_of`] reads, so the cache of a busy node stays
-/// small: metadata without managed fields, container names, whether the
-/// pod has our library volume, and the running state of each container.
+/// small: metadata without managed fields and with only our opt-out label,
+/// container names, whether the pod has our library volume, and the
+/// running state of each container.
 fn trim(pod: &mut Pod) {
     pod.metadata.managed_fields = None;
-    pod.metadata.labels = None;
+    pod.metadata.labels = pod.metadata.labels.take().map(|mut labels| {
+        labels.retain(|k, _| k == LABEL_WEBHOOK);
+        labels
+    });
     pod.metadata.owner_references = None;
     if let Some(spec) = pod.spec.take() {
         pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
@@ -264,7 +366,7 @@ fn trim(pod: &mut Pod) {
     }
 }
 
-fn meta_of(pod: &Pod) -> PodMeta {
+fn meta_of(pod: &Pod, opt_out: &OptOutNamespaces) -> PodMeta {
     let annotations = pod.metadata.annotations.as_ref();
     let annotation = |key: &str| annotations.and_then(|m| m.get(key)).cloned();
     let first = pod
@@ -272,23 +374,32 @@ fn meta_of(pod: &Pod) -> PodMeta {
         .as_ref()
         .and_then(|s| s.containers.first())
         .map(|c| c.name.clone());
-    // The webhook honours an opt-out only where the namespace allows it;
-    // elsewhere it injects the pod anyway. So a pod that asked and has no
-    // library volume of ours was let go on purpose: no region is expected
-    // of it and it is never evicted (docs/isolation.md, "Opted-out pods").
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let kai_sharing = SHARING_ANNOTATIONS
+        .iter()
+        .any(|a| annotations.is_some_and(|m| m.contains_key(*a)));
+    // What the webhook honours, and only where the namespace allows it: the
+    // opt-out annotation or label on a sharing pod it then left without
+    // our library volume. Such a pod runs uncapped by an administrator's
+    // choice: no region is expected of it and it is never evicted
+    // (docs/isolation.md, "Escaped processes").
+    let asks = opts_out(annotation(ANNOTATION_INJECT).as_deref())
+        || pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_WEBHOOK))
+            .is_some_and(|v| v == LABEL_WEBHOOK_IGNORE);
     let injected = pod
         .spec
         .as_ref()
         .and_then(|s| s.volumes.as_ref())
         .is_some_and(|v| v.iter().any(|v| v.name == VOLUME_VGPU));
-    let opted_out = opts_out(annotation(ANNOTATION_INJECT).as_deref()) && !injected;
+    let opted_out = kai_sharing && asks && !injected && opt_out.allows(&namespace);
     PodMeta {
-        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        namespace,
         name: pod.metadata.name.clone().unwrap_or_default(),
-        sharing: !opted_out
-            && SHARING_ANNOTATIONS
-                .iter()
-                .any(|a| annotations.is_some_and(|m| m.contains_key(*a))),
+        sharing: kai_sharing && !opted_out,
         opted_out,
         gpu_container: annotation(ANNOTATION_CONTAINER_NAME).or(first),
         grant: Grant::of(

@@ -73,7 +73,28 @@ pub fn mock_cluster(
     tokio::sync::mpsc::UnboundedReceiver<(String, String, serde_json::Value)>,
     tokio::task::JoinHandle<()>,
 ) {
+    mock_cluster_with_namespaces(node, pods, "", Vec::new())
+}
+
+/// Like [`mock_cluster`], and also answers the list (and holds the watch)
+/// of namespaces selected by `label` (`key=value`, URL-encoded as the
+/// client sends it) with `namespaces`: those carrying it.
+pub fn mock_cluster_with_namespaces(
+    node: &str,
+    pods: Vec<serde_json::Value>,
+    label: &str,
+    namespaces: Vec<serde_json::Value>,
+) -> (
+    kube::Client,
+    tokio::sync::mpsc::UnboundedReceiver<(String, String, serde_json::Value)>,
+    tokio::task::JoinHandle<()>,
+) {
     use http_body_util::BodyExt;
+    let label_selector = format!(
+        "labelSelector={}",
+        label.replace('/', "%2F").replace('=', "%3D")
+    );
+    let label = label.to_owned();
 
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let (events_tx, events) = tokio::sync::mpsc::unbounded_channel();
@@ -93,6 +114,21 @@ pub fn mock_cluster(
                     let list = serde_json::json!({
                         "apiVersion": "v1", "kind": "PodList",
                         "metadata": {"resourceVersion": "11"}, "items": pods
+                    });
+                    respond.send_response(Response::new(Body::from(
+                        serde_json::to_vec(&list).expect("json"),
+                    )));
+                }
+                continue;
+            }
+            if path == "/api/v1/namespaces" {
+                assert!(!label.is_empty() && uri.contains(&label_selector), "{uri}");
+                if uri.contains("watch=true") {
+                    held.push(respond);
+                } else {
+                    let list = serde_json::json!({
+                        "apiVersion": "v1", "kind": "NamespaceList",
+                        "metadata": {"resourceVersion": "12"}, "items": namespaces
                     });
                     respond.send_response(Response::new(Body::from(
                         serde_json::to_vec(&list).expect("json"),

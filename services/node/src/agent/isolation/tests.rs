@@ -503,6 +503,71 @@ fn gpu_processes_without_a_slot_are_escaped_after_the_grace() {
     assert!(again.notices.is_empty(), "announced once");
 }
 
+/// A pod let opt out (its namespace allows it) runs uncapped by choice: its
+/// process on a shared GPU is reported as escaped, under its own reason,
+/// and names an owner that enforcement leaves alone.
+#[test]
+fn an_opted_out_pods_process_on_a_shared_gpu_is_reported_never_a_candidate() {
+    const OPTED_UID: &str = "33333333-0000-4000-8000-000000000001";
+    let proc_dir = fake_proc(&[
+        (4000, "0::/kubepods/x\n"),
+        (
+            555,
+            &format!(
+                "11:memory:/kubepods/besteffort/pod{OPTED_UID}/{}\n",
+                "a".repeat(64)
+            ),
+        ),
+    ]);
+    let host = HostProc::new(proc_dir.path());
+    let lookup = |uid: &str| match uid {
+        OPTED_UID => Lookup::Known(PodMeta {
+            sharing: false,
+            opted_out: true,
+            ..meta("opted-out-0")
+        }),
+        _ => Lookup::Absent,
+    };
+    let processes = vec![
+        GpuProcess {
+            gpu_uuid: GPU.into(),
+            pid: 4000,
+            used: Some(GIB),
+        },
+        GpuProcess {
+            gpu_uuid: GPU.into(),
+            pid: 555,
+            used: Some(2 * GIB),
+        },
+    ];
+    let mut assessor = Assessor::default();
+    let region = using(8 * GIB, GIB);
+    let run = |assessor: &mut Assessor, t: u64| {
+        let mut views = vec![view_of(UID, &region)];
+        assessor.assess(
+            &mut views,
+            &Input {
+                lookup: &lookup,
+                gpu_processes: Ok(&processes),
+                host: Some(&host),
+                ..input(NOW_MS + t)
+            },
+        )
+    };
+    run(&mut assessor, 0);
+    let later = run(&mut assessor, 11_000);
+    let [escaped] = later.escaped.as_slice() else {
+        panic!("{:?}", later.escaped)
+    };
+    let owner = escaped.owner.as_ref().expect("owner named");
+    assert_eq!((owner.pod.as_str(), owner.opted_out), ("opted-out-0", true));
+    assert!(escaped.reason.contains("opted out"), "{}", escaped.reason);
+    assert!(
+        crate::agent::enforce::candidates(&[], &later.missing, &later.escaped).is_empty(),
+        "never evicted"
+    );
+}
+
 #[test]
 fn a_live_slot_without_a_host_pid_vouches_for_its_container() {
     const CID: &str = "aaaaaaaabbbbbbbbccccccccddddddddeeeeeeeeffffffff0000000011111111";
