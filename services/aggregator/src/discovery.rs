@@ -4,7 +4,6 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -51,32 +50,24 @@ pub fn pods(
         .reflect(writer);
     let selector = selector.to_owned();
     tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                next = stream.next() => match next {
-                    Some(Ok(event)) => {
-                        if matches!(event, watcher::Event::InitDone) {
-                            synced_tx.send_replace(true);
-                        }
-                        if *synced_tx.borrow() {
-                            let set = endpoints_of(&store, port);
-                            tx.send_if_modified(|current| {
-                                let changed = *current != set;
-                                if changed {
-                                    tracing::info!(agents = set.len(), "node agents discovered");
-                                    *current = set;
-                                }
-                                changed
-                            });
-                        }
-                    }
-                    Some(Err(error)) => tracing::warn!(%selector, %error, "node-agent discovery error; retrying with backoff"),
-                    None => break,
-                },
+        let on_event = |event| {
+            if matches!(event, watcher::Event::InitDone) {
+                synced_tx.send_replace(true);
             }
-        }
+            if *synced_tx.borrow() {
+                let set = endpoints_of(&store, port);
+                tx.send_if_modified(|current| {
+                    let changed = *current != set;
+                    if changed {
+                        tracing::info!(agents = set.len(), "node agents discovered");
+                        *current = set;
+                    }
+                    changed
+                });
+            }
+        };
+        let on_error = |error: watcher::Error| tracing::warn!(%selector, %error, "node-agent discovery error; retrying with backoff");
+        kai_runtime::shutdown::drive(stream, &shutdown, on_event, on_error).await;
     });
     Targets { endpoints, synced }
 }

@@ -164,38 +164,23 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
         [SHARING, REFUSED_OPT_OUT, NOT_ALLOWED],
         "only GPU-sharing pods are checked for regions, not those let opt out"
     );
-    assert!(matches!(
-        source.lookup(LABEL_OPT_OUT),
-        Lookup::Known(PodMeta {
-            sharing: false,
-            opted_out: true,
-            ..
-        })
-    ));
-    assert!(matches!(
-        source.lookup(ASKS_NOT_SHARING),
-        Lookup::Known(PodMeta {
-            sharing: false,
-            opted_out: false,
-            ..
-        })
-    ));
-    assert!(matches!(
-        source.lookup(OPTED_OUT),
-        Lookup::Known(PodMeta {
-            sharing: false,
-            opted_out: true,
-            ..
-        })
-    ));
-    assert!(matches!(
-        source.lookup(REFUSED_OPT_OUT),
-        Lookup::Known(PodMeta {
-            sharing: true,
-            opted_out: false,
-            ..
-        })
-    ));
+    // (pod, sharing, opted out)
+    for (uid, sharing, opted_out) in [
+        (OPTED_OUT, false, true),
+        (LABEL_OPT_OUT, false, true),
+        (REFUSED_OPT_OUT, true, false),
+        (NOT_ALLOWED, true, false),
+        (ASKS_NOT_SHARING, false, false),
+    ] {
+        let Lookup::Known(meta) = source.lookup(uid) else {
+            panic!("{uid} not known")
+        };
+        assert_eq!(
+            (meta.sharing, meta.opted_out),
+            (sharing, opted_out),
+            "{uid}: {meta:?}"
+        );
+    }
     assert!(
         matches!(
             source.lookup(NAMED),

@@ -73,22 +73,13 @@ impl OptOutNamespaces {
         let selector = selector.to_owned();
         let (listed_tx, listed) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            loop {
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    next = stream.next() => match next {
-                        Some(Ok(watcher::Event::InitDone)) => {
-                            listed_tx.send_replace(true);
-                        }
-                        Some(Ok(_)) => {}
-                        Some(Err(error)) => tracing::warn!(
-                            %selector, %error, "opt-out namespace watch error; retrying with backoff"
-                        ),
-                        None => break,
-                    },
+            let on_event = |event| {
+                if matches!(event, watcher::Event::InitDone) {
+                    listed_tx.send_replace(true);
                 }
-            }
+            };
+            let on_error = |error: watcher::Error| tracing::warn!(%selector, %error, "opt-out namespace watch error; retrying with backoff");
+            kai_runtime::shutdown::drive(stream, &shutdown, on_event, on_error).await;
         });
         Self::Labelled(store, listed)
     }

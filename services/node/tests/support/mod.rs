@@ -106,29 +106,25 @@ pub fn mock_cluster_with_namespaces(
             let method = request.method().to_string();
             let path = request.uri().path().to_owned();
             let uri = request.uri().to_string();
-            if path == "/api/v1/pods" {
-                assert!(uri.contains(&selector), "{uri}");
-                if uri.contains("watch=true") {
-                    held.push(respond);
-                } else {
-                    let list = serde_json::json!({
-                        "apiVersion": "v1", "kind": "PodList",
-                        "metadata": {"resourceVersion": "11"}, "items": pods
-                    });
-                    respond.send_response(Response::new(Body::from(
-                        serde_json::to_vec(&list).expect("json"),
-                    )));
+            // A list answered with `items`, a watch held open.
+            let listed = match path.as_str() {
+                "/api/v1/pods" => {
+                    assert!(uri.contains(&selector), "{uri}");
+                    Some(("PodList", &pods))
                 }
-                continue;
-            }
-            if path == "/api/v1/namespaces" {
-                assert!(!label.is_empty() && uri.contains(&label_selector), "{uri}");
+                "/api/v1/namespaces" => {
+                    assert!(!label.is_empty() && uri.contains(&label_selector), "{uri}");
+                    Some(("NamespaceList", &namespaces))
+                }
+                _ => None,
+            };
+            if let Some((kind, items)) = listed {
                 if uri.contains("watch=true") {
                     held.push(respond);
                 } else {
                     let list = serde_json::json!({
-                        "apiVersion": "v1", "kind": "NamespaceList",
-                        "metadata": {"resourceVersion": "12"}, "items": namespaces
+                        "apiVersion": "v1", "kind": kind,
+                        "metadata": {"resourceVersion": "11"}, "items": items
                     });
                     respond.send_response(Response::new(Body::from(
                         serde_json::to_vec(&list).expect("json"),

@@ -387,6 +387,27 @@ fn fake_proc(entries: &[(u32, &str)]) -> tempfile::TempDir {
     dir
 }
 
+/// One assessment at `NOW_MS + t` of a capped region (one process, pid
+/// 4000, on `GPU`) with NVML's `processes`, the host's /proc and `lookup`.
+fn escapes(
+    assessor: &mut Assessor,
+    lookup: &dyn Fn(&str) -> Lookup,
+    processes: &[GpuProcess],
+    host: &HostProc,
+    t: u64,
+) -> Output {
+    let mut views = vec![view_of(UID, &using(8 * GIB, GIB))];
+    assessor.assess(
+        &mut views,
+        &Input {
+            lookup,
+            gpu_processes: Ok(processes),
+            host: Some(host),
+            ..input(NOW_MS + t)
+        },
+    )
+}
+
 #[test]
 fn gpu_processes_without_a_slot_are_escaped_after_the_grace() {
     const LEAKER_UID: &str = "22222222-0000-4000-8000-000000000001";
@@ -439,19 +460,7 @@ fn gpu_processes_without_a_slot_are_escaped_after_the_grace() {
         },
     ];
     let mut assessor = Assessor::default();
-    let region = using(8 * GIB, GIB);
-    let run = |assessor: &mut Assessor, t: u64| {
-        let mut views = vec![view_of(UID, &region)];
-        assessor.assess(
-            &mut views,
-            &Input {
-                lookup: &lookup,
-                gpu_processes: Ok(&processes),
-                host: Some(&host),
-                ..input(NOW_MS + t)
-            },
-        )
-    };
+    let run = |assessor: &mut Assessor, t: u64| escapes(assessor, &lookup, &processes, &host, t);
     let first = run(&mut assessor, 0);
     assert!(
         first.escaped.is_empty(),
@@ -528,32 +537,9 @@ fn an_opted_out_pods_process_on_a_shared_gpu_is_reported_never_a_candidate() {
         }),
         _ => Lookup::Absent,
     };
-    let processes = vec![
-        GpuProcess {
-            gpu_uuid: GPU.into(),
-            pid: 4000,
-            used: Some(GIB),
-        },
-        GpuProcess {
-            gpu_uuid: GPU.into(),
-            pid: 555,
-            used: Some(2 * GIB),
-        },
-    ];
+    let processes = vec![nvml(4000, GIB), nvml(555, 2 * GIB)];
     let mut assessor = Assessor::default();
-    let region = using(8 * GIB, GIB);
-    let run = |assessor: &mut Assessor, t: u64| {
-        let mut views = vec![view_of(UID, &region)];
-        assessor.assess(
-            &mut views,
-            &Input {
-                lookup: &lookup,
-                gpu_processes: Ok(&processes),
-                host: Some(&host),
-                ..input(NOW_MS + t)
-            },
-        )
-    };
+    let run = |assessor: &mut Assessor, t: u64| escapes(assessor, &lookup, &processes, &host, t);
     run(&mut assessor, 0);
     let later = run(&mut assessor, 11_000);
     let [escaped] = later.escaped.as_slice() else {
