@@ -1592,12 +1592,17 @@ def latency():
         t0 = time.perf_counter()
         local.conn.request("POST", f"/api/v1/namespaces/{ns}/pods", body, {"Content-Type": "application/json"})
         r = local.conn.getresponse()
-        r.read()
-        assert r.status == 201, r.status
+        body = r.read()
+        assert r.status == 201, (r.status, body[:300])
         return time.perf_counter() - t0
 
     def burst(ns, n):
         kubectl("create", "namespace", ns)
+        # Until the namespace's default ServiceAccount exists, the
+        # ServiceAccount admission plugin refuses every pod (403).
+        eventually(f"the default ServiceAccount of {ns}",
+                   lambda: kubectl("get", "serviceaccount", "default", "-n", ns, check=False).returncode == 0,
+                   timeout=60)
         bodies = []
         for i in range(n):
             p = pod(f"p{i}", {"gpu-memory": "1024"})
