@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 import harness
 from harness import (CHART, FULL, HERE, NS, RELEASE, ROOT, TENANT, apply, bad, built_library, chart_env, check,
                      container_of, create, eventually, failed, free_port, grpc_tls_files, helm, http_get, kjson,
-                     kubectl, load_env, log_tail, procs, prometheus_token, rewrite, run, sa_kubeconfig, series, start,
-                     stop, stop_all, write_kubeconfig)
+                     kubectl, load_env, log_tail, new_namespace, procs, prometheus_token, rewrite, run,
+                     sa_kubeconfig, series, start, stop, stop_all, write_kubeconfig)
 
 CORPUS = os.path.join(ROOT, "services", "webhook", "tests", "pods")
 RBAC_DIR = os.path.join(HERE, "rbac")
@@ -518,10 +518,7 @@ def admission():
 def psa_namespace(name, level):
     """A namespace enforcing Pod Security `level`, its default ServiceAccount
     made (the ServiceAccount admission plugin wants it)."""
-    kubectl("create", "namespace", name, check=False)
-    kubectl("label", "namespace", name, f"pod-security.kubernetes.io/enforce={level}", "--overwrite")
-    eventually(f"the default ServiceAccount of {name}",
-               lambda: kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0, timeout=60)
+    new_namespace(name, f"pod-security.kubernetes.io/enforce={level}")
 
 
 def restricted_pod(name):
@@ -1597,12 +1594,7 @@ def latency():
         return time.perf_counter() - t0
 
     def burst(ns, n):
-        kubectl("create", "namespace", ns)
-        # Until the namespace's default ServiceAccount exists, the
-        # ServiceAccount admission plugin refuses every pod (403).
-        eventually(f"the default ServiceAccount of {ns}",
-                   lambda: kubectl("get", "serviceaccount", "default", "-n", ns, check=False).returncode == 0,
-                   timeout=60)
+        new_namespace(ns, exist_ok=False)
         bodies = []
         for i in range(n):
             p = pod(f"p{i}", {"gpu-memory": "1024"})

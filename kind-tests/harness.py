@@ -108,6 +108,18 @@ def apply(obj, *args):
     return kubectl("apply", "-f", "-", *args, input=json.dumps(obj))
 
 
+def new_namespace(name, *labels, exist_ok=True):
+    """Namespace `name` with `labels` (`key=value`), once its default
+    ServiceAccount exists: until then the ServiceAccount admission plugin
+    refuses every pod (403)."""
+    kubectl("create", "namespace", name, check=not exist_ok)
+    if labels:
+        kubectl("label", "namespace", name, *labels, "--overwrite")
+    eventually(f"the default ServiceAccount of {name}",
+               lambda: kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+               timeout=60)
+
+
 def create(obj, ns=TENANT, dry_run=False, check=True):
     obj = json.loads(json.dumps(obj))
     obj["metadata"]["namespace"] = ns

@@ -33,7 +33,7 @@ import time
 
 import harness
 from harness import (CHART, FULL, HERE, NS, RELEASE, TENANT, built_library, check, create, eventually, failed,
-                     grpc_tls_files, helm, http_get, kjson, kubectl, load_env, run, series)
+                     grpc_tls_files, helm, http_get, kjson, kubectl, load_env, new_namespace, run, series)
 
 OPT_OUT_NS = "opt-out-allowed"
 IMAGE = "kai.test/debian:bookworm"
@@ -287,12 +287,8 @@ def install_release():
              "--set", "monitor.isolation.noRegionGraceSeconds=10",
              check=False)
     assert r.returncode == 0, r.stderr[-800:]
-    for ns in (TENANT, OPT_OUT_NS):
-        kubectl("create", "namespace", ns, check=False)
-    kubectl("label", "namespace", OPT_OUT_NS, "kai-resource-isolator.io/allow-opt-out=true", "--overwrite")
-    for ns in (TENANT, OPT_OUT_NS):
-        eventually(f"the default ServiceAccount of {ns}",
-                   lambda: kubectl("get", "serviceaccount", "default", "-n", ns, check=False).returncode == 0, timeout=60)
+    new_namespace(TENANT)
+    new_namespace(OPT_OUT_NS, "kai-resource-isolator.io/allow-opt-out=true")
     WEBHOOK["pod"] = release_pod("webhook", "the webhook's pod Ready")
 
     def mutated():
@@ -659,11 +655,7 @@ def restricted_gpu_pod(name):
 
 
 def csi_pod_runs():
-    kubectl("create", "namespace", RESTRICTED, check=False)
-    kubectl("label", "namespace", RESTRICTED, "pod-security.kubernetes.io/enforce=restricted", "--overwrite")
-    eventually(f"the default ServiceAccount of {RESTRICTED}",
-               lambda: kubectl("get", "serviceaccount", "default", "-n", RESTRICTED, check=False).returncode == 0,
-               timeout=60)
+    new_namespace(RESTRICTED, "pod-security.kubernetes.io/enforce=restricted")
     stored = create(restricted_gpu_pod("gpu-csi"), ns=RESTRICTED)
     pod_checks("injected", stored, "main", MOUNT, "--delivery", "csi")
     if "pod" not in LIBSYNC:
