@@ -36,6 +36,8 @@ from harness import (CHART, FULL, HERE, NS, RELEASE, TENANT, built_library, chec
                      grpc_tls_files, helm, http_get, kjson, kubectl, load_env, new_namespace, run, series)
 
 OPT_OUT_NS = "opt-out-allowed"
+# Labelled for the webhook to ignore: no entry of its configuration serves it.
+IGNORED_NS = "ignored-ns"
 IMAGE = "kai.test/debian:bookworm"
 MOUNT = "/usr/local/vgpu"  # paths.containerVgpuMount: where containers see the library
 LIB = f"{MOUNT}/libvgpu.so"
@@ -289,6 +291,7 @@ def install_release():
     assert r.returncode == 0, r.stderr[-800:]
     new_namespace(TENANT)
     new_namespace(OPT_OUT_NS, "kai-resource-isolator.io/allow-opt-out=true")
+    new_namespace(IGNORED_NS, "kai-resource-isolator.io/webhook=ignore")
     WEBHOOK["pod"] = release_pod("webhook", "the webhook's pod Ready")
 
     def mutated():
@@ -546,20 +549,26 @@ def enforce_evicts():
 
 
 def opted_out_kept():
-    """Under --enforce evict, a pod that opted out where its namespace
-    allows it (no library volume: the webhook let it go) is neither
-    no_region nor evicted (evicted, it would come back as it was, over and
-    over). The same request on an uninjected pod of a namespace that does
-    not allow it (created plain, annotated after admission, as a tenant
-    could) counts for nothing: that pod is evicted (no_region), which is
-    also the event the first pod's absence of one is counted against."""
-    kept = create(pod("opted-out-2", {"gpu-memory": "1024", "kai-resource-isolator.io/inject": "false"}),
-                  ns=OPT_OUT_NS)
-    assert not any(v["name"] == "kai-resource-isolator-vgpu" for v in kept["spec"].get("volumes", [])), kept["spec"]
+    """Under --enforce evict, the pods the webhook leaves uninjected by the
+    administrator's choice are neither no_region nor evicted (evicted, they
+    would come back as they were, over and over): one that opted out where
+    its namespace allows it, and one in a namespace labelled for the
+    webhook to ignore (the agent reads the chart's MutatingWebhookConfiguration
+    and the namespaces' labels: were either refused it, that pod would be
+    evicted). The same opt-out request on an uninjected pod of a namespace
+    that does not allow it (created plain, annotated after admission, as a
+    tenant could) counts for nothing: that pod is evicted (no_region),
+    which is also the event the others' absence of one is counted against."""
+    kept = {OPT_OUT_NS: create(pod("opted-out-2", {"gpu-memory": "1024", "kai-resource-isolator.io/inject": "false"}),
+                               ns=OPT_OUT_NS),
+            IGNORED_NS: create(pod("ignored-0", {"gpu-memory": "1024"}), ns=IGNORED_NS)}
+    for p in kept.values():
+        assert not any(v["name"] == "kai-resource-isolator-vgpu" for v in p["spec"].get("volumes", [])), p["spec"]
     sneaky = create(pod("no-region"))
     assert not any(v["name"] == "kai-resource-isolator-vgpu" for v in sneaky["spec"].get("volumes", [])), sneaky["spec"]
     kubectl("annotate", "pod", "no-region", "-n", TENANT, "gpu-memory=1024", "kai-resource-isolator.io/inject=false")
-    running("opted-out-2", OPT_OUT_NS)
+    for ns, p in kept.items():
+        running(p["metadata"]["name"], ns)
     running("no-region")
 
     def evicted():
@@ -567,12 +576,14 @@ def opted_out_kept():
     ev = eventually("the uninjected pod that asked to opt out where it may not evicted (no_region past the grace)",
                     evicted, timeout=90, show=agent_log)
     assert "no_region" in ev[0]["message"], ev[0]["message"]
-    for reason in ("GpuRegionMissing", "GpuIsolationEviction"):
-        assert not region_events("opted-out-2", reason, OPT_OUT_NS), region_events("opted-out-2", reason, OPT_OUT_NS)
-    p = kjson("get", "pod", "opted-out-2", "-n", OPT_OUT_NS)
-    assert p["status"]["phase"] == "Running" and not p["metadata"].get("deletionTimestamp") and restarts(p) == 0, \
-        p["status"]
-    delete_pod("opted-out-2", OPT_OUT_NS)
+    for ns, p in kept.items():
+        name = p["metadata"]["name"]
+        for reason in ("GpuRegionMissing", "GpuIsolationEviction"):
+            assert not region_events(name, reason, ns), region_events(name, reason, ns)
+        p = kjson("get", "pod", name, "-n", ns)
+        assert p["status"]["phase"] == "Running" and not p["metadata"].get("deletionTimestamp") and restarts(p) == 0, \
+            p["status"]
+        delete_pod(name, ns)
 
 
 # --- the CSI delivery: kai-csi, a real pod the kubelet calls ----------------------
@@ -810,7 +821,8 @@ def main():
                       "NVML sees its process use memory) through the Eviction API, its container's process is gone "
                       "from the node, a GpuIsolationEviction Event and kai_isolator_evictions_total"
                       "{reason=uncapped_no_limit} 1; the capped gpu pod stays", enforce_evicts)
-                check("under enforce=evict, a gpu-memory pod that opted out (its namespace allows it) is neither "
+                check("under enforce=evict, a gpu-memory pod that opted out (its namespace allows it) and one in a "
+                      "namespace labelled webhook=ignore (the agent reads the webhook's configuration) are neither "
                       "no_region nor evicted, while an uninjected pod annotated gpu-memory and inject=false after "
                       "admission in a namespace that does not allow it is evicted (no_region)", opted_out_kept)
         check("a plain pod and an opted-out pod run untouched: no /etc/ld.so.preload, no libvgpu.so mapped", untouched_pods)

@@ -267,8 +267,12 @@ def rbac_least_privilege():
     # What the access-control roles grant is asserted in access_* below.
     pods = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}
     events = {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}
-    namespaces = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}  # opt-out namespaces
-    assert one(docs, "ClusterRole", "-node")["rules"] == [pods, events, namespaces]
+    # The webhook's own configuration and the namespaces' labels: which
+    # pods it leaves alone by the administrator's choice.
+    configuration = {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
+                     "resourceNames": [f"{RELEASE}-kai-resource-isolator-mutating"], "verbs": ["get", "list", "watch"]}
+    namespaces = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
+    assert one(docs, "ClusterRole", "-node")["rules"] == [pods, events, configuration, namespaces]
     role = one(docs, "Role", "-aggregator")
     assert role["rules"] == [pods], role["rules"]
     assert role["metadata"]["namespace"] == NS
@@ -285,7 +289,7 @@ def rbac_least_privilege():
     assert one(off, "ServiceAccount", "-webhook")["automountServiceAccountToken"] is False
 
 
-check("RBAC: pods list/watch (+ Events create/patch and namespaces list/watch for the agent, get for the node guard) only",
+check("RBAC: pods list/watch (+ Events create/patch, its webhook configuration and namespaces for the agent, get for the node guard) only",
       rbac_least_privilege)
 
 
@@ -598,27 +602,31 @@ def agent_extra_env():
 check("monitor.agent.extraEnv: appended to the agent container's env after the chart's own", agent_extra_env)
 
 
-def agent_opt_out_namespaces():
-    """The agent leaves a pod let opt out alone only in the namespaces the
-    webhook lets opt out: it gets the same label, and may list them."""
-    def rules(docs):
+def agent_reads_the_webhook_configuration():
+    """The agent leaves alone the pods the webhook leaves alone by the
+    administrator's choice: it is named the chart's own
+    MutatingWebhookConfiguration, and may read that one object and the
+    namespaces' labels its selectors match."""
+    def check_release(docs):
         (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-node")]
-        return role["rules"]
-    docs = render()
-    args = containers(one(docs, "DaemonSet", "-node"))["agent"]["args"]
-    assert "--opt-out-namespace-label=kai-resource-isolator.io/allow-opt-out=true" in args, args
-    assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]} in rules(docs), rules(docs)
-    docs = render(extra=("--set", "webhook.optOutNamespaceLabel=team.example/opt-out="))
-    args = containers(one(docs, "DaemonSet", "-node"))["agent"]["args"]
-    assert "--opt-out-namespace-label=team.example/opt-out=" in args, args
-    # Nobody may opt out: no flag, no namespace access.
-    docs = render(extra=("--set", "webhook.optOutNamespaceLabel="))
-    args = containers(one(docs, "DaemonSet", "-node"))["agent"]["args"]
-    assert not [a for a in args if a.startswith("--opt-out-namespace-label")], args
-    assert not [r for r in rules(docs) if "namespaces" in r["resources"]], rules(docs)
+        (mwc,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+        name = mwc["metadata"]["name"]
+        args = containers(one(docs, "DaemonSet", "-node"))["agent"]["args"]
+        assert f"--webhook-configuration={name}" in args, args
+        assert {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
+                "resourceNames": [name], "verbs": ["get", "list", "watch"]} in role["rules"], role["rules"]
+        assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]} in role["rules"], role["rules"]
+        # Nothing else of admissionregistration: the agent cannot read or
+        # change other webhooks.
+        others = [r for r in role["rules"] if "admissionregistration.k8s.io" in r["apiGroups"]]
+        assert len(others) == 1, others
+        return name
+    assert check_release(render()) != check_release(render(extra=("--set", "fullnameOverride=gpu-iso")))
+    assert check_release(render(extra=("--set", "fullnameOverride=gpu-iso"))) == "gpu-iso-mutating"
 
 
-check("webhook.optOutNamespaceLabel reaches the agent (flag, list/watch namespaces); empty: neither", agent_opt_out_namespaces)
+check("the agent reads the chart's MutatingWebhookConfiguration (flag, RBAC for that one object) and namespaces",
+      agent_reads_the_webhook_configuration)
 
 
 # --- drop-in for the Go chart's users -----------------------------------------

@@ -19,12 +19,45 @@ const REFUSED_OPT_OUT: &str = "11111111-0000-4000-8000-000000000005";
 const NOT_ALLOWED: &str = "11111111-0000-4000-8000-000000000006";
 const LABEL_OPT_OUT: &str = "11111111-0000-4000-8000-000000000007";
 const ASKS_NOT_SHARING: &str = "11111111-0000-4000-8000-000000000008";
-const OPT_OUT_LABEL: &str = "kai-resource-isolator.io/allow-opt-out=true";
+const UNSERVED: &str = "11111111-0000-4000-8000-000000000009";
+const UNSERVED_INJECTED: &str = "11111111-0000-4000-8000-00000000000a";
 
 /// `pod` moved to namespace `ns`.
 fn in_namespace(mut pod: serde_json::Value, ns: &str) -> serde_json::Value {
     pod["metadata"]["namespace"] = json!(ns);
     pod
+}
+
+/// A namespace as the API server stores it (with its name label).
+fn namespace(name: &str, labels: serde_json::Value) -> serde_json::Value {
+    let mut labels = labels;
+    labels["kubernetes.io/metadata.name"] = json!(name);
+    json!({"apiVersion": "v1", "kind": "Namespace",
+           "metadata": {"name": name, "resourceVersion": "3", "labels": labels}})
+}
+
+/// The chart's MutatingWebhookConfiguration (webhook-config.yaml) of
+/// release `kai-resource-isolator`, in namespace `kai`, with opt-out label
+/// `kai-resource-isolator.io/allow-opt-out=true`.
+fn webhook_configuration() -> serde_json::Value {
+    let entry = |name: &str, path: &str, operator: &str| {
+        json!({
+            "name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None",
+            "clientConfig": {"service": {"name": "kai-webhook", "namespace": "kai", "path": path}},
+            "namespaceSelector": {"matchExpressions": [
+                {"key": "kai-resource-isolator.io/webhook", "operator": "NotIn", "values": ["ignore"]},
+                {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "kai"]},
+                {"key": "kai-resource-isolator.io/allow-opt-out", "operator": operator, "values": ["true"]}]},
+        })
+    };
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "kai-mutating", "resourceVersion": "5"},
+        "webhooks": [
+            entry("vgpu.lib.kai-resource-isolator.io", "/mutate", "NotIn"),
+            entry("opt-out.vgpu.lib.kai-resource-isolator.io", kai_vocab::annotations::ALLOW_OPT_OUT_PATH, "In"),
+        ],
+    })
 }
 
 /// `pod` with the webhook's library volume among others, as it stores an
@@ -41,8 +74,10 @@ fn injected(pod: serde_json::Value) -> serde_json::Value {
 
 #[tokio::test]
 async fn node_scoped_reflector_resolves_pods_by_uid() {
-    // team-a carries the administrator's opt-out label; team-b does not.
-    let (client, _events, server) = support::mock_cluster_with_namespaces(
+    // The chart's two webhook entries: team-a carries the administrator's
+    // opt-out label; team-b does not; batch is labelled for the webhook to
+    // ignore.
+    let (client, _events, server) = support::mock_cluster_with_scope(
         "gpu-node-1",
         vec![
             support::pod(
@@ -102,6 +137,27 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
                 pod["metadata"]["labels"] = json!({"kai-resource-isolator.io/webhook": "ignore"});
                 pod
             },
+            // A namespace the webhook does not serve: let go without asking.
+            in_namespace(
+                support::pod(
+                    UNSERVED,
+                    "batch-0",
+                    "gpu-node-1",
+                    json!({"gpu-memory": "2048"}),
+                ),
+                "batch",
+            ),
+            // Injected before its namespace was labelled: its region is
+            // expected.
+            in_namespace(
+                injected(support::pod(
+                    UNSERVED_INJECTED,
+                    "batch-1",
+                    "gpu-node-1",
+                    json!({"gpu-memory": "2048"}),
+                )),
+                "batch",
+            ),
             // The annotation without KAI's: not a sharing pod at all, and
             // not "opted out" either.
             support::pod(
@@ -111,13 +167,22 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
                 json!({"kai-resource-isolator.io/inject": "false"}),
             ),
         ],
-        OPT_OUT_LABEL,
-        vec![json!({"apiVersion": "v1", "kind": "Namespace",
-                    "metadata": {"name": "team-a", "resourceVersion": "3",
-                                 "labels": {"kai-resource-isolator.io/allow-opt-out": "true"}}})],
+        vec![webhook_configuration()],
+        vec![
+            namespace(
+                "team-a",
+                json!({"kai-resource-isolator.io/allow-opt-out": "true"}),
+            ),
+            namespace("team-b", json!({})),
+            namespace(
+                "batch",
+                json!({"kai-resource-isolator.io/webhook": "ignore"}),
+            ),
+        ],
     );
     let shutdown = CancellationToken::new();
-    let source = PodSource::watch_node(client, "gpu-node-1", Some(OPT_OUT_LABEL), shutdown.clone());
+    let source =
+        PodSource::watch_node(client, "gpu-node-1", Some("kai-mutating"), shutdown.clone());
     assert_eq!(source.status(), PodSourceStatus::Syncing);
     assert_eq!(
         source.lookup(SHARING),
@@ -161,8 +226,8 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
     sharing.sort();
     assert_eq!(
         sharing,
-        [SHARING, REFUSED_OPT_OUT, NOT_ALLOWED],
-        "only GPU-sharing pods are checked for regions, not those let opt out"
+        [SHARING, REFUSED_OPT_OUT, NOT_ALLOWED, UNSERVED_INJECTED],
+        "only GPU-sharing pods are checked for regions, not those the webhook let go"
     );
     // (pod, sharing, opted out)
     for (uid, sharing, opted_out) in [
@@ -171,6 +236,8 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
         (REFUSED_OPT_OUT, true, false),
         (NOT_ALLOWED, true, false),
         (ASKS_NOT_SHARING, false, false),
+        (UNSERVED, false, true),
+        (UNSERVED_INJECTED, true, false),
     ] {
         let Lookup::Known(meta) = source.lookup(uid) else {
             panic!("{uid} not known")

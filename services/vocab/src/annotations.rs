@@ -17,6 +17,12 @@ pub const LABEL_WEBHOOK: &str = "kai-resource-isolator.io/webhook";
 /// The value of [`LABEL_WEBHOOK`] that opts out.
 pub const LABEL_WEBHOOK_IGNORE: &str = "ignore";
 
+/// The webhook's route whose reviews honour a pod's opt-out (annotation
+/// or label). The chart sends it only the pods of namespaces an
+/// administrator labelled; the node agent reads the webhook configuration
+/// to tell which namespaces those are.
+pub const ALLOW_OPT_OUT_PATH: &str = "/mutate/allow-opt-out";
+
 /// The library volume the webhook adds to every pod it injects, whatever
 /// the delivery: a pod that asked to opt out and has it was injected
 /// anyway (its namespace does not allow opting out).

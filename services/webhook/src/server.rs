@@ -28,9 +28,9 @@ use crate::metrics;
 use crate::outcome::Outcome;
 use crate::review::{self, BadRequest, ReviewError, UID_PREFIX_BYTES};
 
-/// The route whose reviews honour the tenant's opt-out annotation. The
-/// chart sends it only pods of namespaces an administrator labelled.
-pub const ALLOW_OPT_OUT_PATH: &str = "/mutate/allow-opt-out";
+/// The route whose reviews honour the tenant's opt-out annotation (shared
+/// with the node agent, which reads the webhook configuration).
+pub use kai_vocab::annotations::ALLOW_OPT_OUT_PATH;
 
 /// Everything needed to start the webhook.
 #[derive(Clone, Debug)]

@@ -84,14 +84,15 @@ pub struct Args {
     /// What to do about a pod whose cap does not hold (docs/isolation.md).
     #[arg(long, env = "ENFORCE", value_enum, default_value_t = enforce::Policy::None)]
     pub enforce: enforce::Policy,
-    /// `key=value` of the namespace label under which pods may opt out (the
-    /// webhook's rule, chart `webhook.optOutNamespaceLabel`): a sharing pod
-    /// there that opted out and was left uninjected is never NO_REGION and
-    /// never evicted. Empty: nobody opts out. Needs `list`/`watch` on
+    /// The webhook's MutatingWebhookConfiguration (the chart's
+    /// `<release>-mutating`): a sharing pod it leaves uninjected by the
+    /// administrator's choice (its namespace is not served, or allows
+    /// opting out and the pod asked) is never NO_REGION and never evicted.
+    /// Empty: every namespace is served and nobody opts out. Needs `get`,
+    /// `list` and `watch` on that configuration and `list`/`watch` on
     /// namespaces.
-    #[arg(long, env = "OPT_OUT_NAMESPACE_LABEL", default_value = "",
-          value_parser = opt_out_label)]
-    pub opt_out_namespace_label: String,
+    #[arg(long, env = "WEBHOOK_CONFIGURATION", default_value = "")]
+    pub webhook_configuration: String,
     /// Clear the region slots of dead host PIDs so libvgpu stops charging them (needs --host-proc).
     #[arg(long, env = "RECLAIM_STALE_SLOTS")]
     pub reclaim_stale_slots: bool,
@@ -190,26 +191,12 @@ pub struct Config {
     pub events: bool,
     pub pod_name: Option<String>,
     pub enforce: enforce::Policy,
-    /// The namespace label (`key=value`) under which pods may opt out;
-    /// `None`: nobody.
-    pub opt_out_namespace_label: Option<String>,
+    /// The webhook's MutatingWebhookConfiguration; `None`: every
+    /// namespace served, nobody opts out.
+    pub webhook_configuration: Option<String>,
     pub reclaim_stale_slots: bool,
     pub limits: Limits,
     pub metrics_auth: MetricsAuth,
-}
-
-/// `--opt-out-namespace-label`: empty, or `key=value` with a key (the value
-/// may be empty), as a label selector takes it.
-fn opt_out_label(s: &str) -> Result<String, String> {
-    match s.split_once('=') {
-        _ if s.is_empty() => Ok(String::new()),
-        Some((key, _)) if !key.trim().is_empty() && !key.contains(['!', ',', ' ']) => {
-            Ok(s.to_owned())
-        }
-        _ => Err(format!(
-            "{s:?}: want key=value (a namespace label), or empty"
-        )),
-    }
 }
 
 /// Who may read `/metrics`.
@@ -278,7 +265,7 @@ impl Config {
             events: false,
             pod_name: None,
             enforce: enforce::Policy::None,
-            opt_out_namespace_label: None,
+            webhook_configuration: None,
             reclaim_stale_slots: false,
             limits: Limits::default(),
             metrics_auth: MetricsAuth::Open,
@@ -343,8 +330,8 @@ impl Args {
             events: !self.no_events,
             pod_name: self.pod_name.clone(),
             enforce: self.enforce,
-            opt_out_namespace_label: Some(self.opt_out_namespace_label.clone())
-                .filter(|l| !l.is_empty()),
+            webhook_configuration: Some(self.webhook_configuration.clone())
+                .filter(|name| !name.is_empty()),
             reclaim_stale_slots: self.reclaim_stale_slots,
             limits: Limits {
                 // The range is checked by clap, far below usize::MAX.

@@ -13,6 +13,7 @@ mod orphans;
 pub mod pods;
 pub mod preload_path;
 mod scan;
+pub mod scope;
 mod serve;
 pub mod state;
 pub mod store;
@@ -73,7 +74,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
             PodSource::watch_node(
                 client.clone(),
                 &config.node_name,
-                config.opt_out_namespace_label.as_deref(),
+                config.webhook_configuration.as_deref(),
                 shutdown.clone(),
             ),
             Some(client),

@@ -15,11 +15,11 @@ pub struct PodMeta {
     /// Has KAI's `gpu-fraction` or `gpu-memory` annotation and did not opt
     /// out: a region is expected of its GPU container.
     pub sharing: bool,
-    /// A KAI sharing pod that asked to opt out (the `inject: "false"`
-    /// annotation or the `webhook: ignore` label) in a namespace that
-    /// allows it (`--opt-out-namespace-label`), and that the webhook let go
-    /// (no library volume). Runs uncapped by an administrator's choice;
-    /// never evicted.
+    /// A KAI sharing pod the webhook let go (no library volume) by the
+    /// administrator's choice: its namespace is not served by the webhook,
+    /// or allows opting out and the pod asked (the `inject: "false"`
+    /// annotation or the `webhook: ignore` label); `--webhook-configuration`
+    /// says which. Runs uncapped; never evicted.
     pub opted_out: bool,
     /// The container KAI gives the GPU share to: the
     /// `gpu-fraction-container-name` annotation, else the first container.
@@ -144,8 +144,8 @@ pub struct Owner {
     pub namespace: String,
     pub pod: String,
     pub container: String,
-    /// The pod opted out of injection ([`PodMeta::opted_out`]): reported,
-    /// never evicted.
+    /// The webhook let the pod go ([`PodMeta::opted_out`]): reported, never
+    /// evicted.
     pub opted_out: bool,
 }
 

@@ -9,18 +9,19 @@ use std::path::Path;
 use std::sync::Arc;
 
 use futures_util::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kai_vocab::annotations::{
     ANNOTATION_CONTAINER_NAME, ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY, ANNOTATION_INJECT,
     Grant, LABEL_WEBHOOK, LABEL_WEBHOOK_IGNORE, SHARING_ANNOTATIONS, VOLUME_VGPU, opts_out,
 };
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
 pub use super::model::{Lookup, PodSourceStatus};
 use super::model::{PodMeta, RunningContainer};
+use super::scope::{Scope, WebhookScope};
 
 /// Source of pod metadata.
 #[derive(Clone)]
@@ -33,70 +34,8 @@ pub enum PodSource {
     Kube {
         store: Store<Pod>,
         sync: tokio::sync::watch::Receiver<PodSync>,
-        opt_out: OptOutNamespaces,
+        scope: WebhookScope,
     },
-}
-
-/// The namespaces whose pods may opt out, as the webhook decides it: those
-/// carrying the administrator's label (chart `webhook.optOutNamespaceLabel`,
-/// `--opt-out-namespace-label`). A pod's own opt-out (annotation or label)
-/// counts only there: anywhere else a tenant could write it onto a pod the
-/// webhook never injected (made before the install, while the webhook was
-/// down, or annotated after admission) and escape enforcement.
-#[derive(Clone)]
-pub enum OptOutNamespaces {
-    /// No label configured: nobody opts out.
-    Nobody,
-    /// A reflector of the namespaces carrying the label (a label-selected
-    /// watch: a namespace that loses the label leaves the store), and
-    /// whether it has listed them once.
-    Labelled(Store<Namespace>, tokio::sync::watch::Receiver<bool>),
-}
-
-impl OptOutNamespaces {
-    /// Watches the namespaces matching `selector` (`key=value`) until
-    /// `shutdown`; empty until listed, so nobody opts out meanwhile (the
-    /// no-region grace covers a starting agent).
-    pub fn watch(client: Client, selector: &str, shutdown: CancellationToken) -> Self {
-        let api: Api<Namespace> = Api::all(client);
-        let (store, writer) = reflector::store();
-        let stream = watcher(api, watcher::Config::default().labels(selector))
-            .default_backoff()
-            .modify(|ns: &mut Namespace| {
-                // Its name is all that is looked up.
-                ns.metadata.managed_fields = None;
-                ns.metadata.annotations = None;
-                ns.spec = None;
-                ns.status = None;
-            })
-            .reflect(writer);
-        let selector = selector.to_owned();
-        let (listed_tx, listed) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            let on_event = |event| {
-                if matches!(event, watcher::Event::InitDone) {
-                    listed_tx.send_replace(true);
-                }
-            };
-            let on_error = |error: watcher::Error| tracing::warn!(%selector, %error, "opt-out namespace watch error; retrying with backoff");
-            kai_runtime::shutdown::drive(stream, &shutdown, on_event, on_error).await;
-        });
-        Self::Labelled(store, listed)
-    }
-
-    fn allows(&self, namespace: &str) -> bool {
-        match self {
-            Self::Nobody => false,
-            Self::Labelled(store, _) => store.get(&ObjectRef::new(namespace)).is_some(),
-        }
-    }
-
-    /// Resolves once the namespaces have been listed (at once for `Nobody`).
-    async fn listed(&self) {
-        if let Self::Labelled(_, listed) = self {
-            let _ = listed.clone().wait_for(|done| *done).await;
-        }
-    }
 }
 
 /// Where a Kubernetes pod source stands.
@@ -194,17 +133,18 @@ impl PodSource {
 
     /// Starts a reflector of the pods on `node`; it retries with backoff
     /// while the API server is unreachable.
-    /// `opt_out_label`: the namespace label under which pods may opt out
-    /// (`key=value`), `None` for nobody.
+    /// `webhook_configuration`: the MutatingWebhookConfiguration that
+    /// decides which pods the webhook leaves alone ([`WebhookScope`]);
+    /// `None`: every namespace served, nobody opts out.
     pub fn watch_node(
         client: Client,
         node: &str,
-        opt_out_label: Option<&str>,
+        webhook_configuration: Option<&str>,
         shutdown: CancellationToken,
     ) -> Self {
-        let opt_out = match opt_out_label {
-            Some(selector) => OptOutNamespaces::watch(client.clone(), selector, shutdown.clone()),
-            None => OptOutNamespaces::Nobody,
+        let scope = match webhook_configuration {
+            Some(name) => WebhookScope::watch(client.clone(), name, shutdown.clone()),
+            None => WebhookScope::Unknown,
         };
         let api: Api<Pod> = Api::all(client);
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
@@ -218,11 +158,7 @@ impl PodSource {
             .modify(trim)
             .reflect(writer);
         tokio::spawn(follow(node.to_owned(), stream, sync_tx, shutdown));
-        Self::Kube {
-            store,
-            sync,
-            opt_out,
-        }
+        Self::Kube { store, sync, scope }
     }
 
     pub fn status(&self) -> PodSourceStatus {
@@ -237,13 +173,13 @@ impl PodSource {
         }
     }
 
-    /// Resolves once a Kubernetes source has listed this node's pods, and
-    /// the namespaces where pods may opt out (immediately for the other
+    /// Resolves once a Kubernetes source has listed this node's pods, the
+    /// namespaces and the webhook configuration (immediately for the other
     /// sources).
     pub async fn synced(&self) {
         self.wait_for(PodSync::Ready).await;
-        if let Self::Kube { opt_out, .. } = self {
-            opt_out.listed().await;
+        if let Self::Kube { scope, .. } = self {
+            scope.listed().await;
         }
     }
 
@@ -270,11 +206,11 @@ impl PodSource {
                 .filter(|(_, p)| p.sharing)
                 .map(|(uid, p)| (uid.clone(), p.clone()))
                 .collect(),
-            Self::Kube { store, opt_out, .. } => store
+            Self::Kube { store, scope, .. } => store
                 .state()
                 .iter()
                 .filter_map(|pod| {
-                    let meta = meta_of(pod, opt_out);
+                    let meta = meta_of(pod, scope);
                     Some((pod.metadata.uid.clone()?, meta)).filter(|(_, m)| m.sharing)
                 })
                 .collect(),
@@ -285,17 +221,13 @@ impl PodSource {
         match self {
             Self::None => Lookup::Unknown,
             Self::Static(pods) => pods.get(uid).cloned().map_or(Lookup::Absent, Lookup::Known),
-            Self::Kube {
-                store,
-                sync,
-                opt_out,
-            } => {
+            Self::Kube { store, sync, scope } => {
                 let found = store
                     .state()
                     .into_iter()
                     .find(|p| p.metadata.uid.as_deref() == Some(uid));
                 match found {
-                    Some(pod) => Lookup::Known(meta_of(&pod, opt_out)),
+                    Some(pod) => Lookup::Known(meta_of(&pod, scope)),
                     None if *sync.borrow() == PodSync::Ready => Lookup::Absent,
                     None => Lookup::Unknown,
                 }
@@ -357,7 +289,7 @@ fn trim(pod: &mut Pod) {
     }
 }
 
-fn meta_of(pod: &Pod, opt_out: &OptOutNamespaces) -> PodMeta {
+fn meta_of(pod: &Pod, scope: &WebhookScope) -> PodMeta {
     let annotations = pod.metadata.annotations.as_ref();
     let annotation = |key: &str| annotations.and_then(|m| m.get(key)).cloned();
     let first = pod
@@ -369,11 +301,14 @@ fn meta_of(pod: &Pod, opt_out: &OptOutNamespaces) -> PodMeta {
     let kai_sharing = SHARING_ANNOTATIONS
         .iter()
         .any(|a| annotations.is_some_and(|m| m.contains_key(*a)));
-    // What the webhook honours, and only where the namespace allows it: the
-    // opt-out annotation or label on a sharing pod it then left without
-    // our library volume. Such a pod runs uncapped by an administrator's
-    // choice: no region is expected of it and it is never evicted
-    // (docs/isolation.md, "Escaped processes").
+    // A sharing pod the webhook left without our library volume by the
+    // administrator's choice: its namespace is not served, or allows
+    // opting out and the pod asked (the annotation, or the label). It runs
+    // uncapped: no region is expected of it and it is never evicted
+    // (docs/isolation.md, "Escaped processes"). Anywhere else the opt-out
+    // is the tenant's word on a pod the webhook may never have seen (made
+    // before the install, while the webhook was down, or annotated after
+    // admission), and counts for nothing.
     let asks = opts_out(annotation(ANNOTATION_INJECT).as_deref())
         || pod
             .metadata
@@ -386,7 +321,11 @@ fn meta_of(pod: &Pod, opt_out: &OptOutNamespaces) -> PodMeta {
         .as_ref()
         .and_then(|s| s.volumes.as_ref())
         .is_some_and(|v| v.iter().any(|v| v.name == VOLUME_VGPU));
-    let opted_out = kai_sharing && asks && !injected && opt_out.allows(&namespace);
+    let let_go = match scope.of(&namespace) {
+        Scope::Unserved => true,
+        Scope::Served { opt_out } => opt_out && asks,
+    };
+    let opted_out = kai_sharing && !injected && let_go;
     PodMeta {
         namespace,
         name: pod.metadata.name.clone().unwrap_or_default(),

@@ -73,16 +73,17 @@ pub fn mock_cluster(
     tokio::sync::mpsc::UnboundedReceiver<(String, String, serde_json::Value)>,
     tokio::task::JoinHandle<()>,
 ) {
-    mock_cluster_with_namespaces(node, pods, "", Vec::new())
+    mock_cluster_with_scope(node, pods, Vec::new(), Vec::new())
 }
 
-/// Like [`mock_cluster`], and also answers the list (and holds the watch)
-/// of namespaces selected by `label` (`key=value`, URL-encoded as the
-/// client sends it) with `namespaces`: those carrying it.
-pub fn mock_cluster_with_namespaces(
+/// Like [`mock_cluster`], and also answers the lists (and holds the
+/// watches) of the MutatingWebhookConfiguration named `kai-mutating` (by
+/// field selector, as the agent asks for it) with `configurations`, and
+/// of every namespace with `namespaces`.
+pub fn mock_cluster_with_scope(
     node: &str,
     pods: Vec<serde_json::Value>,
-    label: &str,
+    configurations: Vec<serde_json::Value>,
     namespaces: Vec<serde_json::Value>,
 ) -> (
     kube::Client,
@@ -90,11 +91,6 @@ pub fn mock_cluster_with_namespaces(
     tokio::task::JoinHandle<()>,
 ) {
     use http_body_util::BodyExt;
-    let label_selector = format!(
-        "labelSelector={}",
-        label.replace('/', "%2F").replace('=', "%3D")
-    );
-    let label = label.to_owned();
 
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let (events_tx, events) = tokio::sync::mpsc::unbounded_channel();
@@ -112,9 +108,13 @@ pub fn mock_cluster_with_namespaces(
                     assert!(uri.contains(&selector), "{uri}");
                     Some(("PodList", &pods))
                 }
-                "/api/v1/namespaces" => {
-                    assert!(!label.is_empty() && uri.contains(&label_selector), "{uri}");
-                    Some(("NamespaceList", &namespaces))
+                "/api/v1/namespaces" => Some(("NamespaceList", &namespaces)),
+                "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations" => {
+                    assert!(
+                        uri.contains("fieldSelector=metadata.name%3Dkai-mutating"),
+                        "{uri}"
+                    );
+                    Some(("MutatingWebhookConfigurationList", &configurations))
                 }
                 _ => None,
             };

@@ -86,7 +86,7 @@ impl Assessor {
                     "a process of a GPU-sharing pod has no libvgpu slot: libvgpu is not loaded in it (static or musl binary, or /etc/ld.so.preload not mounted)"
                 }
                 Some((_, o)) if o.opted_out && shared_gpus.contains(p.gpu_uuid.as_str()) => {
-                    "a process of a pod that opted out of isolation (its namespace allows it) on a shared GPU: not capped, it eats into the shares of the capped containers; never evicted"
+                    "a process of a pod that opted out of isolation by the administrator's choice (its namespace is not served by the webhook, or allows opting out and the pod asked) on a shared GPU: not capped, it eats into the shares of the capped containers; never evicted"
                 }
                 _ if shared_gpus.contains(p.gpu_uuid.as_str()) => {
                     "a process on a shared GPU has no libvgpu slot: it is not capped and eats into the shares of the capped containers"
