@@ -14,9 +14,10 @@
 //! evicted. Reading the very object the API server reads keeps the agent
 //! and the webhook agreeing without a second copy of the selectors.
 //!
-//! The entries' `objectSelector` is not honoured: it matches the pod's own
-//! labels, which the tenant writes, so a pod it leaves out stays a sharing
-//! pod (no_region, evicted under `--enforce evict`). The one pod label an
+//! The entries' `objectSelector` and `matchConditions` are not honoured:
+//! they match the pod's own labels and fields, which the tenant writes, so
+//! a pod they leave out stays a sharing pod (no_region, evicted under
+//! `--enforce evict`). The one pod label an
 //! administrator allows, `webhook=ignore` where opting out is allowed, is
 //! the opt-out that [`Scope::Served::opt_out`] covers.
 
