@@ -2,12 +2,11 @@
 //! what it injects ([`InjectConfig`]) and the bounds on clients ([`Limits`]).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use kai_runtime::telemetry::LogArgs;
 use kai_runtime::tls::{Flag, TlsArgs, TlsFlagNames, TlsFlags};
-
-use crate::server::Settings;
 
 /// Default host and container directory that holds libvgpu.so.
 pub const DEFAULT_VGPU_MOUNT: &str = "/usr/local/vgpu";
@@ -142,6 +141,13 @@ fn csi_driver_name(name: &str) -> Result<String, String> {
     }
 }
 
+/// Largest body reviewed by default (`--max-body-bytes`). The API server
+/// takes requests of up to 3 MiB of JSON and stores objects of up to
+/// 1.5 MiB, but its review re-encodes the object, escaping `<`, `>` and `&`
+/// as `\u003c` (six bytes for one): a 3 MiB pod can make an 18 MiB review.
+/// 32 MiB holds that with room to spare.
+pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
 /// What a client (the API server, or anything that reaches the port) may
 /// hold of the webhook; reasons in docs/webhook.md ("Size and load").
 // 32 MiB of body is above the 18 MiB review a 3 MiB pod of `<` makes; 48 MiB
@@ -151,7 +157,7 @@ fn csi_driver_name(name: &str) -> Result<String, String> {
 #[derive(Clone, Debug, PartialEq, Eq, clap::Args)]
 pub struct Limits {
     /// Largest AdmissionReview reviewed; a larger one is denied by its uid.
-    #[arg(long, env = "MAX_BODY_BYTES", default_value_t = crate::review::MAX_BODY_BYTES)]
+    #[arg(long, env = "MAX_BODY_BYTES", default_value_t = MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
     /// Bytes of request bodies, and their estimated decoding cost, all
     /// requests together may hold; beyond it requests get 503.
@@ -222,6 +228,21 @@ impl TlsFlagNames for WebhookTlsFlags {
         server_name: None,
         client: false,
     };
+}
+
+/// Everything needed to start the webhook.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub tls_cert_file: PathBuf,
+    pub tls_private_key_file: PathBuf,
+    pub inject: InjectConfig,
+    /// Re-read the certificate this often even without a file event.
+    pub tls_reload_fallback: Duration,
+    /// Serve the node guard (`POST /validate-node-agent`, guard.rs).
+    pub node_guard: bool,
+    /// Bounds on memory and time per request and in all.
+    pub limits: Limits,
 }
 
 /// Command line of `kai-webhook`.

@@ -18,13 +18,6 @@ use crate::inject::{self, Decision, OptOut};
 use crate::outcome::Outcome;
 use crate::pod::Pod;
 
-/// Largest body reviewed by default (`--max-body-bytes`). The API server
-/// takes requests of up to 3 MiB of JSON and stores objects of up to
-/// 1.5 MiB, but its review re-encodes the object, escaping `<`, `>` and `&`
-/// as `\u003c` (six bytes for one): a 3 MiB pod can make an 18 MiB review.
-/// 32 MiB holds that with room to spare.
-pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
-
 /// How far into a body [`uid_in_prefix`] looks.
 pub const UID_PREFIX_BYTES: usize = 4096;
 

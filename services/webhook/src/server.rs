@@ -5,9 +5,8 @@
 //! counting refusals.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Buf;
 use futures_util::Stream;
@@ -22,7 +21,7 @@ use warp::reply::{Reply, Response};
 use warp::{Filter, Rejection};
 
 use crate::config::InjectConfig;
-pub use crate::config::Limits;
+pub use crate::config::{Limits, Settings};
 use crate::inject::OptOut;
 use crate::metrics;
 use crate::outcome::Outcome;
@@ -31,21 +30,6 @@ use crate::review::{self, BadRequest, ReviewError, UID_PREFIX_BYTES};
 /// The route whose reviews honour the tenant's opt-out annotation (shared
 /// with the node agent, which reads the webhook configuration).
 pub use kai_vocab::annotations::ALLOW_OPT_OUT_PATH;
-
-/// Everything needed to start the webhook.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    pub listen: SocketAddr,
-    pub tls_cert_file: PathBuf,
-    pub tls_private_key_file: PathBuf,
-    pub inject: InjectConfig,
-    /// Re-read the certificate this often even without a file event.
-    pub tls_reload_fallback: Duration,
-    /// Serve the node guard (`POST /validate-node-agent`, guard.rs).
-    pub node_guard: bool,
-    /// Bounds on memory and time per request and in all.
-    pub limits: Limits,
-}
 
 /// Failures before the server is serving.
 #[derive(Debug, thiserror::Error)]
