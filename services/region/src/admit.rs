@@ -17,17 +17,8 @@
 use std::fs::{File, FileType, Metadata};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 
-use crate::layout::{MAGIC, V0, V1};
-use crate::reader::RegionError;
-
-/// Bytes a v1 file may have past the layout. libvgpu 1.2 writes
-/// `sizeof + 1` (DESIGN §4); a page leaves room for a minor version that
-/// appends a field or two, and refuses the sparse giants a tenant can
-/// create to make the agent map terabytes.
-pub const V1_SLACK: usize = 4096;
-/// A v0 file is `sizeof + 1` bytes; allow a little slack, but not so much
-/// that a half-grown v1 file passes for v0.
-pub const V0_SLACK: usize = 8;
+use crate::error::RegionError;
+use crate::layout::{MAGIC, V0, V0_SLACK, V1, V1_SLACK};
 
 /// What a non-regular file is, for the error.
 fn kind(t: FileType) -> &'static str {

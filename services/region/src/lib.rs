@@ -15,6 +15,7 @@
 
 mod admit;
 pub mod discovery;
+mod error;
 pub mod layout;
 mod map;
 mod reader;
@@ -22,6 +23,7 @@ pub mod reclaim;
 mod snapshot;
 pub mod writer;
 
+pub use error::RegionError;
 pub use layout::{Layout, LayoutVersion};
-pub use reader::{Region, RegionError, decode};
+pub use reader::{Region, decode};
 pub use snapshot::{DeviceUsage, ProcessSlot, RegionSnapshot, SlotDevice};

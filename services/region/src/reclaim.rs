@@ -64,9 +64,9 @@ use std::time::{Duration, Instant};
 use memmap2::{MmapMut, MmapOptions};
 
 use crate::admit;
+use crate::error::RegionError;
 use crate::layout::{LayoutVersion, MAGIC, MAX_DEVICES, MAX_PROCS, V1, used};
 use crate::map::{self, Access, Faulted};
-use crate::reader::RegionError;
 
 /// Offset of `sem` (a glibc `sem_t`, 32 bytes) in the v1 layout.
 pub const SEM_OFFSET: usize = 24;
