@@ -162,72 +162,19 @@ impl VgpuNode for Service {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use std::collections::BTreeSet;
     use std::sync::Arc;
     use std::time::Duration;
 
     use futures_util::StreamExt;
     use kai_proto::v1 as pb;
 
-    use kai_proto::v1::IsolationState;
-    use kai_region::decode;
-    use kai_region::discovery::ContainerKey;
-    use kai_region::writer::{RegionBuilder, UsageSpec};
-
     use super::{Service, sent_at, shared_update, update};
-    use crate::agent::isolation::Isolation;
     use crate::agent::nvml::Devices;
-    use crate::agent::state::{ContainerView, NodeState, PodMeta};
-
-    /// `n` capped containers over 8 GPUs and 10 namespaces.
-    pub(crate) fn sample_state(n: usize) -> NodeState {
-        let containers = (0..n)
-            .map(|i| {
-                let bytes = RegionBuilder::v1()
-                    .device(
-                        &format!("GPU-{:08x}-0000-4000-8000-000000000000", i % 8),
-                        4 << 30,
-                    )
-                    .process(100, vec![UsageSpec::data(512 << 20, 600 << 20)])
-                    .process(101, vec![UsageSpec::data(64 << 20, 70 << 20)])
-                    .to_bytes();
-                ContainerView {
-                    key: ContainerKey {
-                        pod_uid: format!("{i:08x}-0000-4000-8000-000000000000"),
-                        container: "main".into(),
-                    },
-                    pod: Some(PodMeta {
-                        namespace: format!("team-{}", i % 10),
-                        name: format!("job-{i}-0"),
-                        sharing: true,
-                        opted_out: false,
-                        gpu_container: Some("main".into()),
-                        running: Vec::new(),
-                        grant: None,
-                    }),
-                    snapshot: decode(&bytes).expect("decodes"),
-                    observed_at_ms: 1,
-                    isolation: Isolation {
-                        state: IsolationState::Capped,
-                        ..Isolation::default()
-                    },
-                }
-            })
-            .collect();
-        NodeState {
-            node: "gpu-node-1".into(),
-            revision: 42,
-            containers,
-            layouts_seen: BTreeSet::from(["v1.2".to_owned()]),
-            kube_status: crate::agent::model::PodSourceStatus::Ready,
-            scanned: true,
-            ..NodeState::default()
-        }
-    }
+    use crate::agent::state::{NodeState, sample};
 
     #[test]
     fn a_revision_is_built_once_and_messages_differ_only_in_time() {
-        let state = sample_state(12);
+        let state = sample(12);
         for (namespace, pod) in [("", ""), ("team-3", ""), ("", "job-5-0")] {
             let shared = shared_update(&state, namespace, pod);
             assert_eq!(
@@ -271,7 +218,7 @@ pub(crate) mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn streams_repeat_the_revision_on_heartbeats_and_follow_new_ones() {
-        let (tx, rx) = tokio::sync::watch::channel(Arc::new(sample_state(20)));
+        let (tx, rx) = tokio::sync::watch::channel(Arc::new(sample(20)));
         let service = service(rx);
         let mut all = service
             .watch(pb::WatchContainersRequest::default())
@@ -312,7 +259,7 @@ pub(crate) mod tests {
         // A new revision reaches both streams at once, each filtered its way.
         let next = NodeState {
             revision: 43,
-            ..sample_state(3)
+            ..sample(3)
         };
         tx.send(Arc::new(next)).expect("receivers");
         let update = all.next().await.expect("message").expect("ok");

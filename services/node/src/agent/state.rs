@@ -67,3 +67,56 @@ impl NodeState {
             && self.checks == other.checks
     }
 }
+
+/// A node of `n` capped containers over 8 GPUs and 10 namespaces, each
+/// region as libvgpu 1.2 writes it (two processes): the state the watch
+/// bench encodes and the gRPC tests stream.
+#[cfg(any(test, feature = "test-support"))]
+pub fn sample(n: usize) -> NodeState {
+    use super::isolation::Isolation;
+    use kai_region::writer::{RegionBuilder, UsageSpec};
+
+    let containers = (0..n)
+        .map(|i| {
+            let bytes = RegionBuilder::v1()
+                .device(
+                    &format!("GPU-{:08x}-0000-4000-8000-000000000000", i % 8),
+                    4 << 30,
+                )
+                .process(100, vec![UsageSpec::data(512 << 20, 600 << 20)])
+                .process(101, vec![UsageSpec::data(64 << 20, 70 << 20)])
+                .to_bytes();
+            ContainerView {
+                key: kai_region::discovery::ContainerKey {
+                    pod_uid: format!("{i:08x}-0000-4000-8000-000000000000"),
+                    container: "main".into(),
+                },
+                pod: Some(PodMeta {
+                    namespace: format!("team-{}", i % 10),
+                    name: format!("job-{i}-0"),
+                    sharing: true,
+                    opted_out: false,
+                    gpu_container: Some("main".into()),
+                    running: Vec::new(),
+                    grant: None,
+                }),
+                // The builder writes the layout the reader reads: a failure is a bug.
+                snapshot: kai_region::decode(&bytes).expect("a built region decodes"),
+                observed_at_ms: 1,
+                isolation: Isolation {
+                    state: pb::IsolationState::Capped,
+                    ..Isolation::default()
+                },
+            }
+        })
+        .collect();
+    NodeState {
+        node: "gpu-node-1".into(),
+        revision: 42,
+        containers,
+        layouts_seen: BTreeSet::from(["v1.2".to_owned()]),
+        kube_status: PodSourceStatus::Ready,
+        scanned: true,
+        ..NodeState::default()
+    }
+}
