@@ -61,12 +61,9 @@ impl VgpuCluster for Service {
         &self,
         request: Request<pb::ClusterDevicesRequest>,
     ) -> Result<Response<pb::ClusterDevicesResponse>, Status> {
-        let all = self.cluster.snapshot();
-        let headers = request.metadata().clone().into_headers();
-        let caller = self.access.caller(&headers).await?;
-        let seen = visible::for_caller(&self.access, &caller, all.clone(), "").await?;
+        let seen = self.visible(&request, "").await?;
         Ok(Response::new(pb::ClusterDevicesResponse {
-            devices: visible::devices(&all, &seen, &request.get_ref().node),
+            devices: query::devices(&seen, &request.get_ref().node),
         }))
     }
 }

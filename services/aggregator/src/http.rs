@@ -318,13 +318,9 @@ async fn guarded(
         "/api/v1/nodes" => json(&pb::ListNodesResponse {
             nodes: query::nodes(&visible(state, &caller, "").await?),
         }),
-        "/api/v1/devices" => {
-            let all = state.cluster.snapshot();
-            let seen = visible::for_caller(&state.access, &caller, all.clone(), "").await?;
-            json(&pb::ClusterDevicesResponse {
-                devices: visible::devices(&all, &seen, param(query, "node")),
-            })
-        }
+        "/api/v1/devices" => json(&pb::ClusterDevicesResponse {
+            devices: query::devices(&visible(state, &caller, "").await?, param(query, "node")),
+        }),
         "/api/v1/view" => {
             let revision = *state.cluster.subscribe().borrow();
             crate::web::model(&visible(state, &caller, "").await?, revision)

@@ -1,7 +1,7 @@
 //! What one caller may see of the cluster index (docs/security.md,
 //! "Access control"): the whole of it, or only the containers of the
 //! namespaces it may list, with the node and GPU figures those containers
-//! make up and nothing that names another tenant.
+//! make up: nothing that names, counts or sizes another tenant's.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -24,10 +24,10 @@ pub fn namespaces(nodes: &[NodeEntry]) -> BTreeSet<&str> {
 }
 
 /// `nodes` as a caller with `scope` sees them. A namespace-scoped caller
-/// gets the nodes where it has containers, each with only those
-/// containers, the GPUs they use and the escaped processes of its
-/// namespaces; agents' endpoints and errors (infrastructure, not theirs)
-/// are left out.
+/// gets the nodes where it has containers or escaped processes, each with
+/// only those and the GPUs they use, so every figure made of them (a
+/// node's containers, a GPU's caps, use and headroom) is its own; agents'
+/// endpoints and errors (infrastructure, not theirs) are left out.
 pub fn restrict(nodes: Vec<NodeEntry>, scope: &Scope) -> Vec<NodeEntry> {
     let Scope::Namespaces(set) = scope else {
         return nodes;
@@ -41,23 +41,24 @@ pub fn restrict(nodes: Vec<NodeEntry>, scope: &Scope) -> Vec<NodeEntry> {
                 .filter(|c| set.contains(&c.namespace))
                 .cloned()
                 .collect();
-            if containers.is_empty() {
+            let escaped: Vec<_> = n
+                .escaped
+                .iter()
+                .filter(|e| set.contains(&e.namespace))
+                .cloned()
+                .collect();
+            if containers.is_empty() && escaped.is_empty() {
                 return None;
             }
             let gpus: BTreeSet<&str> = containers
                 .iter()
                 .flat_map(|c| c.devices.iter().map(|d| d.uuid.as_str()))
+                .chain(escaped.iter().map(|e| e.gpu_uuid.as_str()))
                 .collect();
             let devices = n
                 .devices
                 .iter()
                 .filter(|d| gpus.contains(d.uuid.as_str()))
-                .cloned()
-                .collect();
-            let escaped = n
-                .escaped
-                .iter()
-                .filter(|e| set.contains(&e.namespace))
                 .cloned()
                 .collect();
             n.devices = Arc::new(devices);
@@ -67,32 +68,6 @@ pub fn restrict(nodes: Vec<NodeEntry>, scope: &Scope) -> Vec<NodeEntry> {
             n.last_error.clear();
             Some(n)
         })
-        .collect()
-}
-
-/// The GPUs of `all` (the whole index) that `seen` (what a caller may see
-/// of it) has, with their node totals: caps allocated, memory used and
-/// containers on the GPU count everyone's, so the headroom is the GPU's
-/// real one, and no other tenant is named.
-pub fn devices(
-    all: &[NodeEntry],
-    seen: &[NodeEntry],
-    node: &str,
-) -> Vec<kai_proto::v1::ClusterDevice> {
-    let gpus: BTreeSet<(&str, &str)> = seen
-        .iter()
-        .flat_map(|n| {
-            let host = n.devices.iter().map(|d| d.uuid.as_str());
-            let used = n
-                .containers
-                .iter()
-                .flat_map(|c| c.devices.iter().map(|d| d.uuid.as_str()));
-            host.chain(used).map(|uuid| (n.node.as_str(), uuid))
-        })
-        .collect();
-    crate::query::devices(all, node)
-        .into_iter()
-        .filter(|d| gpus.contains(&(d.node.as_str(), d.uuid.as_str())))
         .collect()
 }
 
@@ -200,5 +175,45 @@ mod tests {
         for other in ["team-b", "secret", "other", "miner", "GPU-b"] {
             assert!(!text.contains(other), "{other} leaks: {text}");
         }
+    }
+
+    #[test]
+    fn a_tenants_escaped_process_shows_where_it_has_no_container() {
+        let mut n2 = node("n2", vec![container("team-b", "other", "GPU-a")]);
+        n2.escaped = Arc::new(vec![pb::EscapedProcess {
+            namespace: "team-a".into(),
+            pod: "runaway".into(),
+            gpu_uuid: "GPU-b".into(),
+            ..Default::default()
+        }]);
+        let seen = restrict(vec![n2], &Scope::Namespaces(["team-a".to_owned()].into()));
+        assert_eq!(seen.len(), 1, "its own escaped process keeps the node");
+        assert!(seen[0].containers.is_empty(), "team-b's container hidden");
+        assert_eq!(seen[0].escaped.len(), 1);
+        assert_eq!(seen[0].escaped[0].pod, "runaway");
+        let gpus: Vec<_> = seen[0].devices.iter().map(|d| d.uuid.as_str()).collect();
+        assert_eq!(gpus, ["GPU-b"], "the GPU its process uses, no other");
+    }
+
+    #[test]
+    fn a_tenants_gpu_figures_are_its_own_containers() {
+        let mut train = container("team-a", "train", "GPU-a");
+        train.devices[0].limit_bytes = 1 << 30;
+        let mut secret = container("team-b", "secret", "GPU-a");
+        secret.devices[0].limit_bytes = 4 << 30;
+        secret.devices[0].used_bytes = 3 << 30;
+        let mut n1 = node("n1", vec![train, secret]);
+        n1.devices = Arc::new(vec![pb::HostDevice {
+            uuid: "GPU-a".into(),
+            memory_total_bytes: 80 << 30,
+            ..Default::default()
+        }]);
+        let seen = restrict(vec![n1], &Scope::Namespaces(["team-a".to_owned()].into()));
+        let gpu = &crate::query::devices(&seen, "")[0];
+        assert_eq!(gpu.containers, 1, "team-b's container not counted");
+        assert_eq!(gpu.allocated_bytes, 1 << 30, "nor its cap");
+        assert_eq!(gpu.container_used_bytes, 0, "nor its use");
+        assert_eq!(gpu.headroom_bytes, 79 << 30);
+        assert_eq!(gpu.memory_total_bytes, 80 << 30, "NVML's total as it is");
     }
 }

@@ -260,12 +260,27 @@ async fn a_tenant_sees_its_namespace_in_every_http_api() {
     let devices: pb::ClusterDevicesResponse = serde_json::from_str(&body).expect("JSON");
     assert_eq!(devices.devices.len(), 1, "only the GPU alice uses: {body}");
     assert_eq!(devices.devices[0].uuid, "GPU-a");
+    let (_, view, _) = get(server.http, "/api/v1/view", alice).await;
+    let view: kai_vocab::api::View = serde_json::from_str(&view).expect("JSON");
+    let view_gpu = view
+        .nodes
+        .iter()
+        .flat_map(|n| &n.gpus)
+        .find(|g| g.uuid == "GPU-a")
+        .expect("GPU-a in alice's view");
+    assert_eq!(
+        devices.devices[0].headroom_bytes, view_gpu.headroom,
+        "one headroom for alice on every route"
+    );
+    assert_eq!(
+        devices.devices[0].containers, 1,
+        "team-b's container on the same GPU is not counted: {body}"
+    );
     assert_eq!(
         devices.devices[0].headroom_bytes,
-        (80u64 << 30) - (2 << 30),
-        "the GPU's real headroom: team-b's cap on it counts (node totals, no names)"
+        (80u64 << 30) - (1 << 30),
+        "the headroom of alice's own cap"
     );
-    assert_eq!(devices.devices[0].containers, 2);
     let (_, body, _) = get(server.http, "/api/v1/nodes", alice).await;
     assert!(
         body.contains("\"containers\":1"),
