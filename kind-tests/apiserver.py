@@ -507,12 +507,13 @@ def admission():
     check("kube-system, the release namespace and ignore-labelled namespaces are never sent to the webhook", excluded)
 
     check("hostile tenant: its own CUDA_DEVICE_MEMORY_LIMIT, _0, SM limit and another pod's POD_UID are replaced in the stored pod", hostile_env)
+    check("hostile tenant: a ConfigMap file over libvgpu.so, an emptyDir over the region directory (trailing '/') are denied, nothing stored", hidden_library)
     check("opt-out: the tenant's annotation and pod label count for nothing in a normal namespace, and are honoured in an admin-labelled one", opt_out_gate)
     check("a 586 KiB env value of '<' (a 3.4 MiB review: the API server escapes < as \\u003c) is reviewed and capped; over the webhook's body limit it is denied, never admitted unpatched", big_review)
 
     library_delivery()
 
-    check("reinvocation: a second mutating webhook after ours, ours runs again and adds nothing twice", reinvocation)
+    check("reinvocation: a second mutating webhook after ours, ours runs again and adds nothing twice; where it sets the user, ours rewrites the CSI volume's run-as attributes", reinvocation)
 
 
 def psa_namespace(name, level):
@@ -664,6 +665,9 @@ class SecondWebhook(http.server.BaseHTTPRequestHandler):
                 ops.append({"op": "add", "path": f"/spec/containers/{i}/env/-", "value": {"name": "SECOND_WEBHOOK", "value": "1"}})
             else:
                 ops.append({"op": "add", "path": f"/spec/containers/{i}/env", "value": [{"name": "SECOND_WEBHOOK", "value": "1"}]})
+        if req["object"]["metadata"].get("labels", {}).get("second-webhook-user") == "yes":
+            # As a default-securityContext policy (Kyverno, Gatekeeper) would.
+            ops.append({"op": "add", "path": "/spec/securityContext", "value": {"runAsUser": 1000, "runAsGroup": 3000}})
         body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                            "response": {"uid": req["uid"], "allowed": True, "patchType": "JSONPatch",
                                         "patch": base64.b64encode(json.dumps(ops).encode()).decode()}}).encode()
@@ -675,6 +679,27 @@ class SecondWebhook(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *a):
         pass
+
+
+def hidden_library():
+    """Mounts of the tenant's own at or under our paths, however spelled,
+    are denied: none is stored."""
+    cases = {
+        "hide-lib": ({"name": "cm", "configMap": {"name": "any"}},
+                     {"name": "cm", "mountPath": "/usr/local/vgpu/libvgpu.so", "subPath": "x"}),
+        "hide-regions": ({"name": "scratch", "emptyDir": {}},
+                         {"name": "scratch", "mountPath": "/usr/local/vgpu/containers/"}),
+    }
+    for name, (volume, mount) in cases.items():
+        p = pod(name, {"gpu-memory": "1024"})
+        p["spec"]["volumes"] = [volume]
+        p["spec"]["containers"][0]["volumeMounts"] = [mount]
+        before = webhook_reviews()
+        r = create(p, check=False)
+        assert not isinstance(r, dict), f"{name}: admitted"
+        assert "vgpu.lib.kai-resource-isolator.io" in r.stderr and mount["mountPath"] in r.stderr, r.stderr
+        assert delta(before, webhook_reviews()) == {"denied": 1}, delta(before, webhook_reviews())
+        assert kubectl("get", "pod", name, "-n", TENANT, check=False).returncode != 0, f"{name}: stored"
 
 
 def hostile_env():
@@ -793,6 +818,19 @@ def reinvocation():
         assert "second-webhook" in names and [names.count(v) for v in OURS] == [1, 0, 0], names
         env = [e["name"] for e in stored["spec"]["containers"][0]["env"]]
         assert env.count("SECOND_WEBHOOK") == 1 and env.count("POD_UID") == 1, env
+        # The second webhook sets the user after our first call: our
+        # second call rewrites the CSI volume's run-as attributes.
+        before = webhook_reviews()
+        stored = create(pod("reinvoked-user", {"gpu-memory": "1024"},
+                            labels={"second-webhook": "yes", "second-webhook-user": "yes"}))
+        d = delta(before, webhook_reviews())
+        assert d == {"injected": 2}, f"our second call rewrote nothing: {d}"
+        assert stored["spec"]["securityContext"].get("runAsUser") == 1000, stored["spec"]
+        (ours,) = [v for v in stored["spec"]["volumes"] if v["name"] == OURS[0]]
+        attrs = ours["csi"]["volumeAttributes"]
+        assert attrs.get("kai-resource-isolator.io/run-as-user") == "1000" and \
+            attrs.get("kai-resource-isolator.io/run-as-group") == "3000", attrs
+        pod_checks("injected", stored, "main")
     finally:
         kubectl("delete", "mutatingwebhookconfiguration", "zz-kai-test-second", check=False)
         srv.shutdown()

@@ -14,10 +14,6 @@ use crate::config::{Delivery, InjectConfig};
 pub struct Layout {
     pub volumes: &'static [VolumeSpec],
     pub mounts: &'static [MountSpec],
-    /// Paths no other mount of the target may take although we mount
-    /// nothing there ourselves: under CSI, `<mount>/containers`, where a
-    /// mount of the tenant's would hide the region directory.
-    pub reserved: &'static [Dir],
 }
 
 /// A volume we add.
@@ -90,7 +86,6 @@ pub const HOST_PATH: Layout = Layout {
             read_only: false,
         },
     ],
-    reserved: &[],
 };
 
 /// [`Delivery::Csi`]: one CSI volume, mounted whole at `<mount>` and by
@@ -122,7 +117,6 @@ pub const CSI: Layout = Layout {
             read_only: false,
         },
     ],
-    reserved: &[Dir::ContainersDir],
 };
 
 /// The volumes and mounts of `delivery`.
@@ -245,11 +239,6 @@ pub enum Dir {
 }
 
 impl Dir {
-    /// Whether `path` is this path under `cfg`.
-    pub(super) fn is(self, path: &str, cfg: &InjectConfig) -> bool {
-        path == self.resolve(cfg)
-    }
-
     /// The path under `cfg`.
     pub fn resolve(self, cfg: &InjectConfig) -> String {
         match self {

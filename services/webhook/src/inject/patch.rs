@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, PatchOperation, RemoveOperation};
+use json_patch::{AddOperation, PatchOperation, RemoveOperation, ReplaceOperation};
 use k8s_openapi::api::core::v1::{
     CSIVolumeSource, EnvVar, EnvVarSource, HostPathVolumeSource, ObjectFieldSelector, Volume,
     VolumeMount,
@@ -28,6 +28,9 @@ pub struct Patch {
     /// Indices (ascending) of the target's env entries that set isolation
     /// env of the tenant's; removed first, so ours is what libvgpu reads.
     pub remove_env: Vec<usize>,
+    /// Index in `spec.volumes` of our CSI volume whose attributes are
+    /// rewritten for the target's user as it is now.
+    pub csi_attributes: Option<usize>,
     /// Whose volumes and mounts [`Patch::volumes`] and [`Patch::mounts`]
     /// index ([`super::layout`]): the configured delivery, or hostPath for a
     /// pod that already carries all of hostPath's.
@@ -107,6 +110,7 @@ impl Patch {
     /// Nothing to add.
     pub fn is_empty(&self) -> bool {
         self.remove_env.is_empty()
+            && self.csi_attributes.is_none()
             && self.volumes.items == 0
             && self.mounts.items == 0
             && self.env.items == 0
@@ -117,7 +121,8 @@ impl Patch {
 
     /// The RFC 6902 operations of this patch for `target` under `cfg`:
     /// the tenant's entries removed (last first, so each index still
-    /// points at its entry), volumes, mounts, env, the pins, then the
+    /// points at its entry), our CSI volume's attributes rewritten,
+    /// volumes, mounts, env, the pins, then the
     /// limits (the higher index first, so one insert does not move the
     /// other's place).
     pub fn operations(
@@ -139,6 +144,17 @@ impl Patch {
             let mut path = container("env");
             path.push_back(index);
             ops.push(PatchOperation::Remove(RemoveOperation { path }));
+        }
+        if let Some(index) = self.csi_attributes {
+            let path = PointerBuf::from_tokens([
+                "spec",
+                "volumes",
+                &index.to_string(),
+                "csi",
+                "volumeAttributes",
+            ]);
+            let value = serde_json::to_value(csi_attributes(&target.name, self.run_as))?;
+            ops.push(PatchOperation::Replace(ReplaceOperation { path, value }));
         }
         list(
             &mut ops,

@@ -6,11 +6,12 @@ use super::items::{
     Dir, ENV_NAMES, FORBIDDEN_ENV, HOST_PATH, Layout, MountSpec, PIN_COUNT, Source, VolumeSpec,
     layout, pin_name,
 };
-use super::patch::{Insert, Limits, Missing, Patch, env_value};
+use super::patch::{Insert, Limits, Missing, Patch, csi_attributes, env_value};
 use super::{
     ANNOTATION_CONTAINER_NAME, ANNOTATION_GPU_CORES, ANNOTATION_GPU_FRACTION,
-    ANNOTATION_GPU_MEMORY, ANNOTATION_INJECT, ANNOTATION_KAI_CONFIG_MAP, ContainerList, Decision,
-    ENV_MEMORY_LIMIT, ENV_SM_LIMIT, LEGACY_HOST_VGPULOCK, Target,
+    ANNOTATION_GPU_MEMORY, ANNOTATION_INJECT, ANNOTATION_KAI_CONFIG_MAP, CSI_ATTR_CONTAINER,
+    ContainerList, Decision, ENV_MEMORY_LIMIT, ENV_SM_LIMIT, LEGACY_HOST_VGPULOCK, Target,
+    VOLUME_VGPU,
 };
 use crate::config::{Delivery, InjectConfig, TenantEnv};
 use crate::pod::{Container, Pod};
@@ -108,22 +109,14 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
             ),
         };
     }
-    // Our paths, each taken by our mount or by none; the reserved ones by none.
-    let ours = layout.mounts.iter().map(|m| (m.path, Some(m)));
-    let reserved = layout.reserved.iter().map(|&dir| (dir, None));
-    for (path, want) in ours.chain(reserved) {
-        if let Some(clash) = mounts.into_iter().flatten().find(|have| {
-            path.is(&have.mount_path, cfg) && !want.is_some_and(|w| same_mount(have, w, cfg))
-        }) {
-            return Decision::Deny {
-                message: format!(
-                    "container {:?} already mounts volume {:?} at {}; kai-resource-isolator needs that path for libvgpu",
-                    container.name,
-                    clash.name,
-                    path.resolve(cfg)
-                ),
-            };
-        }
+    let stale_attributes = stale_csi_attributes(volumes, layout, &container.name, run_as);
+    if let Some((clash, ours)) = clashing_mount(mounts, layout, cfg) {
+        return Decision::Deny {
+            message: format!(
+                "container {:?} mounts volume {:?} at {:?}, at or under {ours}, which kai-resource-isolator needs for libvgpu",
+                container.name, clash.name, clash.mount_path
+            ),
+        };
     }
 
     // `envFrom` (a ConfigMap or Secret whose keys we cannot see) may set
@@ -175,6 +168,7 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
     };
     let patch = Patch {
         remove_env: found.map(|f| f.foreign.clone()).unwrap_or_default(),
+        csi_attributes: stale_attributes,
         delivery,
         run_as,
         volumes: Missing::of(volumes.is_some(), layout.volumes.len(), |i| {
@@ -491,11 +485,15 @@ fn foreign_volume<'a>(
             (None, None) => true,
             _ => false,
         };
+        // The run-as attributes are not compared: they follow the target's
+        // user, which a later webhook may change ([`stale_csi_attributes`]).
         let same_csi = match (csi, want.csi) {
             (Some(h), Some(w)) => {
                 h.driver == w.driver
-                    && h.volume_attributes.unwrap_or_default()
-                        == w.volume_attributes.unwrap_or_default()
+                    && h.volume_attributes
+                        .as_ref()
+                        .and_then(|a| a.get(CSI_ATTR_CONTAINER))
+                        .is_some_and(|c| c == container)
                     && h.read_only != Some(true)
                     && h.fs_type.is_none()
                     && h.node_publish_secret_ref.is_none()
@@ -508,6 +506,31 @@ fn foreign_volume<'a>(
     volumes?.iter().find_map(|have| {
         let spec = layout.volumes.iter().find(|v| v.name == have.name)?;
         (!ours(have, spec)).then_some(have.name.as_str())
+    })
+}
+
+/// The index of our CSI volume when its attributes are not those of the
+/// target as it is now. Under `reinvocationPolicy: IfNeeded` a later
+/// mutating webhook that sets the user (a default `securityContext`
+/// policy) has the API server call us again with our volume in place: its
+/// run-as attributes are then rewritten, or the plugin would make the
+/// region directory the old user's, one libvgpu, running as the new one,
+/// might not write. Run after [`foreign_volume`], so the volume is ours.
+fn stale_csi_attributes(
+    volumes: Option<&[Volume]>,
+    layout: &Layout,
+    container: &str,
+    run_as: crate::pod::RunAs,
+) -> Option<usize> {
+    if !layout.volumes.iter().any(|v| v.source == Source::Csi) {
+        return None;
+    }
+    let want = csi_attributes(container, run_as);
+    volumes?.iter().position(|v| {
+        v.name == VOLUME_VGPU
+            && v.csi
+                .as_ref()
+                .is_some_and(|csi| csi.volume_attributes.as_ref() != Some(&want))
     })
 }
 
@@ -524,11 +547,71 @@ fn has_mount(mounts: Option<&[VolumeMount]>, want: &MountSpec, cfg: &InjectConfi
         .any(|have| same_mount(have, want, cfg))
 }
 
-/// Mounts are the same when volume, path and subPath all agree.
+/// A mount is ours when volume, path and subPath agree and nothing changes
+/// what it shows: kubelet expands a `subPathExpr` where `subPath` is empty
+/// (our library mount showing the lock directory instead), and a recursive
+/// read-only `<mount>` would make the region directory beneath it
+/// read-only. `readOnly` is not compared: older releases mounted `<mount>`
+/// read-write, and under CSI the plugin binds the library read-only
+/// whatever the mount says.
 fn same_mount(have: &VolumeMount, want: &MountSpec, cfg: &InjectConfig) -> bool {
     have.name == want.volume
-        && want.path.is(&have.mount_path, cfg)
+        && clean(&have.mount_path) == clean(&want.path.resolve(cfg))
         && have.sub_path.as_deref().unwrap_or("") == want.sub_path.unwrap_or("")
+        && have.sub_path_expr.as_deref().unwrap_or("").is_empty()
+        && have
+            .recursive_read_only
+            .as_deref()
+            .is_none_or(|r| r == "Disabled")
+}
+
+/// The first mount of the target at or under one of `layout`'s paths that
+/// is not one of ours, with that path. The API server refuses only a
+/// mountPath repeated letter for letter, and the runtime cleans each
+/// destination and mounts the deeper ones last, over ours (containerd sorts
+/// them by depth): a ConfigMap file at `<mount>/libvgpu.so` would hide the
+/// library, an `emptyDir` at `<mount>/containers/` the region directory.
+/// So nothing of the pod's own may sit at or under a path of ours, however
+/// spelled. (A symlink in the image can still lead a deeper mount there;
+/// that is the image's part, which no admission check sees: webhook.md,
+/// "What the webhook cannot do".)
+fn clashing_mount<'a>(
+    mounts: Option<&'a [VolumeMount]>,
+    layout: &Layout,
+    cfg: &InjectConfig,
+) -> Option<(&'a VolumeMount, String)> {
+    let ours: Vec<String> = layout
+        .mounts
+        .iter()
+        .map(|m| clean(&m.path.resolve(cfg)))
+        .collect();
+    mounts.into_iter().flatten().find_map(|have| {
+        if layout.mounts.iter().any(|want| same_mount(have, want, cfg)) {
+            return None;
+        }
+        let path = clean(&have.mount_path);
+        let under = |root: &&String| {
+            path.strip_prefix(root.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+        };
+        ours.iter().find(under).map(|root| (have, root.clone()))
+    })
+}
+
+/// `path` as Go's `path.Clean` makes it, rooted: one `/` between segments,
+/// no `.`, each `..` taking back the segment before it, no trailing `/`.
+fn clean(path: &str) -> String {
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in path.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            segment => segments.push(segment),
+        }
+    }
+    format!("/{}", segments.join("/"))
 }
 
 /// The first sharing resource a container asks for (limits before requests,

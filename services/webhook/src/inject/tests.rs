@@ -1334,13 +1334,6 @@ fn a_volume_with_our_name_and_another_source_is_denied() {
             "our driver for another container",
         ),
         (
-            csi_volume(
-                json!({"kai-resource-isolator.io/container": "main", "kai-resource-isolator.io/run-as-user": "0"}),
-            ),
-            csi(),
-            "a user the pod spec does not say",
-        ),
-        (
             json!({"name": VOLUME_VGPU, "csi": {"driver": "other.example.com", "volumeAttributes": main}}),
             csi(),
             "another driver",
@@ -1369,4 +1362,143 @@ fn a_volume_with_our_name_and_another_source_is_denied() {
         json!({"name": VOLUME_VGPU, "hostPath": {"path": "/usr/local/vgpu", "type": "Directory"}}),
         &cfg()
     ));
+}
+
+/// Mounts of the pod's own at or under a path of ours, however spelled,
+/// would be placed over ours (the runtime cleans each destination and
+/// mounts the deeper ones last): denied, under either delivery.
+#[test]
+fn a_mount_under_or_beside_our_paths_is_denied_however_spelled() {
+    let denied = |path: &str, cfg: &InjectConfig| {
+        let mut pod = sharing_pod(json!([{
+            "name": "main",
+            "volumeMounts": [{"name": "mine", "mountPath": path, "subPath": "x"}]
+        }]));
+        pod["spec"]["volumes"] = json!([{"name": "mine", "configMap": {"name": "c"}}]);
+        match plan_for(&pod, cfg) {
+            Decision::Deny { message } => message.contains("\"mine\"") && message.contains(path),
+            _ => false,
+        }
+    };
+    for cfg in [cfg(), csi()] {
+        for path in [
+            "/usr/local/vgpu/libvgpu.so",
+            "/usr/local/vgpu/",
+            "/usr/local//vgpu",
+            "/usr/local/./vgpu/ld.so.preload",
+            "/usr/local/lib/../vgpu",
+            "/usr/local/vgpu/containers/",
+            "/usr/local/vgpu/containers/uid_main",
+            "/etc/ld.so.preload/",
+            "/tmp/vgpulock/lock",
+        ] {
+            assert!(
+                denied(path, &cfg),
+                "{path} under {:?}: not denied",
+                cfg.delivery
+            );
+        }
+        for path in ["/usr/local/vgpu2", "/usr/local", "/etc", "/tmp/vgpulock.d"] {
+            assert!(!denied(path, &cfg), "{path} is not ours: denied");
+        }
+    }
+}
+
+/// A mount of our volume at our path is ours only if nothing changes what
+/// it shows: `subPathExpr` (kubelet expands it where `subPath` is empty)
+/// would show the lock directory in place of the library, and a recursive
+/// read-only `<mount>` would make the region directory read-only.
+#[test]
+fn our_mount_with_a_sub_path_expr_or_recursive_read_only_is_denied() {
+    let with = |extra: Value, cfg: &InjectConfig| {
+        let mut mount =
+            json!({"name": VOLUME_VGPU, "mountPath": "/usr/local/vgpu", "readOnly": true});
+        if let (Some(mount), Some(extra)) = (mount.as_object_mut(), extra.as_object()) {
+            mount.extend(extra.clone());
+        }
+        let mut pod = sharing_pod(json!([{"name": "main", "volumeMounts": [mount]}]));
+        pod["spec"]["volumes"] = match cfg.delivery {
+            Delivery::Csi => json!([csi_volume(
+                json!({"kai-resource-isolator.io/container": "main"})
+            )]),
+            Delivery::HostPath => {
+                json!([{"name": VOLUME_VGPU, "hostPath": {"path": "/usr/local/vgpu"}}])
+            }
+        };
+        plan_for(&pod, cfg)
+    };
+    for cfg in [cfg(), csi()] {
+        for extra in [
+            json!({"subPathExpr": "vgpulock"}),
+            json!({"subPathExpr": "$(POD_NAME)"}),
+            json!({"recursiveReadOnly": "Enabled"}),
+            json!({"recursiveReadOnly": "IfPossible"}),
+        ] {
+            match with(extra.clone(), &cfg) {
+                Decision::Deny { message } => {
+                    assert!(message.contains("/usr/local/vgpu"), "{message}")
+                }
+                other => panic!("{extra} under {:?}: {other:?}", cfg.delivery),
+            }
+        }
+        // Spelled otherwise, or with what changes nothing, it is ours: the
+        // patch adds the rest, never a second mount at `<mount>`.
+        for extra in [
+            json!({"mountPath": "/usr/local/vgpu/"}),
+            json!({"recursiveReadOnly": "Disabled", "subPathExpr": ""}),
+        ] {
+            let decision = with(extra.clone(), &cfg);
+            assert!(
+                matches!(decision, Decision::Inject { .. }),
+                "{extra}: {decision:?}"
+            );
+            let added = paths(&decision);
+            assert!(
+                !patch_text(&decision, &cfg).contains("\"mountPath\":\"/usr/local/vgpu\""),
+                "{extra}: <mount> mounted twice: {added:?}"
+            );
+        }
+    }
+}
+
+/// A later mutating webhook that sets the user has the API server call us
+/// again (`reinvocationPolicy: IfNeeded`) with our CSI volume in place:
+/// its run-as attributes follow the target's user as it is now, whoever
+/// wrote them, and the pod is admitted.
+#[test]
+fn our_csi_volumes_run_as_attributes_follow_a_later_change_of_user() {
+    let (first, mut once) = apply_with(&sharing_pod(json!([{"name": "main"}])), &csi());
+    assert!(matches!(first, Decision::Inject { .. }));
+    once["spec"]["securityContext"] = json!({"runAsUser": 1000, "runAsGroup": 3000});
+    let (again, twice) = apply_with(&once, &csi());
+    assert!(matches!(again, Decision::Inject { .. }), "{again:?}");
+    assert_eq!(
+        twice["spec"]["volumes"][0]["csi"]["volumeAttributes"],
+        json!({
+            "kai-resource-isolator.io/container": "main",
+            "kai-resource-isolator.io/run-as-user": "1000",
+            "kai-resource-isolator.io/run-as-group": "3000",
+        })
+    );
+    assert_eq!(
+        twice["spec"]["containers"], once["spec"]["containers"],
+        "nothing else changes"
+    );
+    assert!(matches!(
+        plan_for(&twice, &csi()),
+        Decision::AlreadyInjected { .. }
+    ));
+
+    // The tenant's own attributes for our volume are rewritten the same way.
+    let mut pod = sharing_pod(json!([{"name": "main"}]));
+    pod["spec"]["volumes"] = json!([csi_volume(json!({
+        "kai-resource-isolator.io/container": "main",
+        "kai-resource-isolator.io/run-as-user": "0",
+        "extra": "x",
+    }))]);
+    let (_, fixed) = apply_with(&pod, &csi());
+    assert_eq!(
+        fixed["spec"]["volumes"][0]["csi"]["volumeAttributes"],
+        json!({"kai-resource-isolator.io/container": "main"})
+    );
 }
