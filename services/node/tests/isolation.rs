@@ -96,6 +96,9 @@ async fn every_state_is_detected_reported_and_cleared() {
     // The host's /proc: the three slot processes are alive; PID 777 is a
     // static binary in the musl pod's container.
     let proc_dir = dir.path().join("proc");
+    // What makes it pass for a procfs: `self`, a link to a PID that is there.
+    std::fs::create_dir_all(proc_dir.join("99999")).expect("mkdir");
+    std::os::unix::fs::symlink("99999", proc_dir.join("self")).expect("self");
     for pid in [4001, 4002, 4003] {
         std::fs::create_dir_all(proc_dir.join(pid.to_string())).expect("mkdir");
     }

@@ -37,6 +37,8 @@ async fn dead_slots_are_cleared_and_live_ones_kept() {
     region.write(&path).expect("write region");
     let proc_dir = dir.path().join("proc");
     std::fs::create_dir_all(proc_dir.join("4100")).expect("mkdir");
+    // What makes it pass for a procfs: `self`, a link to a PID that is there.
+    std::os::unix::fs::symlink("4100", proc_dir.join("self")).expect("self");
 
     let shutdown = CancellationToken::new();
     let running = agent::start(

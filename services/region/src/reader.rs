@@ -143,10 +143,11 @@ fn read_slot(
     let mut stable = false;
     let mut slot = None;
     for _ in 0..SEQLOCK_ATTEMPTS {
+        // Read even while the seqlock is odd: a writer SIGKILLed inside its
+        // critical section leaves it odd for good, and skipping the slot
+        // would drop that process's charge from the sums. A read that never
+        // settles is kept as last read and counted torn.
         let before = seqlock();
-        if before.is_some_and(|v| v % 2 == 1) {
-            continue; // writer inside its critical section
-        }
         let mut per_device = Vec::with_capacity(devices.len());
         for dev in devices {
             let used = base + l.slot_used + dev.index * l.used_stride;
@@ -169,7 +170,8 @@ fn read_slot(
             live: pid != 0,
             devices: per_device,
         });
-        if seqlock() == before {
+        // Settled: no writer inside (even) and none came and went meanwhile.
+        if before.is_none_or(|v| v % 2 == 0) && seqlock() == before {
             stable = true;
             break;
         }

@@ -33,12 +33,13 @@
 //!   `owner_pid` is left as it is (0): libvgpu waiters that time out check
 //!   whether the owner is alive *in their PID namespace*, where the agent's
 //!   PID would look dead and the lock would be broken under us;
-//! - under the lock, libvgpu does not add, remove or move slots, so the
-//!   slots below `proc_num` stay where they are; a slot is cleared only when
-//!   the caller says its *host* PID is dead (never from `pid`, which is in
-//!   the container's namespace). A dead process cannot write its slot, so
-//!   the only other writer of that slot's fields is libvgpu under the lock
-//!   we hold;
+//! - under the lock, libvgpu does not add, remove, move or reuse slots, so
+//!   the slots below `proc_num` stay where they are and keep their owner; a
+//!   slot is cleared only when the caller, asked under the lock, says no
+//!   live process holds it (never from `pid` alone, which is in the
+//!   container's namespace, nor from a dead `hostpid` alone: see
+//!   [`SlotPids`]). A dead process cannot write its slot, so the only other
+//!   writer of that slot's fields is libvgpu under the lock we hold;
 //! - each cleared slot is bracketed by its `seqlock` (odd while writing), as
 //!   libvgpu's own writers do, so readers (the agent included) retry rather
 //!   than see half a slot;
@@ -77,6 +78,27 @@ const _: () = assert!(
         && SEM_OFFSET + SEM_SIZE == V1.device_num
         && SEM_OFFSET.is_multiple_of(8)
 );
+
+/// What a slot records about its process, for the caller of
+/// [`reclaim_dead_slots`] to judge.
+///
+/// A dead `hostpid` does not make the slot dead. libvgpu's join
+/// (HAMi-core `init_proc_slot_withlock`) takes over the slot whose `pid`
+/// equals the joining process's own (container) PID, resetting its usage,
+/// `status` and `seqlock` but not `hostpid`; only a successful host-PID
+/// detection (`set_task_pid` in `postInit`, which can fail or time out)
+/// rewrites it. So when a container's PID 1 is killed and the container
+/// restarts, the new PID 1 runs on its predecessor's slot under the dead
+/// host PID. Clearing `pid` there would make libvgpu lose the live
+/// process's slot (`get_current_proc_slot` finds it by `pid`): its
+/// allocations would no longer be charged, and the cap would not hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotPids {
+    /// `pid`: the process's PID in its own (the container's) namespace.
+    pub pid: i32,
+    /// `hostpid`: the host PID libvgpu last recorded for the slot (> 0).
+    pub hostpid: i32,
+}
 
 /// One cleared slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,12 +164,18 @@ impl ReclaimError {
 }
 
 /// Clears, under the region's lock, every slot below `proc_num` whose
-/// `pid` is non-zero and whose host PID `is_dead` says is gone, plus pid-0
-/// slots still holding usage. Waits at most `timeout` for the lock.
+/// `pid` is non-zero, whose `hostpid` is recorded, and that `is_dead` says
+/// no live process holds, plus pid-0 slots still holding usage. Waits at
+/// most `timeout` for the lock.
+///
+/// `is_dead` is asked while the lock is held, so no process can join (and
+/// take a slot over) between its answer and the write; it must answer
+/// `false` whenever it cannot tell, and must not take a dead `hostpid` for
+/// a dead slot ([`SlotPids`]).
 pub fn reclaim_dead_slots(
     path: &Path,
     timeout: Duration,
-    mut is_dead: impl FnMut(i32) -> bool,
+    mut is_dead: impl FnMut(SlotPids) -> bool,
 ) -> Result<Vec<ReclaimedSlot>, ReclaimError> {
     let file = map::open_region(path, Access::ReadWrite).map_err(|e| match e.raw_os_error() {
         Some(libc::ELOOP) => ReclaimError::Refused(RegionError::NotRegular("a symbolic link")),
@@ -217,7 +245,7 @@ impl Mapped {
     fn reclaim(
         &self,
         timeout: Duration,
-        is_dead: &mut impl FnMut(i32) -> bool,
+        is_dead: &mut impl FnMut(SlotPids) -> bool,
     ) -> Result<Vec<ReclaimedSlot>, ReclaimError> {
         if self.i32(0) != MAGIC {
             return Err(ReclaimError::NotReady);
@@ -255,7 +283,7 @@ impl Mapped {
                 // Exited; only worth a write when usage was left behind.
                 freed.iter().any(|b| *b != 0)
             } else {
-                hostpid > 0 && is_dead(hostpid)
+                hostpid > 0 && is_dead(SlotPids { pid, hostpid })
             };
             if !dead {
                 continue;

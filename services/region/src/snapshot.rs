@@ -18,7 +18,8 @@ pub struct RegionSnapshot {
     pub utilization_switch: i32,
     pub recent_kernel: i32,
     pub priority: i32,
-    /// Slots whose seqlock kept moving while we read them.
+    /// v1 slots whose seqlock never settled (odd, or moving) over every
+    /// attempt; each is still used as last read.
     pub torn_slots: usize,
 }
 

@@ -202,7 +202,8 @@ fn concurrent_writers_keep_their_slots_while_dead_ones_are_reclaimed() {
     let mut running = WRITERS;
     while running > 0 {
         let cleared =
-            reclaim_dead_slots(&path, Duration::from_secs(5), |pid| !alive(pid)).expect("reclaim");
+            reclaim_dead_slots(&path, Duration::from_secs(5), |slot| !alive(slot.hostpid))
+                .expect("reclaim");
         calls += 1;
         reclaimed.extend(cleared);
         running = writers

@@ -133,6 +133,28 @@ fn v0_round_trip() {
     );
 }
 
+/// A process SIGKILLed inside a seqlock write leaves the seqlock odd for
+/// good: its slot must still count (as last read), flagged torn, not vanish
+/// with the charge libvgpu keeps holding against the cap.
+#[test]
+fn a_slot_whose_seqlock_stays_odd_is_used_as_last_read_and_counted_torn() {
+    let mut region =
+        RegionBuilder::v1().device("GPU-aaaaaaaa-0000-4000-8000-000000000001", 4 * GIB);
+    region.procs = vec![ProcSpec {
+        slot: 0,
+        pid: 101,
+        hostpid: 40101,
+        status: 1,
+        seqlock: 1,
+        usage: vec![UsageSpec::data(GIB, GIB)],
+    }];
+    let snap = decode(&region.to_bytes()).expect("decodes");
+    assert_eq!(snap.devices[0].used, GIB);
+    assert_eq!(snap.torn_slots, 1);
+    let slots: Vec<(i32, bool)> = snap.processes.iter().map(|p| (p.pid, p.live)).collect();
+    assert_eq!(slots, [(101, true)]);
+}
+
 #[test]
 fn limits_fill_all_slots_but_only_device_num_are_reported() {
     let bytes = RegionBuilder::v1().device("GPU-1", GIB).to_bytes();

@@ -275,7 +275,10 @@ pub struct CgroupOwner {
 /// The host's process table as the assessment asks it (the agent reads
 /// the host's `/proc`; tests answer from memory).
 pub trait HostPids: Sync {
-    /// Whether a host PID is alive; `None` for PIDs that cannot be host PIDs.
+    /// Whether a host PID is alive: `Some(false)` only when it is known
+    /// gone; `None` when that cannot be told (not a procfs, an unreadable
+    /// entry) and for PIDs that cannot be host PIDs. Nothing is retired,
+    /// reclaimed or reported on `None`.
     fn alive(&self, pid: i32) -> Option<bool>;
     /// The pod container of a host PID; `None` when gone or not in a pod.
     fn owner(&self, pid: u32) -> Option<CgroupOwner>;

@@ -100,9 +100,9 @@ pub async fn run(args: &Args) -> Report {
         nvml: (!args.no_nvml).then(|| Devices::load(Some(&args.nvml_library))),
         host: HostProc::new(&args.host_proc),
         report,
-        // Half the cap, then the cap again: 1.5x in all, beyond libvgpu's
-        // 10% tolerance, like the published check (3 GiB, then 2 GiB more
-        // under 4 GiB).
+        // Half the cap, then the cap again: 1.5x in all, well beyond the
+        // cap libvgpu never lets usage exceed, like the published check
+        // (3 GiB, then 2 GiB more under 4 GiB).
         hold: args.cap / 2,
         over: args.cap,
         scratch: Scratch {

@@ -72,9 +72,9 @@ fn clears_dead_slots_only_and_leaves_the_lock_free() {
     init_sem(&path);
 
     let mut asked = Vec::new();
-    let cleared = reclaim_dead_slots(&path, Duration::from_secs(1), |hostpid| {
-        asked.push(hostpid);
-        hostpid == 100
+    let cleared = reclaim_dead_slots(&path, Duration::from_secs(1), |slot| {
+        asked.push(slot.hostpid);
+        slot.hostpid == 100
     })
     .expect("reclaim");
     assert_eq!(asked, [100, 200], "only slots with a pid are asked about");
@@ -105,6 +105,44 @@ fn clears_dead_slots_only_and_leaves_the_lock_free() {
     let again =
         reclaim_dead_slots(&path, Duration::from_millis(1), |_| true).expect("lock is free");
     assert_eq!(again.iter().map(|c| c.slot).collect::<Vec<_>>(), [1]);
+}
+
+/// A restarted container's new PID 1 runs on the slot its killed
+/// predecessor left, under the predecessor's dead host PID (libvgpu's join
+/// keeps `hostpid`): the caller is asked with both PIDs, and a slot it
+/// says is held is left exactly as it was.
+#[test]
+fn a_slot_the_caller_says_is_held_is_left_alone_whatever_its_host_pid() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("usage.cache");
+    let mut region = RegionBuilder::v1().device("GPU-a", 1024 * MIB);
+    region.procs = vec![ProcSpec {
+        hostpid: 4100, // dead: the killed PID 1's
+        ..slot(0, 1, 256 * MIB)
+    }];
+    region.write(&path).expect("write");
+    init_sem(&path);
+    let before = std::fs::read(&path).expect("read");
+
+    let mut asked = Vec::new();
+    let cleared = reclaim_dead_slots(&path, Duration::from_secs(1), |slot| {
+        asked.push(slot);
+        false // PID 1 is in use in the container
+    })
+    .expect("reclaim");
+    assert_eq!(
+        asked,
+        [SlotPids {
+            pid: 1,
+            hostpid: 4100
+        }]
+    );
+    assert!(cleared.is_empty());
+    assert_eq!(
+        std::fs::read(&path).expect("read"),
+        before,
+        "nothing written"
+    );
 }
 
 /// The writer's `with_lock` bytes are what glibc's `sem_init(sem, 1, 1)`

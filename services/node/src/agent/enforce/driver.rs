@@ -154,7 +154,7 @@ impl Task {
             }
             return;
         };
-        match evict::evict(client, &c.namespace, &c.pod).await {
+        match evict::evict(client, &c.namespace, &c.pod, &c.uid).await {
             Outcome::Evicted => {
                 tracing::warn!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), why = %c.message, "evicted: GPU memory cap does not hold");
                 self.counts.eviction(c.reason);

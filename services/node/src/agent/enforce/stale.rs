@@ -3,10 +3,12 @@
 //! container's cap. The write itself is `kai_region::reclaim` (the one
 //! module that writes into live regions, under the region's own lock).
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kai_region::discovery::CACHE_FILE;
+use kai_region::reclaim::SlotPids;
 
 use super::Counts;
 use crate::agent::isolation::hostproc::HostProc;
@@ -21,6 +23,8 @@ pub const LOCK_TIMEOUT: Duration = Duration::from_millis(100);
 pub struct Target {
     pub path: PathBuf,
     pub pod: String,
+    /// Whose processes may hold the region's slots.
+    pub pod_uid: String,
     pub container: String,
 }
 
@@ -32,20 +36,41 @@ pub fn targets(views: &[ContainerView], containers_dir: &Path) -> Vec<Target> {
         .map(|v| Target {
             path: containers_dir.join(v.key.dir_name()).join(CACHE_FILE),
             pod: v.pod_name().to_owned(),
+            pod_uid: v.key.pod_uid.clone(),
             container: v.key.container.clone(),
         })
         .collect()
 }
 
-/// Clears the dead slots of `targets`. Only host PIDs that `host` shows
-/// gone are cleared (never on doubt). Returns the slots cleared. Blocking
-/// (file I/O, a semaphore wait of at most [`LOCK_TIMEOUT`] per region).
+/// Clears the dead slots of `targets`: a slot is cleared only when `host`
+/// shows its host PID gone *and* no live process of the pod has the slot's
+/// `pid` in its own PID namespace (never on doubt). Returns the slots
+/// cleared. Blocking (file I/O, a semaphore wait of at most
+/// [`LOCK_TIMEOUT`] per region, a pass over the host's `/proc` per region
+/// with a dead host PID).
 pub fn reclaim(targets: &[Target], host: &HostProc, counts: &Counts) -> u64 {
+    if !host.is_procfs() {
+        // Said once at start-up (`HostProc::new`); nothing is known dead.
+        return 0;
+    }
     let mut cleared_slots = 0;
     for target in targets {
-        match kai_region::reclaim::reclaim_dead_slots(&target.path, LOCK_TIMEOUT, |pid| {
-            host.alive(pid) == Some(false)
-        }) {
+        // Asked under the region's lock (see `reclaim_dead_slots`), so the
+        // pass over /proc sees every process that joined before it: a
+        // process takes a slot over only while holding that lock. One pass
+        // per region, and only once a slot's host PID is found dead.
+        let mut in_use: Option<Option<HashSet<i32>>> = None;
+        let is_dead = |slot: SlotPids| {
+            if host.alive(slot.hostpid) != Some(false) {
+                return false;
+            }
+            // libvgpu hands a slot to a new process with the same container
+            // PID without updating `hostpid` (`SlotPids`): while some live
+            // process of the pod has that PID, the slot may be its.
+            let pids = in_use.get_or_insert_with(|| host.pod_namespace_pids(&target.pod_uid));
+            pids.as_ref().is_some_and(|pids| !pids.contains(&slot.pid))
+        };
+        match kai_region::reclaim::reclaim_dead_slots(&target.path, LOCK_TIMEOUT, is_dead) {
             Ok(cleared) if cleared.is_empty() => {}
             Ok(cleared) => {
                 let bytes = cleared

@@ -237,10 +237,13 @@ async fn a_refused_eviction_is_retried_with_backoff_until_accepted() {
             .expect("body")
             .to_bytes();
         let body: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        // Only the pod assessed (u-1): a replacement of the same name is
+        // not evicted by a retry.
         assert_eq!(
             body,
             json!({"apiVersion": "policy/v1", "kind": "Eviction",
-                   "metadata": {"name": "trainer-0", "namespace": "team-a"}})
+                   "metadata": {"name": "trainer-0", "namespace": "team-a"},
+                   "deleteOptions": {"preconditions": {"uid": "u-1"}}})
         );
         if attempt < 3 {
             respond.send_response(status(
@@ -364,6 +367,8 @@ fn classify_reads_the_status_code() {
         ..Default::default()
     };
     assert_eq!(evict::classify(&s(404)), evict::Outcome::Gone);
+    // The UID precondition failed: the name belongs to a replacement.
+    assert_eq!(evict::classify(&s(409)), evict::Outcome::Gone);
     assert_eq!(
         evict::classify(&s(429)),
         evict::Outcome::Refused {
@@ -374,4 +379,98 @@ fn classify_reads_the_status_code() {
         evict::classify(&s(500)),
         evict::Outcome::Failed { .. }
     ));
+}
+
+// --- Reclaiming dead slots (`stale`) ---
+
+const POD_UID: &str = "0d4f5e6a-1b2c-4d3e-8f90-a1b2c3d4e5f6";
+const MIB: u64 = 1 << 20;
+
+/// A region of three slots, by (container pid, host pid, MiB used).
+fn region_with(dir: &std::path::Path, slots: &[(i32, i32, u64)]) -> stale::Target {
+    use kai_region::writer::{ProcSpec, UsageSpec};
+    let path = dir.join("usage.cache");
+    let mut region = RegionBuilder::v1().device("GPU-a", 4096 * MIB).with_lock();
+    region.procs = slots
+        .iter()
+        .enumerate()
+        .map(|(slot, &(pid, hostpid, mib))| ProcSpec {
+            slot,
+            pid,
+            hostpid,
+            status: 1,
+            seqlock: 0,
+            usage: vec![UsageSpec::data(mib * MIB, mib * MIB)],
+        })
+        .collect();
+    region.write(&path).expect("write region");
+    stale::Target {
+        path,
+        pod: "trainer-0".to_owned(),
+        pod_uid: POD_UID.to_owned(),
+        container: "main".to_owned(),
+    }
+}
+
+/// A fake host procfs: `self`, and per process its cgroup and `NSpid`.
+fn host_proc(processes: &[(u32, &str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("99999")).expect("mkdir");
+    std::os::unix::fs::symlink("99999", dir.path().join("self")).expect("self");
+    for (host_pid, cgroup, nspid) in processes {
+        let d = dir.path().join(host_pid.to_string());
+        std::fs::create_dir(&d).expect("mkdir");
+        std::fs::write(d.join("cgroup"), cgroup).expect("cgroup");
+        std::fs::write(d.join("status"), format!("NSpid:\t{nspid}\n")).expect("status");
+    }
+    dir
+}
+
+fn live_pids(path: &std::path::Path) -> Vec<i32> {
+    let snapshot = kai_region::Region::new(path).snapshot().expect("read");
+    snapshot
+        .processes
+        .iter()
+        .filter(|p| p.live)
+        .map(|p| p.pid)
+        .collect()
+}
+
+/// The container's PID 1 was killed and the container restarted: the new
+/// PID 1 (host 6000) runs on its predecessor's slot, whose `hostpid` (4100)
+/// libvgpu kept. That slot is not cleared (libvgpu would lose the live
+/// process's slot and stop charging it); the slot of a PID nobody in the
+/// pod has any more (42, host 4200) is.
+#[test]
+fn a_slot_whose_container_pid_is_in_use_in_the_pod_is_not_reclaimed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let target = region_with(
+        dir.path(),
+        &[(1, 4100, 256), (42, 4200, 512), (7, 6001, 64)],
+    );
+    let cgroup = format!("0::/kubepods/pod{POD_UID}/x\n");
+    let proc = host_proc(&[(6000, &cgroup, "6000\t1"), (6001, &cgroup, "6001\t7")]);
+    let host = crate::agent::isolation::hostproc::HostProc::new(proc.path());
+    let (_recorder, counts) = counts();
+
+    let cleared = stale::reclaim(std::slice::from_ref(&target), &host, &counts);
+    assert_eq!(cleared, 1);
+    assert_eq!(live_pids(&target.path), [1, 7]);
+}
+
+/// An empty --host-proc shows no PID at all: every slot would look dead.
+/// Nothing is cleared.
+#[test]
+fn nothing_is_reclaimed_through_a_host_proc_that_is_no_procfs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let target = region_with(dir.path(), &[(1, 4100, 256), (42, 4200, 512)]);
+    let empty = tempfile::tempdir().expect("tempdir");
+    let host = crate::agent::isolation::hostproc::HostProc::new(empty.path());
+    let (_recorder, counts) = counts();
+
+    assert_eq!(
+        stale::reclaim(std::slice::from_ref(&target), &host, &counts),
+        0
+    );
+    assert_eq!(live_pids(&target.path), [1, 42]);
 }

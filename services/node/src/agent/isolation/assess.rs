@@ -4,11 +4,12 @@
 use std::collections::{HashMap, HashSet};
 
 use kai_proto::v1::IsolationState;
+use kai_region::ProcessSlot;
 
 use super::classify::{classify, human_bytes, stale_slots};
 use super::trust;
 use super::{Checks, Input, Isolation, MissingRegion, Notice, Output, Settings, Subject};
-use crate::agent::model::ContainerView;
+use crate::agent::model::{ContainerView, HostPids};
 
 /// Percentage points below the near-cap threshold that count as "back
 /// below": without them a job hovering at the threshold would emit an
@@ -41,12 +42,19 @@ impl Assessor {
     /// Assesses every view in place (state, stale slots, near-cap) and
     /// returns what else was found plus the notices for what changed.
     pub fn assess(&mut self, views: &mut [ContainerView], input: &Input<'_>) -> Output {
+        // A view that cannot answer for PID 1, which every host has, is no
+        // procfs (`HostProc` answers nothing then, and says why at start).
+        let host = input.host.filter(|h| h.alive(1).is_some());
         let mut out = Output {
             checks: Checks {
                 escaped_processes: input.gpu_processes.map(|_| ()).map_err(str::to_owned),
-                host_pids: match input.host {
-                    Some(_) => Ok(()),
-                    None => Err("the host's /proc is not mounted (--host-proc)".to_owned()),
+                host_pids: match (input.host, host) {
+                    (Some(_), Some(_)) => Ok(()),
+                    (Some(_), None) => Err(
+                        "--host-proc is not a procfs (see the agent's log): host PIDs cannot be checked"
+                            .to_owned(),
+                    ),
+                    (None, _) => Err("the host's /proc is not mounted (--host-proc)".to_owned()),
                 },
             },
             ..Output::default()
@@ -56,14 +64,11 @@ impl Assessor {
         let mut seen_stale = HashMap::new();
 
         for view in views.iter_mut() {
-            if let Some(host) = input.host {
-                // A killed process never clears its slot: one whose host
-                // PID is gone holds stale usage, not live usage.
-                view.snapshot
-                    .retire_slots(|slot| host.alive(slot.hostpid) == Some(false));
+            if let Some(host) = host {
+                retire_dead_slots(view, host, input);
             }
             let id = (view.key.pod_uid.clone(), view.key.container.clone());
-            let (state, reason, evidence) = self.verdict(view, input);
+            let (state, reason, evidence) = self.verdict(view, &id, input);
             let announce = view.pod.is_some() || !input.defer_unnamed;
             // A forged region's figures are someone else's claim: no
             // near-cap notices to the pod it names.
@@ -177,10 +182,21 @@ impl Assessor {
     fn verdict(
         &self,
         view: &ContainerView,
+        id: &ContainerId,
         input: &Input<'_>,
     ) -> (IsolationState, String, Option<String>) {
         let ownership = trust::ownership(&view.snapshot, &view.key.pod_uid, input.host);
         if let Some(why) = trust::forged(&ownership) {
+            // The owners go to the operator only: the reason is the tenant's
+            // to read (`trust::forged`). Once per episode, not per scan.
+            if self.states.get(id) != Some(&IsolationState::Forged) {
+                let owners: Vec<String> = ownership
+                    .foreign
+                    .iter()
+                    .map(|(pid, pod_uid)| format!("{pid}:{pod_uid}"))
+                    .collect();
+                tracing::warn!(pod = %view.pod_name(), container = %view.key.container, ?owners, "forged region: its live slots name host PIDs of other pods (host PID:pod UID)");
+            }
             return (IsolationState::Forged, why, None);
         }
         let (mut state, mut reason) = classify(&view.snapshot, &self.settings);
@@ -315,6 +331,62 @@ impl Assessor {
         }
         near
     }
+}
+
+/// Retires the live slots whose recorded host PID is gone: a killed
+/// process never clears its slot, so it holds stale usage, not live usage.
+/// Unless the slot may have been taken over: libvgpu's join hands a slot to
+/// the new process with the same container PID and keeps its `hostpid`
+/// (`kai_region::reclaim::SlotPids`), so a restarted container's new PID 1
+/// runs on its predecessor's slot under the dead host PID until libvgpu
+/// records the new one, which can fail. While a GPU process of this
+/// container that no slot of the region records exists (NVML's list, the
+/// host's cgroups), the slots under dead host PIDs are kept live: their
+/// usage may be that process's live charge, and the escaped-process check
+/// then counts the container as one whose host PIDs are not all recorded.
+/// (Which PID that process has in the container, which would settle it,
+/// is not known to this view; the reclaim, which clears, checks it.)
+fn retire_dead_slots(view: &mut ContainerView, host: &dyn HostPids, input: &Input<'_>) {
+    let dead = |slot: &ProcessSlot| host.alive(slot.hostpid) == Some(false);
+    if !view.snapshot.processes.iter().any(|s| s.live && dead(s)) {
+        return;
+    }
+    if unrecorded_gpu_process(view, host, input) {
+        return;
+    }
+    view.snapshot.retire_slots(dead);
+}
+
+/// Whether NVML lists a process of `view`'s container (by its cgroup; of
+/// the pod when either container ID is unknown) whose host PID no live
+/// slot of the region records.
+fn unrecorded_gpu_process(view: &ContainerView, host: &dyn HostPids, input: &Input<'_>) -> bool {
+    let Ok(processes) = input.gpu_processes else {
+        return false;
+    };
+    let recorded: HashSet<u32> = view
+        .snapshot
+        .processes
+        .iter()
+        .filter(|s| s.live)
+        .filter_map(|s| u32::try_from(s.hostpid).ok())
+        .collect();
+    let container_id = view
+        .pod
+        .as_ref()
+        .and_then(|pod| pod.running.iter().find(|c| c.name == view.key.container))
+        .map(|c| c.id.as_str())
+        .filter(|id| !id.is_empty());
+    processes
+        .iter()
+        .filter(|p| !recorded.contains(&p.pid))
+        .any(|p| {
+            host.owner(p.pid).is_some_and(|owner| {
+                owner.pod_uid == view.key.pod_uid
+                    && (owner.container_id.is_empty()
+                        || container_id.is_none_or(|id| id == owner.container_id))
+            })
+        })
 }
 
 pub(super) fn push(

@@ -4,7 +4,7 @@
 use kai_proto::v1::IsolationState;
 use kai_region::RegionSnapshot;
 
-use super::{LIBVGPU_TOLERANCE_PERCENT, Settings};
+use super::Settings;
 
 /// The state of a container from its region alone, worst first:
 /// over the cap, then uncapped, then pending, else capped.
@@ -15,18 +15,18 @@ pub fn classify(snapshot: &RegionSnapshot, settings: &Settings) -> (IsolationSta
             uncapped.push(d.uuid.as_str());
             continue;
         }
-        let allowed = d
-            .limit
-            .saturating_add(d.limit / 100 * LIBVGPU_TOLERANCE_PERCENT);
-        if d.used > allowed {
+        // Strict, as libvgpu's own check is: HAMi-core's `oom_check` refuses
+        // an allocation that would make usage exceed the limit (no
+        // tolerance; `MEMORY_LIMIT_TOLERATION_RATE` is defined but unused),
+        // so accounted usage above the cap means the cap did not hold.
+        if d.used > d.limit {
             return (
                 IsolationState::OverCap,
                 format!(
-                    "libvgpu accounts {} on {} against a cap of {} (more than its {}% tolerance)",
+                    "libvgpu accounts {} on {} against a cap of {}, which its own check never lets usage exceed",
                     human_bytes(d.used),
                     d.uuid,
-                    human_bytes(d.limit),
-                    LIBVGPU_TOLERANCE_PERCENT
+                    human_bytes(d.limit)
                 ),
             );
         }

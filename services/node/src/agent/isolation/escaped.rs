@@ -21,6 +21,10 @@ impl Assessor {
         let mut shared_gpus = HashSet::new();
         // Containers with a live process whose host PID libvgpu has not
         // recorded: their processes cannot be told apart, so not escaped.
+        // That is a live slot without a host PID, or one still live under
+        // a host PID that is gone (kept live by `retire_dead_slots`:
+        // libvgpu handed it to a new process and keeps the old host PID
+        // until it records the new one).
         let mut unresolved = HashSet::new();
         for view in views {
             // A forged region covers nothing: its slots may name the very
@@ -32,7 +36,8 @@ impl Assessor {
                 shared_gpus.insert(device.uuid.as_str());
             }
             for slot in view.snapshot.processes.iter().filter(|p| p.live) {
-                if slot.hostpid <= 0 {
+                let gone = || input.host.and_then(|h| h.alive(slot.hostpid)) == Some(false);
+                if slot.hostpid <= 0 || gone() {
                     unresolved.insert((view.key.pod_uid.as_str(), view.key.container.as_str()));
                     continue;
                 }
@@ -76,8 +81,13 @@ impl Assessor {
                     ),
                 }
             });
+            // A process whose container is not known (no container ID in
+            // its cgroup or the pod's status yet) may be any container's of
+            // its pod.
             if let Some((_, o)) = &owner
-                && unresolved.contains(&(o.pod_uid.as_str(), o.container.as_str()))
+                && unresolved.iter().any(|(pod, container)| {
+                    *pod == o.pod_uid && (o.container.is_empty() || *container == o.container)
+                })
             {
                 continue;
             }

@@ -1,9 +1,20 @@
 //! The host's `/proc`, mounted into the agent (`--host-proc /host/proc`):
-//! whether a host PID is alive, and which pod container it belongs to.
+//! whether a host PID is alive, which pod container it belongs to, and
+//! which PIDs a pod's processes have in their own namespaces.
 //!
-//! Only reads world-readable files (`/proc/<pid>/cgroup` and the existence
-//! of `/proc/<pid>`), so the agent needs no capability for it.
+//! Only reads world-readable files (`/proc/<pid>/cgroup`,
+//! `/proc/<pid>/status` and the existence of `/proc/<pid>`), so the agent
+//! needs no capability for it.
+//!
+//! A PID counts as dead only when `/proc/<pid>` is *known* to be absent
+//! (`ENOENT`, or `ESRCH` from a process exiting under the read); any other
+//! error is "cannot tell". And a directory that is not a procfs at all (an
+//! empty or wrong `--host-proc`) would make every PID look dead, which
+//! would have live slots reclaimed: [`HostProc::new`] checks the path once
+//! and, when it is not one, the agent's view ([`HostPids`]) answers nothing.
 
+use std::collections::HashSet;
+use std::io;
 use std::path::{Path, PathBuf};
 
 pub use crate::agent::model::CgroupOwner;
@@ -13,28 +24,68 @@ use crate::agent::model::HostPids;
 #[derive(Clone, Debug)]
 pub struct HostProc {
     root: PathBuf,
+    /// `root` looked like a procfs when the view was made.
+    procfs: bool,
 }
 
+/// The agent's view: nothing is known of any PID when `root` is not a
+/// procfs, so nothing is retired, reclaimed or attributed from it.
 impl HostPids for HostProc {
     fn alive(&self, pid: i32) -> Option<bool> {
+        if !self.procfs {
+            return None;
+        }
         HostProc::alive(self, pid)
     }
 
     fn owner(&self, pid: u32) -> Option<CgroupOwner> {
+        if !self.procfs {
+            return None;
+        }
         HostProc::owner(self, pid)
     }
 }
 
 impl HostProc {
+    /// A view of `root`, checked once to be a procfs (see
+    /// [`is_procfs`](Self::is_procfs)); when it is not, says so in the log
+    /// and the view answers nothing.
     pub fn new(root: &Path) -> Self {
+        let procfs = match procfs_self(root) {
+            Ok(()) => true,
+            Err(why) => {
+                tracing::error!(host_proc = %root.display(), %why, "--host-proc is not a procfs: host-PID checks are unavailable (no slot is retired or reclaimed, no process attributed to a pod); mount the host's /proc there");
+                false
+            }
+        };
         Self {
             root: root.to_owned(),
+            procfs,
         }
     }
 
-    /// Whether `/proc/<pid>` exists; `None` for PIDs that cannot be host PIDs.
+    /// Whether the root passed the start-up check: `<root>/self` is a link
+    /// to the directory of a PID that is there, as it is in every procfs
+    /// the agent can see itself in. An empty directory or a wrong path has
+    /// no `self`. (The statfs magic would say more, but calling `statfs`
+    /// needs `unsafe`, which this crate keeps out.)
+    pub fn is_procfs(&self) -> bool {
+        self.procfs
+    }
+
+    /// What `<root>/<pid>` shows, whether or not `root` is a procfs (the
+    /// selftest reports exactly that); decisions go through the
+    /// [`HostPids`] view. `Some(false)` only when it is known absent;
+    /// `None` when it cannot be told, and for PIDs that cannot be host PIDs.
     pub fn alive(&self, pid: i32) -> Option<bool> {
-        (pid > 0).then(|| self.root.join(pid.to_string()).symlink_metadata().is_ok())
+        if pid <= 0 {
+            return None;
+        }
+        match self.root.join(pid.to_string()).symlink_metadata() {
+            Ok(_) => Some(true),
+            Err(error) if gone(&error) => Some(false),
+            Err(_) => None,
+        }
     }
 
     /// The pod container of a host PID; `None` when the process is gone or
@@ -43,6 +94,84 @@ impl HostProc {
         let text = std::fs::read_to_string(self.root.join(pid.to_string()).join("cgroup")).ok()?;
         parse_cgroup(&text)
     }
+
+    /// The PIDs the live processes of pod `pod_uid` (by their cgroup) have
+    /// in their own, innermost PID namespace: what `getpid()` returns in
+    /// the container, so what libvgpu records as a slot's `pid`. `None`
+    /// when that cannot be told completely: not a procfs, `/proc` not
+    /// listable, or a process of the pod whose `status` cannot be read or
+    /// has no `NSpid` line. One pass over `/proc`.
+    pub fn pod_namespace_pids(&self, pod_uid: &str) -> Option<HashSet<i32>> {
+        if !self.procfs {
+            return None;
+        }
+        let mut pids = HashSet::new();
+        for entry in std::fs::read_dir(&self.root).ok()? {
+            let entry = entry.ok()?;
+            if entry
+                .file_name()
+                .to_str()
+                .is_none_or(|name| name.parse::<u32>().is_err())
+            {
+                continue;
+            }
+            let dir = entry.path();
+            let cgroup = match std::fs::read_to_string(dir.join("cgroup")) {
+                Ok(text) => text,
+                Err(error) if gone(&error) => continue,
+                Err(_) => return None,
+            };
+            if parse_cgroup(&cgroup).is_none_or(|owner| owner.pod_uid != pod_uid) {
+                continue;
+            }
+            let status = match std::fs::read_to_string(dir.join("status")) {
+                Ok(text) => text,
+                Err(error) if gone(&error) => continue,
+                Err(_) => return None,
+            };
+            pids.insert(innermost_pid(&status)?);
+        }
+        Some(pids)
+    }
+}
+
+/// The process is gone: `ENOENT`, or `ESRCH` when it exits while its files
+/// are read.
+fn gone(error: &io::Error) -> bool {
+    error.kind() == io::ErrorKind::NotFound || error.raw_os_error() == Some(libc::ESRCH)
+}
+
+/// `<root>/self` links to a PID directory that is there.
+fn procfs_self(root: &Path) -> Result<(), String> {
+    let target = std::fs::read_link(root.join("self"))
+        .map_err(|e| format!("{}/self is not a link to a PID: {e}", root.display()))?;
+    let pid = target
+        .to_str()
+        .and_then(|t| t.parse::<u32>().ok())
+        .filter(|pid| *pid > 0)
+        .ok_or_else(|| {
+            format!(
+                "{}/self links to {}, not a PID",
+                root.display(),
+                target.display()
+            )
+        })?;
+    root.join(pid.to_string())
+        .symlink_metadata()
+        .map(|_| ())
+        .map_err(|e| format!("{}/{pid} (self) is not there: {e}", root.display()))
+}
+
+/// The last PID of the `NSpid:` line of `/proc/<pid>/status` (the PID in
+/// the process's own namespace; Linux 4.1 and later).
+fn innermost_pid(status: &str) -> Option<i32> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .next_back()?
+        .parse()
+        .ok()
 }
 
 /// Reads the pod UID and container ID out of `/proc/<pid>/cgroup`, for
@@ -145,14 +274,91 @@ mod tests {
         assert_eq!(parse_cgroup("garbage without colons"), None);
     }
 
-    #[test]
-    fn liveness_reads_the_given_root() {
+    /// A fake procfs: `self` links to 4242, which is there.
+    fn fake_procfs() -> tempfile::TempDir {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir(dir.path().join("4242")).expect("mkdir");
+        std::os::unix::fs::symlink("4242", dir.path().join("self")).expect("self");
+        dir
+    }
+
+    #[test]
+    fn liveness_reads_the_given_root() {
+        let dir = fake_procfs();
         let host = HostProc::new(dir.path());
-        assert_eq!(host.alive(4242), Some(true));
-        assert_eq!(host.alive(4243), Some(false));
-        assert_eq!(host.alive(0), None);
-        assert_eq!(host.alive(-1), None);
+        assert!(host.is_procfs());
+        let view: &dyn HostPids = &host;
+        assert_eq!(view.alive(4242), Some(true));
+        assert_eq!(view.alive(4243), Some(false));
+        assert_eq!(view.alive(0), None);
+        assert_eq!(view.alive(-1), None);
+    }
+
+    #[test]
+    fn the_real_proc_is_a_procfs() {
+        let host = HostProc::new(Path::new("/proc"));
+        assert!(host.is_procfs());
+        let view: &dyn HostPids = &host;
+        assert_eq!(view.alive(std::process::id() as i32), Some(true));
+        let own = std::fs::read_to_string("/proc/self/status").expect("status");
+        assert!(innermost_pid(&own).is_some(), "{own}");
+    }
+
+    /// An empty (or wrong) --host-proc would make every PID look dead and
+    /// have live slots reclaimed: the agent's view tells nothing instead.
+    #[test]
+    fn an_empty_directory_is_not_a_procfs_and_tells_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let host = HostProc::new(dir.path());
+        assert!(!host.is_procfs());
+        let view: &dyn HostPids = &host;
+        assert_eq!(view.alive(4242), None, "not dead: cannot tell");
+        assert_eq!(view.alive(1), None);
+        assert_eq!(view.owner(4242), None);
+        assert_eq!(host.pod_namespace_pids(UID), None);
+        // What the directory shows, for the selftest to report.
+        assert_eq!(host.alive(4242), Some(false));
+    }
+
+    #[test]
+    fn only_a_known_absent_pid_is_dead() {
+        let dir = fake_procfs();
+        // `<root>/<pid>` cannot be looked up (a file in the way of the
+        // path: ENOTDIR), which says nothing about the process.
+        std::fs::write(dir.path().join("notdir"), "").expect("file");
+        let host = HostProc {
+            root: dir.path().join("notdir"),
+            procfs: true,
+        };
+        assert_eq!(host.alive(4242), None);
+    }
+
+    #[test]
+    fn a_pods_processes_by_their_pid_in_their_own_namespace() {
+        let dir = fake_procfs();
+        let add = |host_pid: u32, cgroup: &str, status: Option<&str>| {
+            let d = dir.path().join(host_pid.to_string());
+            std::fs::create_dir(&d).expect("mkdir");
+            std::fs::write(d.join("cgroup"), cgroup).expect("cgroup");
+            if let Some(status) = status {
+                std::fs::write(d.join("status"), status).expect("status");
+            }
+        };
+        let ours = format!("0::/kubepods/burstable/pod{UID}/{CID}\n");
+        add(5001, &ours, Some("Name:\tpython\nNSpid:\t5001\t1\n"));
+        add(5002, &ours, Some("Name:\tworker\nNSpid:\t5002\t7\n"));
+        add(
+            6001,
+            "0::/kubepods/burstable/pod11111111-2222-4333-8444-555555555555/x\n",
+            Some("NSpid:\t6001\t9\n"),
+        );
+        add(7001, "0::/system.slice/sshd.service\n", None);
+        let host = HostProc::new(dir.path());
+        assert_eq!(host.pod_namespace_pids(UID), Some(HashSet::from([1, 7])));
+
+        // A process of the pod whose namespace PID cannot be read: the
+        // answer is incomplete, so none.
+        add(5003, &ours, Some("Name:\told-kernel\n"));
+        assert_eq!(host.pod_namespace_pids(UID), None);
     }
 }

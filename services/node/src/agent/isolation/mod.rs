@@ -22,10 +22,6 @@ pub use self::classify::{classify, human_bytes};
 pub use super::model::{Checks, Escaped, Isolation, MissingRegion, Notice, Owner, Subject};
 use super::model::{GpuProcess, HostPids, Lookup, PodMeta};
 
-/// libvgpu lets accounted usage run this many percent over the cap before
-/// it fails allocations (HAMi-core `MEMORY_LIMIT_TOLERATION_RATE` = 1.1).
-pub const LIBVGPU_TOLERANCE_PERCENT: u64 = 10;
-
 /// Thresholds and grace periods.
 #[derive(Clone, Debug)]
 pub struct Settings {

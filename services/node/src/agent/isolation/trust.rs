@@ -63,11 +63,15 @@ pub fn ownership(
     out
 }
 
-/// The reason of a `forged` region, if it is one.
+/// The reason of a `forged` region, if it is one. It never names the pod
+/// the PID belongs to: the reason is the container's `isolation_reason`,
+/// which the region's own tenant reads (API, web view), and a tenant who
+/// writes host PID N into its region would learn which pod owns N. The
+/// owner is for the operator's log (see `Assessor::verdict`).
 pub fn forged(ownership: &Ownership) -> Option<String> {
-    let (pid, pod) = ownership.foreign.first()?;
+    let (pid, _) = ownership.foreign.first()?;
     Some(format!(
-        "the region names host PID {pid}, which belongs to pod {pod}, not to this pod: it was written by another tenant and is ignored ({} such slot(s))",
+        "the region names host PID {pid}, which belongs to another pod, not to this pod: it was written by another tenant and is ignored ({} such slot(s); the node agent's log names the owner)",
         ownership.foreign.len()
     ))
 }
