@@ -23,9 +23,14 @@
 {{- default .Release.Namespace .Values.namespaceOverride -}}
 {{- end -}}
 
-{{/* Labels common to all objects; our own pods carry the webhook's ignore label. */}}
+{{/*
+Labels common to all objects; our own pods carry the webhook's ignore label.
+part-of is fixed, unlike name (nameOverride): kubectl vgpu finds the
+aggregator Service by it (AGGREGATOR_SELECTOR in services/kubectl-vgpu).
+*/}}
 {{- define "kai.labels" -}}
 app.kubernetes.io/name: {{ include "kai.name" . }}
+app.kubernetes.io/part-of: kai-resource-isolator
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
@@ -214,6 +219,15 @@ Ignore
 {{- /* The agents' /metrics needs a token (monitor.agent.auth.metrics rbac). */ -}}
 {{- define "kai.agentMetricsAuth" -}}
 {{- if eq (toString .Values.monitor.agent.auth.metrics) "rbac" -}}true{{- end -}}
+{{- end -}}
+
+{{- /*
+The node agent's /metrics port. monitor.metricsPort is the Go chart's key,
+and there it was the monitor DaemonSet's (the agent's) port, so it keeps that
+meaning; monitor.nodeMetricsPort, ours, wins when set.
+*/ -}}
+{{- define "kai.nodeMetricsPort" -}}
+{{- int (default .Values.monitor.metricsPort .Values.monitor.nodeMetricsPort) -}}
 {{- end -}}
 
 {{- define "kai.grpcTlsOn" -}}

@@ -9,6 +9,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import socket
 import ssl
 import subprocess
@@ -1376,7 +1377,7 @@ def network_policies_narrowed():
         {"ipBlock": {"cidr": "10.0.0.0/24"}}, {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gpu-dashboards"}}}]
     # Ports follow the values.
     moved = policies(render(extra=sets("networkPolicy.enabled=true", "webhook.port=9443", "monitor.grpcPort=50061",
-                                       "monitor.nodeMetricsPort=9395", "monitor.metricsPort=9396", "monitor.aggregator.grpcPort=50062")))
+                                       "monitor.nodeMetricsPort=9395", "monitor.aggregator.httpPort=9396", "monitor.aggregator.grpcPort=50062")))
     assert moved["webhook"]["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 9443}]
     assert [r["ports"][0]["port"] for r in moved["node"]["spec"]["ingress"]] == [50061, 9395]
     assert [p["port"] for p in moved["aggregator"]["spec"]["ingress"][0]["ports"]] == [9396, 50062]
@@ -1390,6 +1391,166 @@ def network_policies_narrowed():
 
 check("networkPolicy.enabled: ingress-only policies selecting the webhook, the agents (gRPC from the aggregator only, metrics from Prometheus) and the aggregator (open by default); none unless enabled", network_policies_default)
 check("networkPolicy from-lists narrow each port (ci/network-policy-values.yaml); ports follow the values; without the monitor only what runs", network_policies_narrowed)
+
+
+# --- docs and kubectl vgpu agree with what the chart renders ------------------
+
+REPO = os.path.dirname(os.path.dirname(CHART))
+MIGRATION = os.path.join(REPO, "docs", "migration.md")
+
+
+def doc_section(path, heading):
+    """The lines under `heading` up to the next heading of its level or above."""
+    lines = open(path).read().splitlines()
+    start = lines.index(heading)
+    level = len(heading) - len(heading.lstrip("#"))
+    end = next((i for i in range(start + 1, len(lines))
+                if lines[i].startswith("#") and len(lines[i]) - len(lines[i].lstrip("#")) <= level), len(lines))
+    return lines[start + 1:end]
+
+
+def doc_grants(lines):
+    """{subject line: [rule items]} from the two-level bullet list of a section."""
+    grants, subject, item = {}, None, None
+    for line in lines:
+        if line.startswith("- "):
+            subject, item = line, None
+            grants[subject] = []
+        elif line.startswith("  - ") and subject:
+            grants[subject].append(line[4:])
+            item = len(grants[subject]) - 1
+        elif line.startswith("    ") and item is not None:
+            grants[subject][item] += " " + line.strip()
+        elif not line.strip():
+            subject, item = None, None
+    return grants
+
+
+def rendered_grants(docs):
+    """[(subject as the docs name it, binding kind, rule or built-in role name)]."""
+    roles = {(d["kind"], d["metadata"]["name"]): d.get("rules", []) for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    out = []
+    for b in (d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        ref = (b["roleRef"]["kind"], b["roleRef"]["name"])
+        for subj in b["subjects"]:
+            who = subj["name"].replace(FULL, "<fullname>")
+            if ref in roles:
+                out += [(who, b["kind"], rule) for rule in roles[ref]]
+            else:
+                assert ref[1].startswith("system:"), f"{ref} is neither rendered nor built in"
+                out.append((who, b["kind"], ref[1]))
+    return out
+
+
+def rbac_false_documented():
+    # Everything rbac.create=true can grant a ServiceAccount of ours or the
+    # proxy's group: node guard on (1.33, Events on), the opt-out label set,
+    # eviction on, both auth modes on. An RBAC change in a template without
+    # the matching line in docs/migration.md fails here.
+    docs = render(extra=("--kube-version", K8S) + sets(
+        "rbac.create=true", "monitor.isolation.nodeGuard=true", "monitor.isolation.events=true",
+        "monitor.isolation.enforce=evict", "webhook.optOutNamespaceLabel=kai-resource-isolator.io/allow-opt-out=true",
+        "monitor.agent.auth.metrics=rbac", "monitor.aggregator.auth.mode=kubernetes"))
+    assert named(docs, "ClusterRole", f"{FULL}-webhook"), "node guard rendered"
+    granted = rendered_grants(docs)
+    subjects = {who for who, _, _ in granted}
+    assert subjects == {"<fullname>-node", "<fullname>-aggregator", "<fullname>-webhook", "system:authenticated"}, subjects
+    documented = doc_grants(doc_section(MIGRATION, "### `rbac.create: false`"))
+    by_subject = {}
+    for who in subjects:
+        (line,) = [k for k in documented if re.search(r"`([^`]+)`", k).group(1) == who]
+        by_subject[who] = documented[line]
+    for who, binding, rule in granted:
+        items = by_subject[who]
+        scope = "in the release namespace" if binding == "RoleBinding" else "cluster-wide"
+        if isinstance(rule, str):
+            assert any(i.startswith(scope) and f"`{rule}`" in i for i in items), f"{who}: {scope} {rule}"
+            continue
+        for res in rule.get("resources", []):
+            words = [f"`{res}`"] + [f"`{v}`" for v in rule["verbs"]]
+            words += [f"`{g}`" for g in rule.get("apiGroups", []) if g]
+            words += [f"`{n.replace(FULL, '<fullname>')}`" for n in rule.get("resourceNames", [])]
+            assert any(i.startswith(scope) and all(w in i for w in words) for i in items), f"{who}: {scope} {words}"
+    # The short forms in values.yaml and the chart README name every resource too.
+    resources = {r for _, _, rule in granted if not isinstance(rule, str) for r in rule["resources"]}
+    values_rbac = open(os.path.join(CHART, "values.yaml")).read().split("\nrbac:\n", 1)[1].split("\n  create:", 1)[0]
+    readme_rbac = next(line for line in open(os.path.join(CHART, "README.md")) if line.startswith("| RBAC (`rbac.create`)"))
+    for text, where in ((values_rbac, "values.yaml"), (readme_rbac, "README.md")):
+        for word in resources | {"system:auth-delegator", "<fullname>-node", "<fullname>-aggregator", "<fullname>-webhook"}:
+            assert word in text, f"{where} omits {word}"
+
+
+def kubectl_vgpu_selectors():
+    src = open(os.path.join(REPO, "services", "kubectl-vgpu", "src", "source.rs")).read()
+    def const(name):
+        m = re.search(rf'pub const {name}: &str =\s*"([^"]+)";', src)
+        assert m, f"{name} not found in source.rs"
+        return dict(kv.split("=", 1) for kv in m.group(1).split(","))
+    return const("AGGREGATOR_SELECTOR"), const("LEGACY_AGGREGATOR_SELECTOR")
+
+
+def kubectl_vgpu_finds_the_aggregator():
+    selector, legacy = kubectl_vgpu_selectors()
+    for overrides in ((), ("nameOverride=foo",), ("fullnameOverride=bar",), ("nameOverride=foo", "fullnameOverride=bar")):
+        docs = render(extra=sets(*overrides))
+        found = [d["metadata"]["name"] for d in docs
+                 if d["kind"] == "Service" and selector.items() <= d["metadata"].get("labels", {}).items()]
+        assert found == [one(docs, "Service", "-aggregator")["metadata"]["name"]], (overrides, found)
+    # Why the selector changed: with nameOverride the older one finds nothing.
+    docs = render(extra=sets("nameOverride=foo"))
+    assert not [d for d in docs if d["kind"] == "Service" and legacy.items() <= d["metadata"].get("labels", {}).items()]
+    # Without overrides a release also answers the older selector, as
+    # releases from before part-of did (the plugin's fallback).
+    docs = render()
+    assert [d for d in docs if d["kind"] == "Service" and legacy.items() <= d["metadata"].get("labels", {}).items()]
+
+
+def metrics_port_means_what_it_meant():
+    # The Go chart's monitor.metricsPort was its monitor DaemonSet's port
+    # (--metrics-bind-address, containerPort): the node agent's here.
+    def ports(*values):
+        docs = render("go-chart-values.yaml", sets("monitor.enabled=true", "networkPolicy.enabled=true", *values))
+        agent, agg = agent_container(docs), agg_container(docs)
+        nps = policies(docs)
+        return ((arg(agent, "--metrics-listen"), {p["name"]: p["containerPort"] for p in agent["ports"]}["node-metrics"],
+                 nps["node"]["spec"]["ingress"][1]["ports"][0]["port"]),
+                (arg(agg, "--listen"), one(docs, "Service", "-aggregator")["spec"]["ports"][0]["port"],
+                 nps["aggregator"]["spec"]["ingress"][0]["ports"][0]["port"]))
+    got = ports("monitor.metricsPort=9500")
+    assert got == (("0.0.0.0:9500", 9500, 9500), ("0.0.0.0:9394", 9394, 9394)), got
+    # Our own key wins for the agent; the aggregator has its own.
+    got = ports("monitor.metricsPort=9500", "monitor.nodeMetricsPort=9501", "monitor.aggregator.httpPort=9502")
+    assert got == (("0.0.0.0:9501", 9501, 9501), ("0.0.0.0:9502", 9502, 9502)), got
+    def notes(*values):
+        r = helm("install", RELEASE, CHART, "-n", NS, "--dry-run=client", *sets(*values))
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+    assert "Warning: monitor.metricsPort is 9500 but has no effect" in notes("monitor.metricsPort=9500", "monitor.nodeMetricsPort=9501")
+    for quiet in (("monitor.metricsPort=9500",), ("monitor.nodeMetricsPort=9501",), ()):
+        assert "Warning: monitor.metricsPort" not in notes(*quiet), quiet
+    # The docs say so.
+    (row,) = [line for line in open(MIGRATION) if line.startswith("| `monitor.metricsPort`")]
+    assert "node agent" in row and "`monitor.aggregator.httpPort`" in row, row
+
+
+def migration_says_metrics_need_a_token():
+    # The Go monitor answered anyone; ours answers 401 without a token by
+    # default, so the migration guide must not promise the Go README's curl.
+    assert arg(agent_container(render()), "--metrics-auth") == "rbac"
+    intro = open(MIGRATION).read().split("\n## ", 1)[0]
+    (curl,) = [p for p in intro.split("\n\n") if "`curl <pod-ip>:9394/metrics`" in p]
+    # The sentence that names the Go README's curl says what it now gets.
+    assert "401" in curl.split("`curl <pod-ip>:9394/metrics`", 1)[1].split(".", 1)[0], curl
+    assert "unchanged" not in curl, curl
+    for needed in ("monitor.agent.auth.metrics: none", "monitor.aggregator.auth.metrics: none",
+                   "Authorization: Bearer", "monitor.metricsReaders"):
+        assert needed in intro, needed
+
+
+check("rbac.create=false: docs/migration.md names every rule rbac.create=true grants, per ServiceAccount (and the proxy's group)", rbac_false_documented)
+check("kubectl vgpu's selector finds the aggregator Service, and only it, whatever nameOverride/fullnameOverride", kubectl_vgpu_finds_the_aggregator)
+check("monitor.metricsPort moves the node agent's port as in the Go chart; nodeMetricsPort wins; aggregator.httpPort moves the aggregator", metrics_port_means_what_it_meant)
+check("docs/migration.md says /metrics needs a token by default and how to restore anonymous reads", migration_says_metrics_need_a_token)
 
 
 # --- the schema rejects bad values ------------------------------------------

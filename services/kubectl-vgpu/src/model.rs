@@ -55,7 +55,7 @@ impl State {
                 "the container's cap is above its pod's grant: something in the container set its own CUDA_DEVICE_MEMORY_LIMIT. Check the webhook is serving this namespace (it replaces a tenant's value), then recreate the pod"
             }
             S::Forged => {
-                "the region names processes of another pod: a tenant wrote it. The agent ignores it; find the pod that owns the named PIDs (Events on this pod say which)"
+                "the region names processes of another pod: a tenant wrote it. The agent ignores it; its log (\"forged region\", owners) names the pod that owns the PIDs"
             }
             S::Unspecified => {
                 "upgrade kubectl-vgpu: the aggregator reports a state it does not know"

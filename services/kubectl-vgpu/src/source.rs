@@ -6,8 +6,16 @@ use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, ListParams};
 use serde::de::DeserializeOwned;
 
-/// Label selector of the chart's aggregator Service.
+/// Label selector of the chart's aggregator Service. `part-of` is the one
+/// label the chart sets to the same value whatever `nameOverride` or
+/// `fullnameOverride` say (`app.kubernetes.io/name` follows `nameOverride`).
+/// The chart's tests read this literal and render a `nameOverride` against it.
 pub const AGGREGATOR_SELECTOR: &str =
+    "app.kubernetes.io/part-of=kai-resource-isolator,app.kubernetes.io/component=aggregator";
+/// What releases of the chart from before the `part-of` label carry (without
+/// `nameOverride`): tried only when [`AGGREGATOR_SELECTOR`] finds nothing, so
+/// a release not yet upgraded is still found.
+pub const LEGACY_AGGREGATOR_SELECTOR: &str =
     "app.kubernetes.io/name=kai-resource-isolator,app.kubernetes.io/component=aggregator";
 /// Name of the Service port serving `/metrics` and `/api/v1/…`.
 pub const AGGREGATOR_PORT: &str = "http-metrics";
@@ -27,7 +35,7 @@ pub enum SourceError {
     )]
     DiscoverForbidden(String),
     #[error(
-        "no kai-resource-isolator aggregator Service found (selector {AGGREGATOR_SELECTOR}); is the chart installed with monitor.enabled? Name it with --aggregator-namespace/--aggregator-service"
+        "no kai-resource-isolator aggregator Service found (selector {AGGREGATOR_SELECTOR}, or {LEGACY_AGGREGATOR_SELECTOR}); is the chart installed with monitor.enabled? Name it with --aggregator-namespace/--aggregator-service"
     )]
     NotInstalled,
     #[error(
@@ -186,23 +194,34 @@ impl Aggregator {
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
         };
-        let found = api
-            .list(&ListParams::default().labels(AGGREGATOR_SELECTOR))
-            .await
-            .map_err(|e| match e {
-                // Tenants may not list Services cluster-wide; the chart
-                // lets every user list them in its own namespace.
-                kube::Error::Api(status) if status.code == 403 && namespace.is_none() => {
-                    SourceError::DiscoverForbidden(status.message)
-                }
-                e => SourceError::Discover(e),
-            })?;
-        let mut matches: Vec<(String, String)> = found
-            .items
-            .into_iter()
-            .filter_map(|s| Some((s.metadata.namespace?, s.metadata.name?)))
-            .filter(|(_, name)| service.is_none_or(|want| want == name))
-            .collect();
+        let list = |selector: &'static str| {
+            let api = api.clone();
+            async move {
+                let found = api
+                    .list(&ListParams::default().labels(selector))
+                    .await
+                    .map_err(|e| match e {
+                        // Tenants may not list Services cluster-wide; the
+                        // chart lets every user list them in its own namespace.
+                        kube::Error::Api(status) if status.code == 403 && namespace.is_none() => {
+                            SourceError::DiscoverForbidden(status.message)
+                        }
+                        e => SourceError::Discover(e),
+                    })?;
+                Ok::<Vec<(String, String)>, SourceError>(
+                    found
+                        .items
+                        .into_iter()
+                        .filter_map(|s| Some((s.metadata.namespace?, s.metadata.name?)))
+                        .filter(|(_, name)| service.is_none_or(|want| want == name))
+                        .collect(),
+                )
+            }
+        };
+        let mut matches = list(AGGREGATOR_SELECTOR).await?;
+        if matches.is_empty() {
+            matches = list(LEGACY_AGGREGATOR_SELECTOR).await?;
+        }
         match matches.len() {
             0 => Err(SourceError::NotInstalled),
             1 => {
@@ -355,7 +374,7 @@ mod tests {
             assert_eq!(list.uri().path(), "/api/v1/services");
             let query = list.uri().query().unwrap_or_default().to_owned();
             assert!(
-                query.contains("labelSelector=app.kubernetes.io%2Fname%3Dkai-resource-isolator"),
+                query.contains("labelSelector=app.kubernetes.io%2Fpart-of%3Dkai-resource-isolator"),
                 "{query}"
             );
             let body = serde_json::json!({"apiVersion":"v1","kind":"ServiceList","metadata":{},
@@ -387,6 +406,53 @@ mod tests {
         assert!(
             head.contains("\r\nx-kai-authorization: bearer user-token\r\n"),
             "{head}"
+        );
+    }
+
+    /// Answers one Service list: its label selector, and `items`.
+    async fn answer_list(
+        handle: &mut tower_test::mock::Handle<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >,
+        items: serde_json::Value,
+    ) -> String {
+        let (list, send) = handle.next_request().await.expect("a discovery request");
+        let query = list.uri().query().unwrap_or_default().to_owned();
+        let body = serde_json::json!({"apiVersion":"v1","kind":"ServiceList","metadata":{},
+            "items": items});
+        send.send_response(http::Response::new(kube::client::Body::from(
+            body.to_string().into_bytes(),
+        )));
+        query
+    }
+
+    #[tokio::test]
+    async fn a_release_from_before_the_part_of_label_is_still_found() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let (client, mut handle) = mock();
+        let lists = tokio::spawn(async move {
+            let first = answer_list(&mut handle, serde_json::json!([])).await;
+            let second = answer_list(
+                &mut handle,
+                serde_json::json!([{"metadata":{"name":"old-agg","namespace":"gpu"}}]),
+            )
+            .await;
+            (first, second)
+        });
+        let config = config_with_token("http://127.0.0.1:1", "t");
+        let agg = Aggregator::discover(client, &config, None, None, None)
+            .await
+            .expect("found by the legacy selector");
+        assert_eq!(agg.describe, "service gpu/old-agg via the API server");
+        let (first, second) = lists.await.expect("lists");
+        assert!(
+            first.contains("app.kubernetes.io%2Fpart-of%3Dkai-resource-isolator"),
+            "{first}"
+        );
+        assert!(
+            second.contains("app.kubernetes.io%2Fname%3Dkai-resource-isolator"),
+            "{second}"
         );
     }
 
@@ -430,12 +496,11 @@ mod tests {
     #[tokio::test]
     async fn says_when_the_chart_is_not_installed() {
         let (client, mut handle) = mock();
-        tokio::spawn(async move {
-            let (_, send) = handle.next_request().await.expect("a discovery request");
-            let body = r#"{"apiVersion":"v1","kind":"ServiceList","metadata":{},"items":[]}"#;
-            send.send_response(http::Response::new(kube::client::Body::from(
-                body.as_bytes().to_vec(),
-            )));
+        // Nothing under the current selector, nor under the legacy one.
+        let lists = tokio::spawn(async move {
+            let first = answer_list(&mut handle, serde_json::json!([])).await;
+            let second = answer_list(&mut handle, serde_json::json!([])).await;
+            (first, second)
         });
         let config = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
         let err = Aggregator::discover(client, &config, None, None, None)
@@ -443,6 +508,9 @@ mod tests {
             .err()
             .expect("an error");
         assert!(matches!(err, SourceError::NotInstalled), "{err}");
+        let (first, second) = lists.await.expect("lists");
+        assert!(first.contains("part-of"), "{first}");
+        assert!(second.contains("app.kubernetes.io%2Fname"), "{second}");
     }
 
     #[test]
