@@ -197,7 +197,7 @@ pub(crate) const HAMI: &[Spec] = &[
 pub(crate) const ISOLATION: &[Spec] = &[
     Spec::new(
         "kai_isolator_container_isolation_state",
-        "1 for the container's isolation state: capped, uncapped_no_limit, no_region, over_cap, pending, above_grant or forged.",
+        "1 for the container's isolation state: capped, uncapped_no_limit, no_region, over_cap, pending, above_grant, forged or unreadable_region.",
         Metric::State,
     ),
     Spec::new(

@@ -29,11 +29,17 @@ impl State {
         }
     }
 
-    /// The cap does not hold (what `why` exits non-zero for).
+    /// The cap does not hold, or cannot be verified (what `why` exits
+    /// non-zero for).
     pub fn is_breach(self) -> bool {
         matches!(
             self.0,
-            S::UncappedNoLimit | S::NoRegion | S::OverCap | S::AboveGrant | S::Forged
+            S::UncappedNoLimit
+                | S::NoRegion
+                | S::OverCap
+                | S::AboveGrant
+                | S::Forged
+                | S::UnreadableRegion
         )
     }
 
@@ -56,6 +62,9 @@ impl State {
             }
             S::Forged => {
                 "the region names processes of another pod: a tenant wrote it. The agent ignores it; its log (\"forged region\", owners) names the pod that owns the PIDs"
+            }
+            S::UnreadableRegion => {
+                "the container's region file is there but the node agent refuses to read it (the reason says why; its log says more): the cap cannot be verified. A hard link or another file in its place was put there by someone who can write the containers directory; an unsupported version needs a newer agent. Nobody is evicted for it"
             }
             S::Unspecified => {
                 "upgrade kubectl-vgpu: the aggregator reports a state it does not know"

@@ -9,7 +9,7 @@ pub mod v1 {
 impl v1::IsolationState {
     /// Short lower-case name for metric labels and logs: `capped`,
     /// `uncapped_no_limit`, `no_region`, `over_cap`, `pending`,
-    /// `above_grant`, `forged`.
+    /// `above_grant`, `forged`, `unreadable_region`.
     pub fn label(self) -> &'static str {
         match self {
             Self::Unspecified => "unspecified",
@@ -20,6 +20,7 @@ impl v1::IsolationState {
             Self::Pending => "pending",
             Self::AboveGrant => "above_grant",
             Self::Forged => "forged",
+            Self::UnreadableRegion => "unreadable_region",
         }
     }
 }

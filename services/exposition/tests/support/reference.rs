@@ -245,7 +245,7 @@ pub fn render_isolation<'a>(
 ) {
     let mut state = Family::gauge(
         "kai_isolator_container_isolation_state",
-        "1 for the container's isolation state: capped, uncapped_no_limit, no_region, over_cap, pending, above_grant or forged.",
+        "1 for the container's isolation state: capped, uncapped_no_limit, no_region, over_cap, pending, above_grant, forged or unreadable_region.",
     );
     let mut stale = Family::gauge(
         "kai_isolator_container_stale_slots",

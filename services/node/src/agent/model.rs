@@ -135,6 +135,10 @@ pub struct MissingRegion {
     /// Unix seconds.
     pub started_at: i64,
     pub reason: String,
+    /// Its region file is there but refused, for this reason
+    /// ([`kai_region::RegionError::label`]): `unreadable_region`, which
+    /// evicts nobody, rather than `no_region`.
+    pub refused: Option<&'static str>,
 }
 
 /// A pod container, resolved from a host PID's cgroup.

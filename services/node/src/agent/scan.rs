@@ -123,6 +123,7 @@ pub(super) async fn poll(
                         .map(|(_, total)| *total)
                 },
                 host: host.as_ref().map(|h| h as &dyn HostPids),
+                refused: &scan.refused,
                 now_ms: kai_runtime::unix_ms(),
                 defer_unnamed: kube_status.settling(),
             },

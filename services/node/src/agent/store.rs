@@ -42,6 +42,9 @@ pub struct Scan {
     /// Every container directory listed (readable or not), for orphan
     /// cleanup; shared with the store, not copied per scan.
     pub dirs: Arc<Vec<discovery::Found>>,
+    /// Containers whose region file is there but refused (not merely not
+    /// written yet), with why ([`RegionError::label`]).
+    pub refused: Vec<(ContainerKey, &'static str)>,
 }
 
 pub struct RegionStore {
@@ -139,6 +142,7 @@ impl RegionStore {
         let mut scan = Scan {
             regions: Vec::with_capacity(self.listing.len()),
             dirs: self.listing.clone(),
+            refused: Vec::new(),
         };
         for (f, tracked) in self.listing.iter().zip(&mut self.tracked) {
             // A region not mapped yet takes the full path either way.
@@ -169,6 +173,13 @@ impl RegionStore {
                             tracing::warn!(path = %tracked.region.path().display(), reason = error.label(), %error, "skipping unreadable region");
                         }
                         tracked.last_error = Some(error);
+                    }
+                    if let Some(error) = tracked
+                        .last_error
+                        .as_ref()
+                        .filter(|e| **e != RegionError::NotReady)
+                    {
+                        scan.refused.push((f.key.clone(), error.label()));
                     }
                 }
             }

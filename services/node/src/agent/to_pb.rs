@@ -74,7 +74,11 @@ pub fn missing_to_pb(m: &MissingRegion, node: &str) -> pb::ContainerUsage {
         container: m.container.clone(),
         node: node.to_owned(),
         pod_known: true,
-        isolation_state: pb::IsolationState::NoRegion.into(),
+        isolation_state: match m.refused {
+            Some(_) => pb::IsolationState::UnreadableRegion,
+            None => pb::IsolationState::NoRegion,
+        }
+        .into(),
         isolation_reason: m.reason.clone(),
         ..pb::ContainerUsage::default()
     }

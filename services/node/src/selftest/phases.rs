@@ -204,6 +204,7 @@ impl Run<'_> {
             gpu_processes: Err("not used by the selftest"),
             device_total: &|_| None,
             host: Some(&self.host),
+            refused: &[],
             now_ms,
             defer_unnamed: false,
         };

@@ -119,7 +119,10 @@ pub fn candidates(
             ),
         });
     }
-    for m in missing {
+    // A region that is there but refused proves nothing about the pod: a
+    // neighbour who can write it (hostPath delivery) or a libvgpu with a
+    // newer layout would otherwise get pods evicted.
+    for m in missing.iter().filter(|m| m.refused.is_none()) {
         found.push(Candidate {
             namespace: m.namespace.clone(),
             pod: m.pod.clone(),

@@ -51,6 +51,7 @@ fn unproven(uid: &str, pod: &str, state: IsolationState) -> ContainerView {
 
 fn missing(uid: &str, pod: &str) -> MissingRegion {
     MissingRegion {
+        refused: None,
         pod_uid: uid.to_owned(),
         namespace: "team-b".to_owned(),
         pod: pod.to_owned(),

@@ -131,24 +131,33 @@ impl Assessor {
             if running_for < self.settings.no_region_grace.as_secs() as i64 {
                 continue;
             }
-            let reason = format!(
-                "container {target} has run {running_for} s without a libvgpu region: libvgpu is not preloaded (webhook skipped the pod, or a static/musl binary), it fell back to its private /tmp cache, or the container has not initialised CUDA yet"
-            );
+            let refused = input
+                .refused
+                .iter()
+                .find(|(key, _)| key.pod_uid == *uid && key.container == *target)
+                .map(|(_, why)| *why);
+            let (state, reason) = match refused {
+                Some(why) => (
+                    IsolationState::UnreadableRegion,
+                    format!(
+                        "container {target} has a libvgpu region the node agent refuses to read ({why}): its cap cannot be verified; see the agent's log (\"skipping unreadable region\")"
+                    ),
+                ),
+                None => (
+                    IsolationState::NoRegion,
+                    format!(
+                        "container {target} has run {running_for} s without a libvgpu region: libvgpu is not preloaded (webhook skipped the pod, or a static/musl binary), it fell back to its private /tmp cache, or the container has not initialised CUDA yet"
+                    ),
+                ),
+            };
             let id = (uid.clone(), target.clone());
             let subject = Subject::Pod {
                 namespace: pod.namespace.clone(),
                 name: pod.name.clone(),
                 uid: uid.clone(),
             };
-            self.transition(
-                &id,
-                IsolationState::NoRegion,
-                &reason,
-                subject,
-                target,
-                &mut out.notices,
-            );
-            seen_states.insert(id, IsolationState::NoRegion);
+            self.transition(&id, state, &reason, subject, target, &mut out.notices);
+            seen_states.insert(id, state);
             out.missing.push(MissingRegion {
                 pod_uid: uid.clone(),
                 namespace: pod.namespace.clone(),
@@ -156,6 +165,7 @@ impl Assessor {
                 container: target.clone(),
                 started_at,
                 reason,
+                refused,
             });
         }
 
@@ -249,7 +259,8 @@ impl Assessor {
                         | IsolationState::NoRegion
                         | IsolationState::OverCap
                         | IsolationState::AboveGrant
-                        | IsolationState::Forged,
+                        | IsolationState::Forged
+                        | IsolationState::UnreadableRegion,
                     ) if state == IsolationState::Capped => Some((
                         false,
                         "GpuMemoryCapVerified",
@@ -263,6 +274,9 @@ impl Assessor {
             IsolationState::OverCap => Some((true, "GpuMemoryOverCap", reason.to_owned())),
             IsolationState::AboveGrant => Some((true, "GpuMemoryAboveGrant", reason.to_owned())),
             IsolationState::Forged => Some((true, "GpuRegionForged", reason.to_owned())),
+            IsolationState::UnreadableRegion => {
+                Some((true, "GpuRegionUnreadable", reason.to_owned()))
+            }
         };
         if let Some((warning, event_reason, message)) = notice {
             push(notices, subject, warning, event_reason, message);

@@ -61,6 +61,9 @@ pub struct Input<'a> {
     pub device_total: &'a dyn Fn(&str) -> Option<u64>,
     /// The host's `/proc`; `None` when not mounted.
     pub host: Option<&'a dyn HostPids>,
+    /// Containers whose region file is there but refused by the reader,
+    /// with why: not "no region", and never an eviction on that alone.
+    pub refused: &'a [(kai_region::discovery::ContainerKey, &'static str)],
     pub now_ms: u64,
     /// The pod list is still syncing or reconnecting: a container whose pod
     /// is not known yet is assessed but not announced, so its notice goes

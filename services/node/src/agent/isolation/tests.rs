@@ -76,6 +76,7 @@ fn input<'a>(now_ms: u64) -> Input<'a> {
         gpu_processes: Err("NVML disabled (--no-nvml)"),
         device_total: &|_| None,
         host: None,
+        refused: &[],
         now_ms,
         defer_unnamed: false,
     }
@@ -326,6 +327,69 @@ fn a_sharing_container_without_a_region_after_the_grace_is_no_region() {
     );
     assert_eq!(out.missing.len(), 1);
     assert!(out.notices.is_empty(), "reported once");
+}
+
+/// A region file that is there but refused (a hard link, a layout the
+/// reader does not know) is not "no region": the cap is unverified, said
+/// as such, and nobody is evicted for it.
+#[test]
+fn a_refused_region_is_unreadable_not_missing_and_evicts_nobody() {
+    let mut assessor = Assessor::default();
+    let now_secs = (NOW_MS / 1000) as i64;
+    let uid = "11111111-0000-4000-8000-000000000009";
+    let pods = vec![(
+        uid.to_owned(),
+        PodMeta {
+            running: vec![RunningContainer {
+                name: "main".into(),
+                id: String::new(),
+                started_at: Some(now_secs - 120),
+            }],
+            ..meta("victim-0")
+        },
+    )];
+    let key = kai_region::discovery::ContainerKey::from_dir_name(&format!("{uid}_main"))
+        .expect("a container directory name");
+    for why in ["hard_linked", "unsupported_version"] {
+        let refused = [(key.clone(), why)];
+        let mut views = Vec::new();
+        let out = Assessor::default().assess(
+            &mut views,
+            &Input {
+                sharing_pods: &pods,
+                refused: &refused,
+                ..input(NOW_MS)
+            },
+        );
+        assert_eq!(out.missing.len(), 1, "{why}");
+        assert_eq!(out.missing[0].refused, Some(why));
+        assert!(
+            out.missing[0].reason.contains(why),
+            "{}",
+            out.missing[0].reason
+        );
+        assert_eq!(reasons(&out.notices), ["GpuRegionUnreadable"], "{why}");
+        let usage = crate::agent::to_pb::missing_to_pb(&out.missing[0], "node-a");
+        assert_eq!(
+            usage.isolation_state(),
+            kai_proto::v1::IsolationState::UnreadableRegion
+        );
+        let evict = crate::agent::enforce::candidates(&[], &out.missing, &[]);
+        assert!(evict.is_empty(), "{why}: {evict:?}");
+    }
+    // The same pod without its region file is no_region, and a candidate.
+    let out = assessor.assess(
+        &mut Vec::new(),
+        &Input {
+            sharing_pods: &pods,
+            ..input(NOW_MS)
+        },
+    );
+    assert_eq!(reasons(&out.notices), ["GpuRegionMissing"]);
+    assert_eq!(
+        crate::agent::enforce::candidates(&[], &out.missing, &[]).len(),
+        1
+    );
 }
 
 #[test]

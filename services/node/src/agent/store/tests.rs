@@ -143,3 +143,37 @@ fn an_entry_outside_the_directory_falls_back_to_a_listing() -> std::io::Result<(
     assert_eq!(scan.dirs.len(), 2);
     Ok(())
 }
+
+/// A region file that is there but refused is listed as such, every scan
+/// (not only the one that logs it); a directory whose file is not written
+/// yet is not: that is "no region" for now.
+#[test]
+fn refused_regions_are_listed_with_why_and_unwritten_ones_are_not() -> std::io::Result<()> {
+    let root = tempfile::tempdir()?;
+    add(root.path(), 1, 1024)?;
+    let linked = add(root.path(), 2, 1024)?.join(discovery::CACHE_FILE);
+    std::fs::hard_link(&linked, root.path().join("elsewhere.cache"))?;
+    std::fs::create_dir(dir_of(root.path(), 3))?;
+    let mut store = RegionStore::new(root.path());
+    for _ in 0..2 {
+        let scan = store.scan(&Listing::Refresh);
+        let refused: Vec<_> = scan
+            .refused
+            .iter()
+            .map(|(key, why)| (key.dir_name(), *why))
+            .collect();
+        assert_eq!(
+            refused,
+            [(
+                dir_of(root.path(), 2)
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default()
+                    .to_owned(),
+                "hard_linked"
+            )]
+        );
+        assert_eq!(limits(&scan).len(), 1, "the readable one is read");
+    }
+    Ok(())
+}
