@@ -51,9 +51,15 @@ pub enum PodSync {
 }
 
 /// How long without a watch error before a reconnected source counts as
-/// ready again when no event proves it sooner (the watcher's retries back
-/// off to 30 s, so a longer quiet period means a watch is open again).
-const QUIET_AFTER_ERRORS: std::time::Duration = std::time::Duration::from_secs(65);
+/// ready again when no event proves it sooner: longer than the watcher can
+/// go between two failed attempts, so a quiet period that long means a
+/// watch is open again. kube's default backoff waits up to 30 s plus a
+/// jitter of up to as much again (60 s), and an attempt against an
+/// unreachable API server fails after kube's 30 s connect timeout: 90 s,
+/// and a margin. (A shorter period took a long outage for a recovery:
+/// pods missing from the stale list went `Absent`, their regions hidden
+/// and their directories on the orphan clock.)
+const QUIET_AFTER_ERRORS: std::time::Duration = std::time::Duration::from_secs(60 + 30 + 5);
 
 /// One entry of a `--static-pods` file.
 #[derive(Debug, serde::Deserialize)]
@@ -398,5 +404,63 @@ async fn follow(
                 None => break,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    type Item = Result<watcher::Event<Pod>, watcher::Error>;
+
+    /// Lets `follow` take what was sent (time is paused: nothing else runs).
+    async fn settle() {
+        for _ in 0..16 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_outage_longer_than_the_watchers_backoff_is_not_taken_for_a_recovery() {
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel::<Item>();
+        let (sync_tx, sync) = tokio::sync::watch::channel(PodSync::Syncing);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(follow(
+            "node-a".into(),
+            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+            sync_tx,
+            shutdown.clone(),
+        ));
+        let send = |item: Item| events.send(item).expect("follow is running");
+        send(Ok(watcher::Event::InitDone));
+        settle().await;
+        assert_eq!(*sync.borrow(), PodSync::Ready);
+
+        // The API server goes away: errors as far apart as the watcher's
+        // longest wait (60 s with jitter) plus a connect timeout (30 s).
+        for _ in 0..3 {
+            send(Err(watcher::Error::NoResourceVersion));
+            settle().await;
+            tokio::time::advance(Duration::from_secs(90)).await;
+            settle().await;
+            assert_eq!(*sync.borrow(), PodSync::Reconnecting, "still down");
+        }
+        // Quiet for longer than any gap between failures: a watch is open.
+        tokio::time::advance(QUIET_AFTER_ERRORS).await;
+        settle().await;
+        assert_eq!(*sync.borrow(), PodSync::Ready);
+
+        // An event after an error proves it at once.
+        send(Err(watcher::Error::NoResourceVersion));
+        settle().await;
+        assert_eq!(*sync.borrow(), PodSync::Reconnecting);
+        send(Ok(watcher::Event::Apply(Pod::default())));
+        settle().await;
+        assert_eq!(*sync.borrow(), PodSync::Ready);
+
+        shutdown.cancel();
+        task.await.expect("follow ends on shutdown");
     }
 }
