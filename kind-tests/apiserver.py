@@ -904,7 +904,16 @@ GPU_UUID = "GPU-a0000000-0000-4000-8000-000000000000"
 
 
 def node_processes(procs):
-    """Writes the fake host /proc and the fake NVML's processes."""
+    """Writes the fake host /proc and the fake NVML's processes. The agent
+    takes a directory for the host's procfs only with what every one has:
+    `self`, a link to a PID that is there, and PID 1 in no pod (the host's
+    init)."""
+    init = os.path.join(AGENT["proc"], "1")
+    os.makedirs(init, exist_ok=True)
+    with open(os.path.join(init, "cgroup"), "w") as f:
+        f.write("0::/init.scope\n")
+    if not os.path.islink(os.path.join(AGENT["proc"], "self")):
+        os.symlink("1", os.path.join(AGENT["proc"], "self"))
     for pid, (uid, _) in procs.items():
         os.makedirs(os.path.join(AGENT["proc"], str(pid)), exist_ok=True)
         with open(os.path.join(AGENT["proc"], str(pid), "cgroup"), "w") as f:

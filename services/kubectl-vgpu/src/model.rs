@@ -64,7 +64,7 @@ impl State {
                 "the region names processes of another pod: a tenant wrote it. The agent ignores it; its log (\"forged region\", owners) names the pod that owns the PIDs"
             }
             S::UnreadableRegion => {
-                "the container's region file is there but the node agent refuses to read it (the reason says why; its log says more): the cap cannot be verified. A hard link or another file in its place was put there by someone who can write the containers directory; an unsupported version needs a newer agent. Nobody is evicted for it"
+                "the container's region file is there but the node agent refuses to read it (the reason says why; its log says more): the cap cannot be verified. A hard link or another file in its place was put there by someone who can write the containers directory; an unsupported version needs a newer agent. The state evicts nobody; the container's GPU processes count as escaped"
             }
             S::Unspecified => {
                 "upgrade kubectl-vgpu: the aggregator reports a state it does not know"

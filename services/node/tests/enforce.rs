@@ -260,6 +260,9 @@ async fn the_agent_binary_evicts_an_uncapped_pod() {
     // What makes it pass for a procfs: `self`, a link to a PID that is there.
     std::fs::create_dir_all(proc_dir.join("99999")).expect("mkdir");
     std::os::unix::fs::symlink("99999", proc_dir.join("self")).expect("self");
+    // And PID 1 in no pod: the host's init.
+    std::fs::create_dir_all(proc_dir.join("1")).expect("mkdir");
+    std::fs::write(proc_dir.join("1").join("cgroup"), "0::/init.scope\n").expect("init cgroup");
     for uid in [UNCAPPED, CAPPED] {
         let d = proc_dir.join(pid_of(uid).to_string());
         std::fs::create_dir_all(&d).expect("mkdir");

@@ -99,6 +99,9 @@ async fn every_state_is_detected_reported_and_cleared() {
     // What makes it pass for a procfs: `self`, a link to a PID that is there.
     std::fs::create_dir_all(proc_dir.join("99999")).expect("mkdir");
     std::os::unix::fs::symlink("99999", proc_dir.join("self")).expect("self");
+    // And PID 1 in no pod: the host's init.
+    std::fs::create_dir_all(proc_dir.join("1")).expect("mkdir");
+    std::fs::write(proc_dir.join("1").join("cgroup"), "0::/init.scope\n").expect("init cgroup");
     for pid in [4001, 4002, 4003] {
         std::fs::create_dir_all(proc_dir.join(pid.to_string())).expect("mkdir");
     }

@@ -39,6 +39,9 @@ async fn dead_slots_are_cleared_and_live_ones_kept() {
     std::fs::create_dir_all(proc_dir.join("4100")).expect("mkdir");
     // What makes it pass for a procfs: `self`, a link to a PID that is there.
     std::os::unix::fs::symlink("4100", proc_dir.join("self")).expect("self");
+    // And PID 1 in no pod: the host's init.
+    std::fs::create_dir_all(proc_dir.join("1")).expect("mkdir");
+    std::fs::write(proc_dir.join("1").join("cgroup"), "0::/init.scope\n").expect("init cgroup");
 
     let shutdown = CancellationToken::new();
     let running = agent::start(

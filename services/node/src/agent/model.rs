@@ -286,4 +286,8 @@ pub trait HostPids: Sync {
     fn alive(&self, pid: i32) -> Option<bool>;
     /// The pod container of a host PID; `None` when gone or not in a pod.
     fn owner(&self, pid: u32) -> Option<CgroupOwner>;
+    /// The PID a host process has in its own, innermost PID namespace:
+    /// what `getpid()` returns in its container, so what libvgpu records
+    /// as a slot's `pid`. `None` when that cannot be told.
+    fn namespace_pid(&self, pid: u32) -> Option<i32>;
 }

@@ -12,7 +12,8 @@
 //! StatefulSet replaces an evicted pod under the same name, and a retry
 //! (after a 429 or a lost answer) must not evict the replacement, which
 //! was never assessed. The API server answers **409** when the UID no
-//! longer matches: the pod we meant is gone.
+//! longer matches, and also when it could not settle a conflict on the
+//! budget it updates: the pod, looked up, tells gone from retry.
 
 use k8s_openapi::api::policy::v1::Eviction;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ObjectMeta, Preconditions};
@@ -72,6 +73,9 @@ pub async fn evict(client: &kube::Client, namespace: &str, name: &str, uid: &str
     };
     match client.request::<Status>(request).await {
         Ok(_) => Outcome::Evicted,
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            after_conflict(client, namespace, name, uid, &status).await
+        }
         Err(kube::Error::Api(status)) => classify(&status),
         Err(error) => Outcome::Failed {
             message: error.to_string(),
@@ -79,10 +83,44 @@ pub async fn evict(client: &kube::Client, namespace: &str, name: &str, uid: &str
     }
 }
 
-/// What an error status from the Eviction API means.
+/// A 409 is the UID precondition failing (the name is another pod's now)
+/// or a conflict the API server did not resolve in its own retries (on the
+/// PodDisruptionBudget it updates): which one, the pod says.
+async fn after_conflict(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    status: &Status,
+) -> Outcome {
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(client.clone(), namespace);
+    match pods.get_opt(name).await {
+        Ok(pod) => conflict(pod.and_then(|p| p.metadata.uid).as_deref(), uid, status),
+        Err(error) => Outcome::Failed {
+            message: format!(
+                "{} (409), then cannot look the pod up: {error}",
+                status.message
+            ),
+        },
+    }
+}
+
+/// A 409 for the pod `uid`, where `now` is the UID the name has now.
+pub fn conflict(now: Option<&str>, uid: &str, status: &Status) -> Outcome {
+    if now == Some(uid) {
+        Outcome::Refused {
+            message: status.message.clone(),
+        }
+    } else {
+        Outcome::Gone
+    }
+}
+
+/// What an error status from the Eviction API means (a 409 is told apart
+/// by [`conflict`]).
 pub fn classify(status: &Status) -> Outcome {
     match status.code {
-        // 409: the UID precondition failed, the name is another pod's now.
         404 | 409 => Outcome::Gone,
         429 => Outcome::Refused {
             message: status.message.clone(),

@@ -25,6 +25,8 @@ pub struct Target {
     pub pod: String,
     /// Whose processes may hold the region's slots.
     pub pod_uid: String,
+    /// The runtime's ID of the container now, when the pod says.
+    pub container_id: Option<String>,
     pub container: String,
 }
 
@@ -37,6 +39,12 @@ pub fn targets(views: &[ContainerView], containers_dir: &Path) -> Vec<Target> {
             path: containers_dir.join(v.key.dir_name()).join(CACHE_FILE),
             pod: v.pod_name().to_owned(),
             pod_uid: v.key.pod_uid.clone(),
+            container_id: v
+                .pod
+                .as_ref()
+                .and_then(|p| p.running.iter().find(|c| c.name == v.key.container))
+                .map(|c| c.id.clone())
+                .filter(|id| !id.is_empty()),
             container: v.key.container.clone(),
         })
         .collect()
@@ -67,7 +75,9 @@ pub fn reclaim(targets: &[Target], host: &HostProc, counts: &Counts) -> u64 {
             // libvgpu hands a slot to a new process with the same container
             // PID without updating `hostpid` (`SlotPids`): while some live
             // process of the pod has that PID, the slot may be its.
-            let pids = in_use.get_or_insert_with(|| host.pod_namespace_pids(&target.pod_uid));
+            let pids = in_use.get_or_insert_with(|| {
+                host.pod_namespace_pids(&target.pod_uid, target.container_id.as_deref())
+            });
             pids.as_ref().is_some_and(|pids| !pids.contains(&slot.pid))
         };
         match kai_region::reclaim::reclaim_dead_slots(&target.path, LOCK_TIMEOUT, is_dead) {

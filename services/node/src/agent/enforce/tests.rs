@@ -360,6 +360,49 @@ async fn dry_run_counts_once_and_calls_nothing() {
     shutdown.cancel();
 }
 
+/// A 409 is either the UID precondition (the name is a replacement's now:
+/// gone) or a conflict the API server gave up resolving (on the budget it
+/// updates: the same pod, retried later). The pod, looked up, says which.
+#[tokio::test]
+async fn a_conflict_is_told_apart_by_the_pods_uid() {
+    let pod = |uid: &str| {
+        let body = json!({"apiVersion": "v1", "kind": "Pod",
+                          "metadata": {"name": "trainer-0", "namespace": "team-a", "uid": uid}});
+        Response::new(Body::from(serde_json::to_vec(&body).expect("json")))
+    };
+    for (now, expected) in [
+        (
+            Some("u-1"),
+            evict::Outcome::Refused {
+                message: "conflict".into(),
+            },
+        ),
+        (Some("u-2"), evict::Outcome::Gone),
+        (None, evict::Outcome::Gone),
+    ] {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        let answer = tokio::spawn(async move {
+            let (request, respond) = handle.next_request().await.expect("the eviction");
+            assert_eq!(request.method(), http::Method::POST);
+            respond.send_response(status(409, "Conflict", "conflict"));
+            let (request, respond) = handle.next_request().await.expect("the pod's lookup");
+            assert_eq!(request.method(), http::Method::GET);
+            assert_eq!(
+                request.uri().path(),
+                "/api/v1/namespaces/team-a/pods/trainer-0"
+            );
+            respond.send_response(match now {
+                Some(uid) => pod(uid),
+                None => status(404, "NotFound", "pods \"trainer-0\" not found"),
+            });
+        });
+        let outcome = evict::evict(&client, "team-a", "trainer-0", "u-1").await;
+        answer.await.expect("mock API server");
+        assert_eq!(outcome, expected, "the name is now {now:?}");
+    }
+}
+
 #[test]
 fn classify_reads_the_status_code() {
     let s = |code: u16| kube::core::Status {
@@ -368,8 +411,6 @@ fn classify_reads_the_status_code() {
         ..Default::default()
     };
     assert_eq!(evict::classify(&s(404)), evict::Outcome::Gone);
-    // The UID precondition failed: the name belongs to a replacement.
-    assert_eq!(evict::classify(&s(409)), evict::Outcome::Gone);
     assert_eq!(
         evict::classify(&s(429)),
         evict::Outcome::Refused {
@@ -409,6 +450,7 @@ fn region_with(dir: &std::path::Path, slots: &[(i32, i32, u64)]) -> stale::Targe
         path,
         pod: "trainer-0".to_owned(),
         pod_uid: POD_UID.to_owned(),
+        container_id: None,
         container: "main".to_owned(),
     }
 }
@@ -418,6 +460,9 @@ fn host_proc(processes: &[(u32, &str, &str)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir(dir.path().join("99999")).expect("mkdir");
     std::os::unix::fs::symlink("99999", dir.path().join("self")).expect("self");
+    // And PID 1 in no pod: the host's init.
+    std::fs::create_dir_all(dir.path().join("1")).expect("mkdir");
+    std::fs::write(dir.path().join("1").join("cgroup"), "0::/init.scope\n").expect("init cgroup");
     for (host_pid, cgroup, nspid) in processes {
         let d = dir.path().join(host_pid.to_string());
         std::fs::create_dir(&d).expect("mkdir");

@@ -349,34 +349,39 @@ impl Assessor {
 
 /// Retires the live slots whose recorded host PID is gone: a killed
 /// process never clears its slot, so it holds stale usage, not live usage.
-/// Unless the slot may have been taken over: libvgpu's join hands a slot to
-/// the new process with the same container PID and keeps its `hostpid`
-/// (`kai_region::reclaim::SlotPids`), so a restarted container's new PID 1
-/// runs on its predecessor's slot under the dead host PID until libvgpu
-/// records the new one, which can fail. While a GPU process of this
-/// container that no slot of the region records exists (NVML's list, the
-/// host's cgroups), the slots under dead host PIDs are kept live: their
-/// usage may be that process's live charge, and the escaped-process check
-/// then counts the container as one whose host PIDs are not all recorded.
-/// (Which PID that process has in the container, which would settle it,
-/// is not known to this view; the reclaim, which clears, checks it.)
+/// Except the slot a process of the container now runs on: libvgpu's join
+/// hands a slot to a new process with the same container PID and keeps its
+/// `hostpid` (`kai_region::reclaim::SlotPids`), so a restarted container's
+/// new PID 1 runs on its predecessor's slot under the dead host PID until
+/// libvgpu records the new one, which can fail. Such a slot stays live
+/// while NVML lists a process of this container, recorded by no slot,
+/// whose PID in its own namespace is the slot's `pid` (and every such slot
+/// stays while one's cannot be told: never on doubt). Only that exact
+/// match: any GPU process at all would let a tenant keep a killed
+/// process's slot live to cover a static binary.
 fn retire_dead_slots(view: &mut ContainerView, host: &dyn HostPids, input: &Input<'_>) {
     let dead = |slot: &ProcessSlot| host.alive(slot.hostpid) == Some(false);
     if !view.snapshot.processes.iter().any(|s| s.live && dead(s)) {
         return;
     }
-    if unrecorded_gpu_process(view, host, input) {
+    let Some(claimed) = unrecorded_namespace_pids(view, host, input) else {
         return;
-    }
-    view.snapshot.retire_slots(dead);
+    };
+    view.snapshot
+        .retire_slots(|slot| dead(slot) && !claimed.contains(&slot.pid));
 }
 
-/// Whether NVML lists a process of `view`'s container (by its cgroup; of
-/// the pod when either container ID is unknown) whose host PID no live
-/// slot of the region records.
-fn unrecorded_gpu_process(view: &ContainerView, host: &dyn HostPids, input: &Input<'_>) -> bool {
+/// The PIDs, in their own namespaces, of the processes NVML lists for
+/// `view`'s container (by cgroup; of the pod when either container ID is
+/// unknown) whose host PID no live slot records; `None` when one's cannot
+/// be told.
+fn unrecorded_namespace_pids(
+    view: &ContainerView,
+    host: &dyn HostPids,
+    input: &Input<'_>,
+) -> Option<HashSet<i32>> {
     let Ok(processes) = input.gpu_processes else {
-        return false;
+        return Some(HashSet::new());
     };
     let recorded: HashSet<u32> = view
         .snapshot
@@ -394,13 +399,15 @@ fn unrecorded_gpu_process(view: &ContainerView, host: &dyn HostPids, input: &Inp
     processes
         .iter()
         .filter(|p| !recorded.contains(&p.pid))
-        .any(|p| {
+        .filter(|p| {
             host.owner(p.pid).is_some_and(|owner| {
                 owner.pod_uid == view.key.pod_uid
                     && (owner.container_id.is_empty()
                         || container_id.is_none_or(|id| id == owner.container_id))
             })
         })
+        .map(|p| host.namespace_pid(p.pid))
+        .collect()
 }
 
 pub(super) fn push(

@@ -15,17 +15,22 @@ pub fn classify(snapshot: &RegionSnapshot, settings: &Settings) -> (IsolationSta
             uncapped.push(d.uuid.as_str());
             continue;
         }
-        // Strict, as libvgpu's own check is: HAMi-core's `oom_check` refuses
-        // an allocation that would make usage exceed the limit (no
-        // tolerance; `MEMORY_LIMIT_TOLERATION_RATE` is defined but unused),
-        // so accounted usage above the cap means the cap did not hold.
-        if d.used > d.limit {
+        // As libvgpu's own check is: HAMi-core's `oom_check` refuses an
+        // allocation that would take the accounted usage above the limit,
+        // with no tolerance (`MEMORY_LIMIT_TOLERATION_RATE` is defined but
+        // unused). What it charges without that check is each process's
+        // CUDA context (`cuDevicePrimaryCtxRetain` adds `context_size`), so
+        // a cap full of data plus a new process's context is still a cap
+        // that holds; beyond the contexts it did not hold (an allocation
+        // libvgpu missed, or two processes' racing past the check at once).
+        if d.used.saturating_sub(d.context) > d.limit {
             return (
                 IsolationState::OverCap,
                 format!(
-                    "libvgpu accounts {} on {} against a cap of {}, which its own check never lets usage exceed",
+                    "libvgpu accounts {} on {} ({} of it CUDA contexts, which it charges unchecked) against a cap of {}, which its own check never lets allocations exceed",
                     human_bytes(d.used),
                     d.uuid,
+                    human_bytes(d.context),
                     human_bytes(d.limit)
                 ),
             );

@@ -19,13 +19,12 @@ impl Assessor {
     ) -> Vec<Escaped> {
         let mut covered = HashSet::new();
         let mut shared_gpus = HashSet::new();
-        // Containers with a live process whose host PID libvgpu has not
-        // recorded: their processes cannot be told apart, so not escaped.
-        // That is a live slot without a host PID, or one still live under
-        // a host PID that is gone (kept live by `retire_dead_slots`:
-        // libvgpu handed it to a new process and keeps the old host PID
-        // until it records the new one).
-        let mut unresolved = HashSet::new();
+        // Live slots whose host PID libvgpu has not recorded (it does after
+        // cuInit, and can fail) or that name a gone one (a slot handed to a
+        // new process with the same container PID keeps the old host PID):
+        // each covers the process of its container whose PID in its own
+        // namespace is the slot's `pid`. By (pod UID, container, pid).
+        let mut awaiting: Vec<(&str, &str, i32)> = Vec::new();
         for view in views {
             // A forged region covers nothing: its slots may name the very
             // process it hides.
@@ -38,7 +37,11 @@ impl Assessor {
             for slot in view.snapshot.processes.iter().filter(|p| p.live) {
                 let gone = || input.host.and_then(|h| h.alive(slot.hostpid)) == Some(false);
                 if slot.hostpid <= 0 || gone() {
-                    unresolved.insert((view.key.pod_uid.as_str(), view.key.container.as_str()));
+                    awaiting.push((
+                        view.key.pod_uid.as_str(),
+                        view.key.container.as_str(),
+                        slot.pid,
+                    ));
                     continue;
                 }
                 for device in &view.snapshot.devices {
@@ -83,13 +86,22 @@ impl Assessor {
             });
             // A process whose container is not known (no container ID in
             // its cgroup or the pod's status yet) may be any container's of
-            // its pod.
-            if let Some((_, o)) = &owner
-                && unresolved.iter().any(|(pod, container)| {
+            // its pod. When its PID in its namespace cannot be told, the
+            // slots cannot be matched: it is not called escaped on doubt.
+            if let Some((_, o)) = &owner {
+                let mut slots = awaiting.iter().filter(|(pod, container, _)| {
                     *pod == o.pod_uid && (o.container.is_empty() || *container == o.container)
-                })
-            {
-                continue;
+                });
+                let first = slots.next();
+                if let Some(first) = first {
+                    match input.host.and_then(|h| h.namespace_pid(p.pid)) {
+                        Some(pid) if std::iter::once(first).chain(slots).any(|s| s.2 == pid) => {
+                            continue;
+                        }
+                        Some(_) => {}
+                        None => continue,
+                    }
+                }
             }
             let reason = match &owner {
                 Some((true, _)) => {

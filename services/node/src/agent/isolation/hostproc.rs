@@ -44,6 +44,15 @@ impl HostPids for HostProc {
         }
         HostProc::owner(self, pid)
     }
+
+    fn namespace_pid(&self, pid: u32) -> Option<i32> {
+        if !self.procfs {
+            return None;
+        }
+        let status =
+            std::fs::read_to_string(self.root.join(pid.to_string()).join("status")).ok()?;
+        innermost_pid(&status)
+    }
 }
 
 impl HostProc {
@@ -101,7 +110,17 @@ impl HostProc {
     /// when that cannot be told completely: not a procfs, `/proc` not
     /// listable, or a process of the pod whose `status` cannot be read or
     /// has no `NSpid` line. One pass over `/proc`.
-    pub fn pod_namespace_pids(&self, pod_uid: &str) -> Option<HashSet<i32>> {
+    ///
+    /// With `container_id` (the runtime's ID of the region's container),
+    /// only that container's processes count: the pod's pause process and
+    /// its other containers have PIDs of their own namespaces too (the
+    /// pause process is PID 1 in its own), which would keep a dead slot of
+    /// the same number forever.
+    pub fn pod_namespace_pids(
+        &self,
+        pod_uid: &str,
+        container_id: Option<&str>,
+    ) -> Option<HashSet<i32>> {
         if !self.procfs {
             return None;
         }
@@ -121,7 +140,10 @@ impl HostProc {
                 Err(error) if gone(&error) => continue,
                 Err(_) => return None,
             };
-            if parse_cgroup(&cgroup).is_none_or(|owner| owner.pod_uid != pod_uid) {
+            let theirs = parse_cgroup(&cgroup).is_some_and(|owner| {
+                owner.pod_uid == pod_uid && container_id.is_none_or(|id| owner.container_id == id)
+            });
+            if !theirs {
                 continue;
             }
             let status = match std::fs::read_to_string(dir.join("status")) {
@@ -141,8 +163,25 @@ fn gone(error: &io::Error) -> bool {
     error.kind() == io::ErrorKind::NotFound || error.raw_os_error() == Some(libc::ESRCH)
 }
 
-/// `<root>/self` links to a PID directory that is there.
+/// `<root>/self` links to a PID directory that is there, and PID 1 is
+/// there and no pod's: the host's init. A `/proc` of the agent's own PID
+/// namespace (`--host-proc=/proc` without `hostPID`) passes the first
+/// test, but there PID 1 is a process of the agent's pod, and every host
+/// PID would look gone.
 fn procfs_self(root: &Path) -> Result<(), String> {
+    procfs_link(root)?;
+    let init = std::fs::read_to_string(root.join("1").join("cgroup"))
+        .map_err(|e| format!("{}/1/cgroup cannot be read: {e}", root.display()))?;
+    match parse_cgroup(&init) {
+        None => Ok(()),
+        Some(owner) => Err(format!(
+            "PID 1 there is a process of pod {}: that is a pod's PID namespace, not the host's (mount the host's /proc, or run with hostPID)",
+            owner.pod_uid
+        )),
+    }
+}
+
+fn procfs_link(root: &Path) -> Result<(), String> {
     let target = std::fs::read_link(root.join("self"))
         .map_err(|e| format!("{}/self is not a link to a PID: {e}", root.display()))?;
     let pid = target
@@ -227,6 +266,7 @@ mod tests {
 
     const UID: &str = "0d4f5e6a-1b2c-4d3e-8f90-a1b2c3d4e5f6";
     const CID: &str = "3f1c9a2b4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8";
+    const PAUSE: &str = "aaaaaaaabbbbbbbbccccccccddddddddeeeeeeeeffffffff0000000011111111";
 
     #[test]
     fn systemd_driver_cgroup_v2() {
@@ -274,12 +314,33 @@ mod tests {
         assert_eq!(parse_cgroup("garbage without colons"), None);
     }
 
-    /// A fake procfs: `self` links to 4242, which is there.
+    /// A fake procfs: `self` links to 4242, which is there, and PID 1 is
+    /// the host's init (in no pod).
     fn fake_procfs() -> tempfile::TempDir {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir(dir.path().join("4242")).expect("mkdir");
         std::os::unix::fs::symlink("4242", dir.path().join("self")).expect("self");
+        std::fs::create_dir(dir.path().join("1")).expect("mkdir");
+        std::fs::write(dir.path().join("1").join("cgroup"), "0::/init.scope\n").expect("cgroup");
         dir
+    }
+
+    /// `--host-proc=/proc` without `hostPID`: a procfs, but the pod's own
+    /// PID namespace, where PID 1 is a process of the pod and every host PID
+    /// looks gone. It decides nothing.
+    #[test]
+    fn a_pods_own_proc_is_not_the_hosts() {
+        let dir = fake_procfs();
+        std::fs::write(
+            dir.path().join("1").join("cgroup"),
+            format!("0::/kubepods/burstable/pod{UID}/{CID}\n"),
+        )
+        .expect("cgroup");
+        let host = HostProc::new(dir.path());
+        assert!(!host.is_procfs());
+        let view: &dyn HostPids = &host;
+        assert_eq!(view.alive(4243), None, "not dead: cannot tell");
+        assert_eq!(view.namespace_pid(4242), None);
     }
 
     #[test]
@@ -315,7 +376,7 @@ mod tests {
         assert_eq!(view.alive(4242), None, "not dead: cannot tell");
         assert_eq!(view.alive(1), None);
         assert_eq!(view.owner(4242), None);
-        assert_eq!(host.pod_namespace_pids(UID), None);
+        assert_eq!(host.pod_namespace_pids(UID, None), None);
         // What the directory shows, for the selftest to report.
         assert_eq!(host.alive(4242), Some(false));
     }
@@ -353,12 +414,35 @@ mod tests {
             Some("NSpid:\t6001\t9\n"),
         );
         add(7001, "0::/system.slice/sshd.service\n", None);
+        // The pod's pause process: PID 1 of its own namespace.
+        add(
+            5000,
+            &format!("0::/kubepods/burstable/pod{UID}/{PAUSE}\n"),
+            Some("NSpid:\t5000\t1\n"),
+        );
         let host = HostProc::new(dir.path());
-        assert_eq!(host.pod_namespace_pids(UID), Some(HashSet::from([1, 7])));
+        assert_eq!(
+            host.pod_namespace_pids(UID, None),
+            Some(HashSet::from([1, 7]))
+        );
+        let view: &dyn HostPids = &host;
+        assert_eq!(view.namespace_pid(5002), Some(7));
+        assert_eq!(view.namespace_pid(7001), None, "no status");
+        // Of the container alone: PID 1 is not the pause process's.
+        add(5004, &ours, Some("NSpid:\t5004\t12\n"));
+        std::fs::remove_dir_all(dir.path().join("5001")).expect("rm");
+        assert_eq!(
+            host.pod_namespace_pids(UID, Some(CID)),
+            Some(HashSet::from([7, 12]))
+        );
+        assert_eq!(
+            host.pod_namespace_pids(UID, None),
+            Some(HashSet::from([1, 7, 12]))
+        );
 
         // A process of the pod whose namespace PID cannot be read: the
         // answer is incomplete, so none.
         add(5003, &ours, Some("Name:\told-kernel\n"));
-        assert_eq!(host.pod_namespace_pids(UID), None);
+        assert_eq!(host.pod_namespace_pids(UID, Some(CID)), None);
     }
 }

@@ -62,7 +62,8 @@ pub struct Input<'a> {
     /// The host's `/proc`; `None` when not mounted.
     pub host: Option<&'a dyn HostPids>,
     /// Containers whose region file is there but refused by the reader,
-    /// with why: not "no region", and never an eviction on that alone.
+    /// with why: not "no region", and never an eviction on that alone
+    /// (its GPU processes are escaped processes all the same).
     pub refused: &'a [(kai_region::discovery::ContainerKey, &'static str)],
     pub now_ms: u64,
     /// The pod list is still syncing or reconnecting: a container whose pod

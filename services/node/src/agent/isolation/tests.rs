@@ -155,13 +155,33 @@ fn over_cap_by_accounting_above_the_cap_or_by_nvml_beyond_the_margin() {
         "exactly the cap is what libvgpu allows"
     );
 
-    // libvgpu's `oom_check` is strict (no tolerance): 10.5 GiB accounted
-    // under a 10 GiB cap means the cap did not hold.
+    // libvgpu's `oom_check` is strict (no tolerance): 10.5 GiB of data
+    // accounted under a 10 GiB cap means the cap did not hold.
     let over =
         kai_region::decode(&using(10 * GIB, 10 * GIB + 512 * MIB).to_bytes()).expect("decode");
     let (state, reason) = classify(&over, &settings);
     assert_eq!(state, IsolationState::OverCap);
     assert!(reason.contains("libvgpu accounts 10.5 GiB"), "{reason}");
+
+    // A cap full of data, then a second process's CUDA context, which
+    // libvgpu charges without its check: the cap holds.
+    let contexts = RegionBuilder::v1()
+        .device(GPU, 10 * GIB)
+        .process(4000, vec![UsageSpec::data(10 * GIB, 10 * GIB)])
+        .process(
+            4001,
+            vec![UsageSpec {
+                context: 300 * MIB,
+                ..UsageSpec::default()
+            }],
+        );
+    let contexts = kai_region::decode(&contexts.to_bytes()).expect("decode");
+    assert_eq!(contexts.devices[0].used, 10 * GIB + 300 * MIB);
+    assert_eq!(
+        classify(&contexts, &settings).0,
+        IsolationState::Capped,
+        "contexts are charged unchecked"
+    );
 
     // libvgpu's own count is fine, NVML sees far more than cap + margin.
     let hidden = RegionBuilder::v1()
@@ -377,6 +397,34 @@ fn a_refused_region_is_unreadable_not_missing_and_evicts_nobody() {
         let evict = crate::agent::enforce::candidates(&[], &out.missing, &[]);
         assert!(evict.is_empty(), "{why}: {evict:?}");
     }
+    // Its GPU processes, which no readable slot vouches for, are escaped
+    // processes all the same: breaking one's own region hides nothing.
+    let cgroup = format!("0::/kubepods/pod{uid}/x\n");
+    let proc_dir = fake_proc(&[(7000, &cgroup)]);
+    let host = HostProc::new(proc_dir.path());
+    let lookup = |_: &str| Lookup::Known(pods[0].1.clone());
+    let processes = [GpuProcess {
+        gpu_uuid: GPU.into(),
+        pid: 7000,
+        used: Some(GIB),
+    }];
+    let refused = [(key.clone(), "hard_linked")];
+    let busy = Input {
+        sharing_pods: &pods,
+        refused: &refused,
+        lookup: &lookup,
+        gpu_processes: Ok(&processes),
+        host: Some(&host),
+        ..input(NOW_MS)
+    };
+    let mut escapes = Assessor::new(Settings {
+        escape_grace: Duration::ZERO,
+        ..Settings::default()
+    });
+    let out = escapes.assess(&mut Vec::new(), &busy);
+    let escaped: Vec<u32> = out.escaped.iter().map(|e| e.pid).collect();
+    assert_eq!(escaped, [7000]);
+
     // The same pod without its region file is no_region, and a candidate.
     let out = assessor.assess(
         &mut Vec::new(),
@@ -451,12 +499,22 @@ fn fake_proc(entries: &[(u32, &str)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir(dir.path().join(SELF_PID.to_string())).expect("mkdir");
     std::os::unix::fs::symlink(SELF_PID.to_string(), dir.path().join("self")).expect("self");
+    // And PID 1 in no pod: the host's init.
+    std::fs::create_dir_all(dir.path().join("1")).expect("mkdir");
+    std::fs::write(dir.path().join("1").join("cgroup"), "0::/init.scope\n").expect("init cgroup");
     for (pid, cgroup) in entries {
         let d = dir.path().join(pid.to_string());
         std::fs::create_dir(&d).expect("mkdir");
         std::fs::write(d.join("cgroup"), cgroup).expect("write cgroup");
     }
     dir
+}
+
+/// Gives `pid` of a fake /proc its PID in its own namespace (`NSpid`).
+fn with_namespace_pid(proc_dir: &tempfile::TempDir, pid: u32, own: i32) {
+    let status = format!("Name:\tproc\nNSpid:\t{pid}\t{own}\n");
+    std::fs::write(proc_dir.path().join(pid.to_string()).join("status"), status)
+        .expect("write status");
 }
 
 /// One assessment at `NOW_MS + t` of a capped region (one process, pid
@@ -630,7 +688,11 @@ fn an_opted_out_pods_process_on_a_shared_gpu_is_reported_never_a_candidate() {
 fn a_live_slot_without_a_host_pid_vouches_for_its_container() {
     const CID: &str = "aaaaaaaabbbbbbbbccccccccddddddddeeeeeeeeffffffff0000000011111111";
     let cgroup = format!("0::/kubepods/pod{UID}/{CID}\n");
-    let proc_dir = fake_proc(&[(6000, &cgroup)]);
+    let proc_dir = fake_proc(&[(6000, &cgroup), (6001, &cgroup)]);
+    // 6000 is the slot's process (PID 12 in the container); 6001 a static
+    // binary beside it (PID 30), which no slot covers.
+    with_namespace_pid(&proc_dir, 6000, 12);
+    with_namespace_pid(&proc_dir, 6001, 30);
     let host = HostProc::new(proc_dir.path());
     let lookup = |_: &str| {
         Lookup::Known(PodMeta {
@@ -651,11 +713,18 @@ fn a_live_slot_without_a_host_pid_vouches_for_its_container() {
         seqlock: 0,
         usage: vec![UsageSpec::data(GIB, GIB)],
     });
-    let processes = [GpuProcess {
-        gpu_uuid: GPU.into(),
-        pid: 6000,
-        used: Some(GIB),
-    }];
+    let processes = [
+        GpuProcess {
+            gpu_uuid: GPU.into(),
+            pid: 6000,
+            used: Some(GIB),
+        },
+        GpuProcess {
+            gpu_uuid: GPU.into(),
+            pid: 6001,
+            used: Some(GIB),
+        },
+    ];
     let mut assessor = Assessor::new(Settings {
         escape_grace: Duration::ZERO,
         ..Settings::default()
@@ -670,7 +739,8 @@ fn a_live_slot_without_a_host_pid_vouches_for_its_container() {
             ..input(NOW_MS)
         },
     );
-    assert!(out.escaped.is_empty(), "{:?}", out.escaped);
+    let escaped: Vec<u32> = out.escaped.iter().map(|e| e.pid).collect();
+    assert_eq!(escaped, [6001], "the slot vouches for its own process only");
 }
 
 /// A container's PID 1 is SIGKILLed and the container restarts: the new
@@ -684,6 +754,7 @@ fn a_slot_taken_over_under_a_dead_host_pid_stays_live_and_hides_no_escape() {
     let cgroup = format!("0::/kubepods/pod{UID}/{CID}\n");
     // 6000 is the new PID 1 on the host; 4100, the killed one, is gone.
     let proc_dir = fake_proc(&[(6000, &cgroup)]);
+    with_namespace_pid(&proc_dir, 6000, 1);
     let host = HostProc::new(proc_dir.path());
     let lookup = |_: &str| {
         Lookup::Known(PodMeta {
@@ -750,6 +821,73 @@ fn a_slot_taken_over_under_a_dead_host_pid_stays_live_and_hides_no_escape() {
         },
     );
     assert_eq!(views[0].isolation.stale_slots, 1);
+}
+
+/// A tenant kills a libvgpu process (its slot stays live under a dead host
+/// PID) and runs a static binary that never loads libvgpu: the binary is
+/// not the slot's process (another PID in the container), so the slot is
+/// retired as stale and the binary is an escaped process, as it would be
+/// without the killed one.
+#[test]
+fn a_killed_processs_slot_does_not_cover_a_static_binary() {
+    const CID: &str = "aaaaaaaabbbbbbbbccccccccddddddddeeeeeeeeffffffff0000000011111111";
+    let cgroup = format!("0::/kubepods/pod{UID}/{CID}\n");
+    let proc_dir = fake_proc(&[(6000, &cgroup)]);
+    with_namespace_pid(&proc_dir, 6000, 9);
+    let host = HostProc::new(proc_dir.path());
+    let lookup = |_: &str| {
+        Lookup::Known(PodMeta {
+            running: vec![RunningContainer {
+                name: "main".into(),
+                id: CID.into(),
+                started_at: None,
+            }],
+            ..meta("trainer-0")
+        })
+    };
+    let mut region = RegionBuilder::v1().device(GPU, 4 * GIB);
+    region.procs.push(ProcSpec {
+        slot: 0,
+        pid: 5,
+        hostpid: 4100, // killed
+        status: 1,
+        seqlock: 0,
+        usage: vec![UsageSpec::data(GIB, GIB)],
+    });
+    let processes = [GpuProcess {
+        gpu_uuid: GPU.into(),
+        pid: 6000,
+        used: Some(3 * GIB),
+    }];
+    let mut assessor = Assessor::new(Settings {
+        escape_grace: Duration::ZERO,
+        ..Settings::default()
+    });
+    let mut views = vec![view_of(UID, &region)];
+    views[0].pod = match lookup(UID) {
+        Lookup::Known(meta) => Some(meta),
+        _ => None,
+    };
+    let out = assessor.assess(
+        &mut views,
+        &Input {
+            lookup: &lookup,
+            gpu_processes: Ok(&processes),
+            host: Some(&host),
+            ..input(NOW_MS)
+        },
+    );
+    assert_eq!(
+        views[0].isolation.stale_slots, 1,
+        "the killed process's slot"
+    );
+    let escaped: Vec<u32> = out.escaped.iter().map(|e| e.pid).collect();
+    assert_eq!(escaped, [6000]);
+    assert_eq!(
+        crate::agent::enforce::candidates(&views, &out.missing, &out.escaped).len(),
+        1,
+        "an eviction candidate like any escaped process"
+    );
 }
 
 /// An empty --host-proc is not the host's procfs: no PID is taken for
@@ -843,6 +981,10 @@ impl crate::agent::model::HostPids for Table {
     }
 
     fn owner(&self, _pid: u32) -> Option<crate::agent::model::CgroupOwner> {
+        None
+    }
+
+    fn namespace_pid(&self, _pid: u32) -> Option<i32> {
         None
     }
 }
