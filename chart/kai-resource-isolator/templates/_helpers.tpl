@@ -230,6 +230,17 @@ meaning; monitor.nodeMetricsPort, ours, wins when set.
 {{- int (default .Values.monitor.metricsPort .Values.monitor.nodeMetricsPort) -}}
 {{- end -}}
 
+{{- /*
+The aggregator's HTTP port (/metrics, the API, the web view). values.yaml
+gives it, but `helm upgrade --reuse-values` from a release made before the
+key existed reuses that release's values, where it is missing: without this
+default the aggregator would listen on "0.0.0.0:" and its Service and
+NetworkPolicy would name no port.
+*/ -}}
+{{- define "kai.aggregatorHttpPort" -}}
+{{- int (default 9394 .Values.monitor.aggregator.httpPort) -}}
+{{- end -}}
+
 {{- define "kai.grpcTlsOn" -}}
 {{- if and .Values.monitor.enabled .Values.monitor.grpcTls.enabled -}}true{{- end -}}
 {{- end -}}

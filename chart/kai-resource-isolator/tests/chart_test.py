@@ -1533,6 +1533,39 @@ def metrics_port_means_what_it_meant():
     assert "node agent" in row and "`monitor.aggregator.httpPort`" in row, row
 
 
+def aggregator_port_survives_reuse_values():
+    # `helm upgrade --reuse-values` renders with the old release's values in
+    # place of values.yaml's, so a key newer than that release is missing:
+    # simulated with today's values lacking monitor.aggregator.httpPort, and
+    # null removing the chart's own default (older releases also stored
+    # nodeMetricsPort: 9394).
+    with open(os.path.join(CHART, "values.yaml")) as f:
+        old = yaml.safe_load(f)
+    del old["monitor"]["aggregator"]["httpPort"]
+    old["monitor"].update(enabled=True, nodeMetricsPort=9394)
+    old["networkPolicy"]["enabled"] = True
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(old, f)
+    try:
+        reused = ("-f", f.name, "--set", "monitor.aggregator.httpPort=null")
+        docs = render(extra=reused)
+        validate_docs(docs)
+        agg = agg_container(docs)
+        assert arg(agg, "--listen") == "0.0.0.0:9394", arg(agg, "--listen")
+        assert {p["name"]: p["containerPort"] for p in agg["ports"]}["http-metrics"] == 9394, agg["ports"]
+        svc = {p["name"]: p["port"] for p in one(docs, "Service", "-aggregator")["spec"]["ports"]}
+        assert svc["http-metrics"] == 9394, svc
+        np_ports = [p["port"] for p in policies(docs)["aggregator"]["spec"]["ingress"][0]["ports"]]
+        assert 9394 in np_ports and None not in np_ports, np_ports
+        assert arg(agent_container(docs), "--metrics-listen") == "0.0.0.0:9394"
+        r = helm("install", RELEASE, CHART, "-n", NS, "--dry-run=client", *reused)
+        assert r.returncode == 0, r.stderr
+        assert f"port-forward svc/{RELEASE}-kai-resource-isolator-aggregator 9394\n" in r.stdout, r.stdout[-2500:]
+        assert "localhost:/" not in r.stdout, r.stdout[-2500:]
+    finally:
+        os.unlink(f.name)
+
+
 def migration_says_metrics_need_a_token():
     # The Go monitor answered anyone; ours answers 401 without a token by
     # default, so the migration guide must not promise the Go README's curl.
@@ -1550,6 +1583,7 @@ def migration_says_metrics_need_a_token():
 check("rbac.create=false: docs/migration.md names every rule rbac.create=true grants, per ServiceAccount (and the proxy's group)", rbac_false_documented)
 check("kubectl vgpu's selector finds the aggregator Service, and only it, whatever nameOverride/fullnameOverride", kubectl_vgpu_finds_the_aggregator)
 check("monitor.metricsPort moves the node agent's port as in the Go chart; nodeMetricsPort wins; aggregator.httpPort moves the aggregator", metrics_port_means_what_it_meant)
+check("helm upgrade --reuse-values from a release without monitor.aggregator.httpPort: the aggregator, its Service and NetworkPolicy stay on 9394", aggregator_port_survives_reuse_values)
 check("docs/migration.md says /metrics needs a token by default and how to restore anonymous reads", migration_says_metrics_need_a_token)
 
 

@@ -7,7 +7,7 @@
 //! server's decoder reads it.
 
 use k8s_openapi::api::core::v1::{
-    EnvFromSource, EnvVar, ResourceRequirements, Volume, VolumeMount,
+    EnvFromSource, EnvVar, ResourceRequirements, Volume, VolumeDevice, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer};
@@ -48,6 +48,9 @@ pub struct Container {
     /// set libvgpu's variables, which explicit `env` entries then mask.
     pub env_from: Option<Vec<EnvFromSource>>,
     pub volume_mounts: Option<Vec<VolumeMount>>,
+    /// Raw block devices: read only for their paths, which may not sit at
+    /// or under ours, as no mount of the pod's own may.
+    pub volume_devices: Option<Vec<VolumeDevice>>,
     /// Read only to explain, in the log, why a pod asking for a sharing
     /// resource without KAI's annotations was left alone.
     pub resources: Option<ResourceRequirements>,

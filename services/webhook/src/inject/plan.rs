@@ -1,6 +1,6 @@
 //! [`plan`]: what a Pod needs, compared with what it already has.
 
-use k8s_openapi::api::core::v1::{EnvVar, Volume, VolumeMount};
+use k8s_openapi::api::core::v1::{EnvVar, Volume, VolumeDevice, VolumeMount};
 
 use super::items::{
     Dir, ENV_NAMES, FORBIDDEN_ENV, HOST_PATH, Layout, MountSpec, PIN_COUNT, Source, VolumeSpec,
@@ -115,6 +115,15 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
             message: format!(
                 "container {:?} mounts volume {:?} at {:?}, at or under {ours}, which kai-resource-isolator needs for libvgpu",
                 container.name, clash.name, clash.mount_path
+            ),
+        };
+    }
+    if let Some((device, ours)) = clashing_device(container.volume_devices.as_deref(), layout, cfg)
+    {
+        return Decision::Deny {
+            message: format!(
+                "container {:?} attaches block device {:?} at {:?}, at or under {ours}, which kai-resource-isolator needs for libvgpu",
+                container.name, device.name, device.device_path
             ),
         };
     }
@@ -551,9 +560,12 @@ fn has_mount(mounts: Option<&[VolumeMount]>, want: &MountSpec, cfg: &InjectConfi
 /// what it shows: kubelet expands a `subPathExpr` where `subPath` is empty
 /// (our library mount showing the lock directory instead), and a recursive
 /// read-only `<mount>` would make the region directory beneath it
-/// read-only. `readOnly` is not compared: older releases mounted `<mount>`
-/// read-write, and under CSI the plugin binds the library read-only
-/// whatever the mount says.
+/// read-only. `readOnly` counts only where we want the mount writable
+/// (`<mount>/containers`, `/tmp/vgpulock`): a read-only copy there makes
+/// libvgpu's mkdir fail, and it falls back to a private cache the node
+/// agent never sees. On our read-only mounts it is not compared: older
+/// releases mounted `<mount>` read-write, and under CSI the plugin binds
+/// the library read-only whatever the mount says.
 fn same_mount(have: &VolumeMount, want: &MountSpec, cfg: &InjectConfig) -> bool {
     have.name == want.volume
         && clean(&have.mount_path) == clean(&want.path.resolve(cfg))
@@ -563,6 +575,7 @@ fn same_mount(have: &VolumeMount, want: &MountSpec, cfg: &InjectConfig) -> bool 
             .recursive_read_only
             .as_deref()
             .is_none_or(|r| r == "Disabled")
+        && (want.read_only || have.read_only != Some(true))
 }
 
 /// The first mount of the target at or under one of `layout`'s paths that
@@ -580,21 +593,49 @@ fn clashing_mount<'a>(
     layout: &Layout,
     cfg: &InjectConfig,
 ) -> Option<(&'a VolumeMount, String)> {
-    let ours: Vec<String> = layout
-        .mounts
-        .iter()
-        .map(|m| clean(&m.path.resolve(cfg)))
-        .collect();
+    let ours = our_paths(layout, cfg);
     mounts.into_iter().flatten().find_map(|have| {
         if layout.mounts.iter().any(|want| same_mount(have, want, cfg)) {
             return None;
         }
-        let path = clean(&have.mount_path);
-        let under = |root: &&String| {
-            path.strip_prefix(root.as_str())
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-        };
-        ours.iter().find(under).map(|root| (have, root.clone()))
+        covering(&have.mount_path, &ours).map(|root| (have, root.to_owned()))
+    })
+}
+
+/// The first raw block device of the target (`volumeDevices`, a PVC with
+/// `volumeMode: Block`) at or under one of `layout`'s paths, with that
+/// path. The runtime puts the device node at its `devicePath` inside the
+/// container's filesystem, in or over our mounts, as a mount of the pod's
+/// own would be ([`clashing_mount`]); no device is ours, so none may be
+/// there.
+fn clashing_device<'a>(
+    devices: Option<&'a [VolumeDevice]>,
+    layout: &Layout,
+    cfg: &InjectConfig,
+) -> Option<(&'a VolumeDevice, String)> {
+    let ours = our_paths(layout, cfg);
+    devices
+        .into_iter()
+        .flatten()
+        .find_map(|have| covering(&have.device_path, &ours).map(|root| (have, root.to_owned())))
+}
+
+/// `layout`'s mount paths, cleaned.
+fn our_paths(layout: &Layout, cfg: &InjectConfig) -> Vec<String> {
+    layout
+        .mounts
+        .iter()
+        .map(|m| clean(&m.path.resolve(cfg)))
+        .collect()
+}
+
+/// The first of `ours` (cleaned) that `path`, once cleaned, is at or under:
+/// segment by segment, so `/usr/local/vgpu2` is not under `/usr/local/vgpu`.
+fn covering<'a>(path: &str, ours: &'a [String]) -> Option<&'a str> {
+    let path = clean(path);
+    ours.iter().map(String::as_str).find(|root| {
+        path.strip_prefix(root)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
     })
 }
 

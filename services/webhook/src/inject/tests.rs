@@ -1502,3 +1502,98 @@ fn our_csi_volumes_run_as_attributes_follow_a_later_change_of_user() {
         json!({"kai-resource-isolator.io/container": "main"})
     );
 }
+
+/// Our writable mounts are ours only while writable: a `readOnly` copy of
+/// `<mount>/containers` or `/tmp/vgpulock` would make libvgpu's mkdir fail
+/// and leave it on a private cache the node agent never sees, so the pod is
+/// denied as for any mount of its own there, under either delivery. (The
+/// read-write `<mount>` of older releases stays ours:
+/// `a_pod_injected_with_the_old_writable_mount_is_not_patched_again`.)
+#[test]
+fn a_read_only_copy_of_a_writable_mount_of_ours_is_denied() {
+    let (_, host_path_pod) = apply(&sharing_pod(json!([{"name": "main"}])));
+    let (_, csi_pod) = apply_with(&sharing_pod(json!([{"name": "main"}])), &csi());
+    for (pod, cfg, index, path) in [
+        (&host_path_pod, cfg(), 2, "/usr/local/vgpu/containers"),
+        (&host_path_pod, cfg(), 3, "/tmp/vgpulock"),
+        (&csi_pod, csi(), 2, "/tmp/vgpulock"),
+    ] {
+        let mount = &pod["spec"]["containers"][0]["volumeMounts"][index];
+        assert_eq!(mount["mountPath"], path, "{mount}");
+        let mut read_only = pod.clone();
+        read_only["spec"]["containers"][0]["volumeMounts"][index]["readOnly"] = json!(true);
+        match plan_for(&read_only, &cfg) {
+            Decision::Deny { message } => assert!(
+                message.contains(mount["name"].as_str().unwrap_or("?")) && message.contains(path),
+                "{message}"
+            ),
+            other => panic!("{mount} read-only under {:?}: {other:?}", cfg.delivery),
+        }
+        // Saying `readOnly: false` is the mount we add.
+        let mut writable = pod.clone();
+        writable["spec"]["containers"][0]["volumeMounts"][index]["readOnly"] = json!(false);
+        let again = plan_for(&writable, &cfg);
+        assert!(
+            matches!(again, Decision::AlreadyInjected { .. }),
+            "{mount} under {:?}: {again:?}",
+            cfg.delivery
+        );
+    }
+    // Nor does such a pod count as hostPath delivery under CSI (its
+    // volumes are then not CSI delivery's): denied there too.
+    let mut read_only = host_path_pod.clone();
+    read_only["spec"]["containers"][0]["volumeMounts"][2]["readOnly"] = json!(true);
+    assert!(matches!(
+        plan_for(&read_only, &csi()),
+        Decision::Deny { .. }
+    ));
+}
+
+/// A raw block device (`volumeDevices`, a PVC with `volumeMode: Block`) at
+/// or under a path of ours would sit in or over our mounts, as a mount of
+/// the pod's own would: denied, however spelled, under either delivery.
+#[test]
+fn a_block_device_at_or_under_our_paths_is_denied() {
+    let denied = |path: &str, cfg: &InjectConfig| {
+        let mut pod = sharing_pod(json!([{
+            "name": "main",
+            "volumeDevices": [{"name": "raw", "devicePath": path}]
+        }]));
+        pod["spec"]["volumes"] =
+            json!([{"name": "raw", "persistentVolumeClaim": {"claimName": "block"}}]);
+        match plan_for(&pod, cfg) {
+            Decision::Deny { message } => {
+                assert!(
+                    message.contains("block device \"raw\"") && message.contains(path),
+                    "{message}"
+                );
+                true
+            }
+            _ => false,
+        }
+    };
+    for cfg in [cfg(), csi()] {
+        for path in [
+            "/usr/local/vgpu/libvgpu.so",
+            "/usr/local/vgpu",
+            "/usr/local//vgpu/./containers/x",
+            "/usr/local/lib/../vgpu/ld.so.preload",
+            "/etc/ld.so.preload",
+            "/tmp/vgpulock/",
+        ] {
+            assert!(
+                denied(path, &cfg),
+                "{path} under {:?}: not denied",
+                cfg.delivery
+            );
+        }
+        for path in [
+            "/dev/xvdb",
+            "/usr/local/vgpu2",
+            "/usr/local",
+            "/tmp/vgpulock.d",
+        ] {
+            assert!(!denied(path, &cfg), "{path} is not ours: denied");
+        }
+    }
+}
