@@ -684,63 +684,111 @@ fn an_opted_out_pods_process_on_a_shared_gpu_is_reported_never_a_candidate() {
     );
 }
 
-#[test]
-fn a_live_slot_without_a_host_pid_vouches_for_its_container() {
-    const CID: &str = "aaaaaaaabbbbbbbbccccccccddddddddeeeeeeeeffffffff0000000011111111";
-    let cgroup = format!("0::/kubepods/pod{UID}/{CID}\n");
-    let proc_dir = fake_proc(&[(6000, &cgroup), (6001, &cgroup)]);
-    // 6000 is the slot's process (PID 12 in the container); 6001 a static
-    // binary beside it (PID 30), which no slot covers.
-    with_namespace_pid(&proc_dir, 6000, 12);
-    with_namespace_pid(&proc_dir, 6001, 30);
-    let host = HostProc::new(proc_dir.path());
-    let lookup = |_: &str| {
-        Lookup::Known(PodMeta {
-            running: vec![RunningContainer {
-                name: "main".into(),
-                id: CID.into(),
-                started_at: None,
-            }],
-            ..meta("trainer-0")
-        })
-    };
-    let mut region = RegionBuilder::v1().device(GPU, 4 * GIB);
-    region.procs.push(ProcSpec {
-        slot: 0,
-        pid: 12,
-        hostpid: 0,
-        status: 1,
-        seqlock: 0,
-        usage: vec![UsageSpec::data(GIB, GIB)],
-    });
-    let processes = [
-        GpuProcess {
-            gpu_uuid: GPU.into(),
-            pid: 6000,
-            used: Some(GIB),
-        },
-        GpuProcess {
-            gpu_uuid: GPU.into(),
-            pid: 6001,
-            used: Some(GIB),
-        },
-    ];
-    let mut assessor = Assessor::new(Settings {
+/// Container `main` of pod `UID` (trainer-0) whose region has one live slot
+/// for container PID `pid` under host PID `hostpid` (1 GiB), on a host
+/// whose /proc shows `processes` (host PID, PID in the container) in that
+/// container, each using `used` on `GPU` as NVML says.
+struct OneSlot {
+    _proc_dir: tempfile::TempDir,
+    host: HostProc,
+    region: RegionBuilder,
+    processes: Vec<GpuProcess>,
+}
+
+const TRAINER_CID: &str = "aaaaaaaabbbbbbbbccccccccddddddddeeeeeeeeffffffff0000000011111111";
+
+fn trainer(_: &str) -> Lookup {
+    Lookup::Known(PodMeta {
+        running: vec![RunningContainer {
+            name: "main".into(),
+            id: TRAINER_CID.into(),
+            started_at: None,
+        }],
+        ..meta("trainer-0")
+    })
+}
+
+impl OneSlot {
+    fn new(pid: i32, hostpid: i32, processes: &[(u32, i32)], used: u64) -> Self {
+        let cgroup = format!("0::/kubepods/pod{UID}/{TRAINER_CID}\n");
+        let entries: Vec<(u32, &str)> = processes
+            .iter()
+            .map(|&(p, _)| (p, cgroup.as_str()))
+            .collect();
+        let proc_dir = fake_proc(&entries);
+        for &(host_pid, own) in processes {
+            with_namespace_pid(&proc_dir, host_pid, own);
+        }
+        let mut region = RegionBuilder::v1().device(GPU, 4 * GIB);
+        region.procs.push(ProcSpec {
+            slot: 0,
+            pid,
+            hostpid,
+            status: 1,
+            seqlock: 0,
+            usage: vec![UsageSpec::data(GIB, GIB)],
+        });
+        Self {
+            host: HostProc::new(proc_dir.path()),
+            _proc_dir: proc_dir,
+            region,
+            processes: processes
+                .iter()
+                .map(|&(pid, _)| GpuProcess {
+                    gpu_uuid: GPU.into(),
+                    pid,
+                    used: Some(used),
+                })
+                .collect(),
+        }
+    }
+
+    /// One assessment at `NOW_MS + t`, the pod known, NVML listing
+    /// `processes` (or none).
+    fn assess(&self, assessor: &mut Assessor, t: u64, nvml: bool) -> (Vec<ContainerView>, Output) {
+        let mut views = vec![view_of(UID, &self.region)];
+        views[0].pod = match trainer(UID) {
+            Lookup::Known(meta) => Some(meta),
+            _ => None,
+        };
+        let processes: &[GpuProcess] = if nvml { &self.processes } else { &[] };
+        let out = assessor.assess(
+            &mut views,
+            &Input {
+                lookup: &trainer,
+                gpu_processes: Ok(processes),
+                host: Some(&self.host),
+                ..input(NOW_MS + t)
+            },
+        );
+        (views, out)
+    }
+}
+
+fn no_grace() -> Assessor {
+    Assessor::new(Settings {
         escape_grace: Duration::ZERO,
         ..Settings::default()
-    });
-    let mut views = vec![view_of(UID, &region)];
-    let out = assessor.assess(
-        &mut views,
-        &Input {
-            lookup: &lookup,
-            gpu_processes: Ok(&processes),
-            host: Some(&host),
-            ..input(NOW_MS)
-        },
+    })
+}
+
+fn escaped_pids(out: &Output) -> Vec<u32> {
+    out.escaped.iter().map(|e| e.pid).collect()
+}
+
+/// A live slot whose host PID libvgpu has not recorded covers the process
+/// of its container with its PID, not a static binary beside it.
+#[test]
+fn a_live_slot_without_a_host_pid_vouches_for_its_container() {
+    // 6000 is the slot's process (PID 12 in the container); 6001 a static
+    // binary beside it (PID 30), which no slot covers.
+    let fixture = OneSlot::new(12, 0, &[(6000, 12), (6001, 30)], GIB);
+    let (_, out) = fixture.assess(&mut no_grace(), 0, true);
+    assert_eq!(
+        escaped_pids(&out),
+        [6001],
+        "the slot vouches for its own process only"
     );
-    let escaped: Vec<u32> = out.escaped.iter().map(|e| e.pid).collect();
-    assert_eq!(escaped, [6001], "the slot vouches for its own process only");
 }
 
 /// A container's PID 1 is SIGKILLed and the container restarts: the new
@@ -750,56 +798,11 @@ fn a_live_slot_without_a_host_pid_vouches_for_its_container() {
 /// it is neither retired as stale nor taken for an escape.
 #[test]
 fn a_slot_taken_over_under_a_dead_host_pid_stays_live_and_hides_no_escape() {
-    const CID: &str = "aaaaaaaabbbbbbbbccccccccddddddddeeeeeeeeffffffff0000000011111111";
-    let cgroup = format!("0::/kubepods/pod{UID}/{CID}\n");
     // 6000 is the new PID 1 on the host; 4100, the killed one, is gone.
-    let proc_dir = fake_proc(&[(6000, &cgroup)]);
-    with_namespace_pid(&proc_dir, 6000, 1);
-    let host = HostProc::new(proc_dir.path());
-    let lookup = |_: &str| {
-        Lookup::Known(PodMeta {
-            running: vec![RunningContainer {
-                name: "main".into(),
-                id: CID.into(),
-                started_at: None,
-            }],
-            ..meta("trainer-0")
-        })
-    };
-    let mut region = RegionBuilder::v1().device(GPU, 4 * GIB);
-    region.procs.push(ProcSpec {
-        slot: 0,
-        pid: 1,
-        hostpid: 4100,
-        status: 1,
-        seqlock: 0,
-        usage: vec![UsageSpec::data(GIB, GIB)],
-    });
-    let processes = [GpuProcess {
-        gpu_uuid: GPU.into(),
-        pid: 6000,
-        used: Some(GIB),
-    }];
+    let fixture = OneSlot::new(1, 4100, &[(6000, 1)], GIB);
     let mut assessor = Assessor::default();
-    let mut run = |t: u64| {
-        let mut views = vec![view_of(UID, &region)];
-        views[0].pod = match lookup(UID) {
-            Lookup::Known(meta) => Some(meta),
-            _ => None,
-        };
-        let out = assessor.assess(
-            &mut views,
-            &Input {
-                lookup: &lookup,
-                gpu_processes: Ok(&processes),
-                host: Some(&host),
-                ..input(NOW_MS + t)
-            },
-        );
-        (views, out)
-    };
-    run(0);
-    let (views, out) = run(11_000); // past the escape grace
+    fixture.assess(&mut assessor, 0, true);
+    let (views, out) = fixture.assess(&mut assessor, 11_000, true); // past the escape grace
     let device = &views[0].snapshot.devices[0];
     assert_eq!((device.used, device.stale_used), (GIB, 0), "live charge");
     assert_eq!(views[0].isolation.stale_slots, 0);
@@ -810,16 +813,7 @@ fn a_slot_taken_over_under_a_dead_host_pid_stays_live_and_hides_no_escape() {
     );
 
     // Once the process is gone from NVML too, the slot is stale again.
-    let mut views = vec![view_of(UID, &region)];
-    assessor.assess(
-        &mut views,
-        &Input {
-            lookup: &lookup,
-            gpu_processes: Ok(&[]),
-            host: Some(&host),
-            ..input(NOW_MS + 12_000)
-        },
-    );
+    let (views, _) = fixture.assess(&mut assessor, 12_000, false);
     assert_eq!(views[0].isolation.stale_slots, 1);
 }
 
@@ -830,59 +824,13 @@ fn a_slot_taken_over_under_a_dead_host_pid_stays_live_and_hides_no_escape() {
 /// without the killed one.
 #[test]
 fn a_killed_processs_slot_does_not_cover_a_static_binary() {
-    const CID: &str = "aaaaaaaabbbbbbbbccccccccddddddddeeeeeeeeffffffff0000000011111111";
-    let cgroup = format!("0::/kubepods/pod{UID}/{CID}\n");
-    let proc_dir = fake_proc(&[(6000, &cgroup)]);
-    with_namespace_pid(&proc_dir, 6000, 9);
-    let host = HostProc::new(proc_dir.path());
-    let lookup = |_: &str| {
-        Lookup::Known(PodMeta {
-            running: vec![RunningContainer {
-                name: "main".into(),
-                id: CID.into(),
-                started_at: None,
-            }],
-            ..meta("trainer-0")
-        })
-    };
-    let mut region = RegionBuilder::v1().device(GPU, 4 * GIB);
-    region.procs.push(ProcSpec {
-        slot: 0,
-        pid: 5,
-        hostpid: 4100, // killed
-        status: 1,
-        seqlock: 0,
-        usage: vec![UsageSpec::data(GIB, GIB)],
-    });
-    let processes = [GpuProcess {
-        gpu_uuid: GPU.into(),
-        pid: 6000,
-        used: Some(3 * GIB),
-    }];
-    let mut assessor = Assessor::new(Settings {
-        escape_grace: Duration::ZERO,
-        ..Settings::default()
-    });
-    let mut views = vec![view_of(UID, &region)];
-    views[0].pod = match lookup(UID) {
-        Lookup::Known(meta) => Some(meta),
-        _ => None,
-    };
-    let out = assessor.assess(
-        &mut views,
-        &Input {
-            lookup: &lookup,
-            gpu_processes: Ok(&processes),
-            host: Some(&host),
-            ..input(NOW_MS)
-        },
-    );
+    let fixture = OneSlot::new(5, 4100, &[(6000, 9)], 3 * GIB);
+    let (views, out) = fixture.assess(&mut no_grace(), 0, true);
     assert_eq!(
         views[0].isolation.stale_slots, 1,
         "the killed process's slot"
     );
-    let escaped: Vec<u32> = out.escaped.iter().map(|e| e.pid).collect();
-    assert_eq!(escaped, [6000]);
+    assert_eq!(escaped_pids(&out), [6000]);
     assert_eq!(
         crate::agent::enforce::candidates(&views, &out.missing, &out.escaped).len(),
         1,
