@@ -172,13 +172,40 @@ fn procfs_self(root: &Path) -> Result<(), String> {
     procfs_link(root)?;
     let init = std::fs::read_to_string(root.join("1").join("cgroup"))
         .map_err(|e| format!("{}/1/cgroup cannot be read: {e}", root.display()))?;
-    match parse_cgroup(&init) {
-        None => Ok(()),
-        Some(owner) => Err(format!(
+    if let Some(owner) = parse_cgroup(&init) {
+        return Err(format!(
             "PID 1 there is a process of pod {}: that is a pod's PID namespace, not the host's (mount the host's /proc, or run with hostPID)",
             owner.pod_uid
-        )),
+        ));
     }
+    match hidepid(root) {
+        Some(option) => Err(format!(
+            "it is mounted with {option}: other users' processes look gone to the agent (it has no CAP_SYS_PTRACE), so live slots would be taken for dead; mount a procfs without hidepid there"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The `hidepid` option `root` is mounted with, if it hides anything: what
+/// the agent's own mount table (`<root>/self/mountinfo`) says of the proc
+/// mount at `root`. With it, `/proc/<pid>` of another user's process is
+/// missing (or unreadable), the same as a process that has exited.
+fn hidepid(root: &Path) -> Option<String> {
+    let mountinfo = std::fs::read_to_string(root.join("self").join("mountinfo")).ok()?;
+    let root = root.to_str()?.trim_end_matches('/');
+    mountinfo.lines().find_map(|line| {
+        // `<id> <parent> <dev> <root> <mount point> <options> [tags] - <fs> <source> <super options>`
+        let (mount, fs) = line.split_once(" - ")?;
+        let point = mount.split(' ').nth(4)?;
+        let mut fs = fs.split(' ');
+        if point != root || fs.next()? != "proc" {
+            return None;
+        }
+        fs.nth(1)?
+            .split(',')
+            .find(|o| o.starts_with("hidepid=") && !matches!(*o, "hidepid=0" | "hidepid=off"))
+            .map(str::to_owned)
+    })
 }
 
 fn procfs_link(root: &Path) -> Result<(), String> {
@@ -323,6 +350,35 @@ mod tests {
         std::fs::create_dir(dir.path().join("1")).expect("mkdir");
         std::fs::write(dir.path().join("1").join("cgroup"), "0::/init.scope\n").expect("cgroup");
         dir
+    }
+
+    /// A procfs mounted with `hidepid` hides other users' processes from
+    /// the agent, as if they had exited: it decides nothing.
+    #[test]
+    fn a_proc_mounted_with_hidepid_is_not_trusted() {
+        let dir = fake_procfs();
+        let root = dir.path().to_str().expect("utf-8 path");
+        let mountinfo = |options: &str| {
+            format!(
+                "22 1 0:21 / /sys rw,nosuid - sysfs sysfs rw\n\
+                 23 1 0:22 / {root} rw,nosuid,nodev,noexec - proc proc {options}\n"
+            )
+        };
+        let write = |options: &str| {
+            std::fs::write(
+                dir.path().join("4242").join("mountinfo"),
+                mountinfo(options),
+            )
+            .expect("mountinfo");
+        };
+        write("rw,hidepid=invisible");
+        assert!(!HostProc::new(dir.path()).is_procfs());
+        write("rw,hidepid=2");
+        assert!(!HostProc::new(dir.path()).is_procfs());
+        write("rw,hidepid=0");
+        assert!(HostProc::new(dir.path()).is_procfs());
+        write("rw");
+        assert!(HostProc::new(dir.path()).is_procfs());
     }
 
     /// `--host-proc=/proc` without `hostPID`: a procfs, but the pod's own
