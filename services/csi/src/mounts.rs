@@ -29,6 +29,11 @@ pub enum MountError {
         #[source]
         source: io::Error,
     },
+    /// The pod already has [`MAX_VOLUMES_PER_POD`] volumes of this driver.
+    #[error(
+        "pod {pod_uid} already has {published} volumes of this driver (at most {MAX_VOLUMES_PER_POD}; the webhook adds one): refused"
+    )]
+    TooMany { pod_uid: String, published: usize },
     /// A path of the host that must not be a link is one.
     #[error("{} is a symbolic link or not a directory: refused", path.display())]
     Link { path: PathBuf },
@@ -67,7 +72,10 @@ pub enum Published {
 /// plugin stopped half-way) is taken down and made again.
 pub fn publish(req: &Publish, host: &Path) -> Result<Published, MountError> {
     let target = &req.target;
-    let present = mounted_under(target)?;
+    let mountinfo = read_mountinfo()?;
+    let present: Vec<PathBuf> = mount_points(&mountinfo)
+        .filter(|p| p.starts_with(target))
+        .collect();
     let want: Vec<PathBuf> = plan::mount_points(req)
         .into_iter()
         .map(|rel| target.join(rel))
@@ -78,6 +86,14 @@ pub fn publish(req: &Publish, host: &Path) -> Result<Published, MountError> {
         }
         tracing::warn!(target = %target.display(), "partial publication found: taking it down");
         unmount_all(target)?;
+    } else {
+        let published = volumes_of_pod(&mountinfo, target, &req.pod_uid);
+        if published >= MAX_VOLUMES_PER_POD {
+            return Err(MountError::TooMany {
+                pod_uid: req.pod_uid.clone(),
+                published,
+            });
+        }
     }
     target_dir(target)?;
     let steps = plan::publish(req, host);
@@ -235,6 +251,9 @@ fn run(step: &Step, target: &Path) -> Result<(), MountError> {
     }
 }
 
+/// The source of our tmpfs mounts, by which the mount table tells them.
+const TMPFS_SOURCE: &str = "kai-vgpu";
+
 fn mount_tmpfs(at: &Path, options: &str, flags: MountFlags) -> Result<(), MountError> {
     let data = std::ffi::CString::new(options).map_err(|e| MountError::Io {
         what: "tmpfs options",
@@ -242,7 +261,7 @@ fn mount_tmpfs(at: &Path, options: &str, flags: MountFlags) -> Result<(), MountE
         source: io::Error::new(io::ErrorKind::InvalidInput, e),
     })?;
     rustix::mount::mount(
-        "kai-vgpu",
+        TMPFS_SOURCE,
         at,
         "tmpfs",
         flags | MountFlags::NOSUID | MountFlags::NODEV,
@@ -285,15 +304,48 @@ fn bind_fd(fd: &impl AsFd, at: &Path, readonly: bool, flags: MountFlags) -> Resu
 
 /// Mount points at or under `target`, from `/proc/self/mountinfo`.
 pub fn mounted_under(target: &Path) -> Result<Vec<PathBuf>, MountError> {
-    let text =
-        std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| MountError::Io {
-            what: "cannot read",
-            path: "/proc/self/mountinfo".into(),
-            source,
-        })?;
-    Ok(mount_points(&text)
+    Ok(mount_points(&read_mountinfo()?)
         .filter(|p| p.starts_with(target))
         .collect())
+}
+
+fn read_mountinfo() -> Result<String, MountError> {
+    std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| MountError::Io {
+        what: "cannot read",
+        path: "/proc/self/mountinfo".into(),
+        source,
+    })
+}
+
+/// Volumes of one pod published at most. The webhook adds one; a tenant can
+/// declare any number of inline volumes of the driver itself, each five
+/// mounts in the host's mount namespace and work for every later publish:
+/// unbounded, one pod spec could fill the node's mount table
+/// (`fs.mount-max`) and block every pod's volumes.
+pub const MAX_VOLUMES_PER_POD: usize = 8;
+
+/// How many volumes of this driver pod `pod_uid` has published: the roots
+/// (our tmpfs, source `kai-vgpu`, at a kubelet target `…/mount`) under the
+/// pod's own directory of kubelet's, which `target` is in.
+fn volumes_of_pod(mountinfo: &str, target: &Path, pod_uid: &str) -> usize {
+    let Some(pod_dir) = target
+        .ancestors()
+        .find(|a| a.file_name().and_then(|n| n.to_str()) == Some(pod_uid))
+    else {
+        return 0;
+    };
+    mountinfo
+        .lines()
+        .filter(|line| {
+            line.split_once(" - ").is_some_and(|(_, fs)| {
+                let mut fs = fs.split(' ');
+                fs.next() == Some("tmpfs") && fs.next() == Some(TMPFS_SOURCE)
+            })
+        })
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|field| PathBuf::from(unescape(field)))
+        .filter(|p| p.starts_with(pod_dir) && p.file_name().is_some_and(|n| n == "mount"))
+        .count()
 }
 
 /// The mount point of each line of a mountinfo text (field 5, with the
@@ -359,6 +411,35 @@ mod tests {
                 "/back\\slash".into()
             ]
         );
+    }
+
+    /// The pod's publications are counted by their roots: our tmpfs at a
+    /// `…/mount` target in the pod's directory; not its lock directories
+    /// (our tmpfs too), not other drivers' volumes, not other pods'.
+    #[test]
+    fn a_pods_volumes_are_counted_by_their_roots() {
+        const UID: &str = "0d4f5e6a-1b2c-4d3e-8f90-a1b2c3d4e5f6";
+        let csi = format!("/var/lib/kubelet/pods/{UID}/volumes/kubernetes.io~csi");
+        let line =
+            |n: usize, point: &str, fs: &str| format!("{n} 36 0:{n} / {point} rw - {fs} rw\n");
+        let mut text = String::new();
+        for v in 0..3 {
+            text += &line(40 + v, &format!("{csi}/v{v}/mount"), "tmpfs kai-vgpu");
+            text += &line(
+                50 + v,
+                &format!("{csi}/v{v}/mount/vgpulock"),
+                "tmpfs kai-vgpu",
+            );
+        }
+        text += &line(60, &format!("{csi}/other/mount"), "nfs server:/x");
+        text += &line(
+            61,
+            "/var/lib/kubelet/pods/11111111-2222-4333-8444-555555555555/volumes/kubernetes.io~csi/v/mount",
+            "tmpfs kai-vgpu",
+        );
+        let target = PathBuf::from(format!("{csi}/v9/mount"));
+        assert_eq!(volumes_of_pod(&text, &target, UID), 3);
+        assert_eq!(volumes_of_pod(&text, Path::new("/elsewhere/mount"), UID), 0);
     }
 
     #[test]

@@ -60,6 +60,7 @@ fn status(error: MountError) -> Status {
         // kubelet retries: the pod starts once libsync has run.
         MountError::NotInstalled { .. } => Status::unavailable(error.to_string()),
         MountError::Link { .. } => Status::failed_precondition(error.to_string()),
+        MountError::TooMany { .. } => Status::resource_exhausted(error.to_string()),
         MountError::Io { .. } => Status::internal(error.to_string()),
     }
 }

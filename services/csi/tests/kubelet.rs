@@ -402,6 +402,63 @@ async fn a_repeated_publish_mounts_nothing_twice_and_a_partial_one_is_redone() {
     );
 }
 
+/// A tenant may declare inline volumes of the driver itself, any number of
+/// them: past `MAX_VOLUMES_PER_POD` of one pod, publish refuses
+/// (RESOURCE_EXHAUSTED), mounting nothing, while other pods and a repeat
+/// of a published volume go on; an unpublish makes room again.
+#[tokio::test]
+async fn a_pods_volumes_of_the_driver_are_bounded() {
+    let Some(()) = may_mount() else { return };
+    let node = Node::start(true, false).await;
+    let mut client = node.node().await;
+    let max = kai_csi::mounts::MAX_VOLUMES_PER_POD;
+    let target = |pod: &str, v: usize| {
+        let parent = node.dir.path().join(format!(
+            "kubelet/pods/{pod}/volumes/kubernetes.io~csi/vgpu-{v}"
+        ));
+        std::fs::create_dir_all(&parent).expect("kubelet's volume dir");
+        parent.join("mount")
+    };
+    let request = |pod: &str, v: usize| {
+        let mut req = publish_request(&target(pod, v), pod, None, None);
+        req.volume_id = format!("csi-{}-{v}", &pod[..8]);
+        req
+    };
+    for v in 0..max {
+        client
+            .node_publish_volume(request(UID_A, v))
+            .await
+            .expect("publish within the bound");
+    }
+    let refused = client
+        .node_publish_volume(request(UID_A, max))
+        .await
+        .expect_err("one volume too many");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        kai_csi::mounts::mounted_under(&target(UID_A, max))
+            .expect("mountinfo")
+            .is_empty(),
+        "nothing mounted for the refused one"
+    );
+    client
+        .node_publish_volume(request(UID_A, 0))
+        .await
+        .expect("a repeat of a published volume is still answered");
+    client
+        .node_publish_volume(request(UID_B, 0))
+        .await
+        .expect("another pod is not affected");
+    client
+        .node_unpublish_volume(unpublish_request(&target(UID_A, 0), UID_A))
+        .await
+        .expect("unpublish");
+    client
+        .node_publish_volume(request(UID_A, max))
+        .await
+        .expect("room again after an unpublish");
+}
+
 #[tokio::test]
 async fn a_link_planted_under_a_pods_name_is_refused_and_nothing_is_mounted() {
     let Some(()) = may_mount() else { return };

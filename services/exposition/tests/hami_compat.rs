@@ -113,6 +113,26 @@ fn breakdown_offset_is_what_the_parts_leave_of_the_total() {
     );
 }
 
+/// HAMi's used is every slot's charge (its monitor sums all of
+/// `procs[:procnum]`): what a killed process left, which libvgpu still
+/// counts against the cap, is in it, as in the breakdown's total; the
+/// agent's own series keep it apart.
+#[test]
+fn used_counts_the_charge_of_dead_processes_as_hami_does() {
+    let mut c = container();
+    c.devices[0].stale_bytes = 1_000;
+    let mut out = String::new();
+    render(&mut out, [], [&c], Options::default());
+    assert!(
+        out.contains("hami_vgpu_memory_used_bytes{namespace=\"ml\",pod=\"train-0\",container=\"main\",vdevice_index=\"0\",device_uuid=\"GPU-aaaa\",zone=\"vGPU\"} 4000\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("offset=\"1300\",zone=\"vGPU\"} 4000\n"),
+        "{out}"
+    );
+}
+
 /// One sample of a page.
 #[derive(Debug)]
 struct Sample {

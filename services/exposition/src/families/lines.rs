@@ -208,7 +208,7 @@ pub(crate) fn container(out: &mut String, spec: &Spec, c: &ContainerUsage, ctx: 
 /// One container device's line of a per-device family.
 fn device(out: &mut String, spec: &Spec, c: &ContainerUsage, d: &DeviceUsage, ctx: Ctx<'_>) {
     let value = match spec.metric {
-        Metric::Used | Metric::LegacyUsed | Metric::Breakdown | Metric::LegacyDesc => d.used_bytes,
+        Metric::Used | Metric::LegacyUsed | Metric::Breakdown | Metric::LegacyDesc => charged(d),
         Metric::Limit | Metric::LegacyLimit => d.limit_bytes,
         Metric::Context => d.context_bytes,
         Metric::Module => d.module_bytes,
@@ -255,12 +255,19 @@ fn device(out: &mut String, spec: &Spec, c: &ContainerUsage, d: &DeviceUsage, ct
     }
 }
 
+/// What the HAMi families call used: every slot's charge, as HAMi's monitor
+/// sums `procs[:procnum]`, the dead processes' that libvgpu still counts
+/// against the cap included (the agent keeps those apart as stale).
+fn charged(d: &DeviceUsage) -> u64 {
+    d.used_bytes.saturating_add(d.stale_bytes)
+}
+
 /// The `offset` label of the breakdown series: what the used total holds
 /// beyond context, module and buffer, as the Go monitor computes it. Go's
 /// unsigned arithmetic would wrap to a huge number when the parts exceed the
 /// total (a region caught mid-update); that is not a size, so it reads 0.
 fn offset(d: &DeviceUsage) -> u64 {
-    d.used_bytes
+    charged(d)
         .saturating_sub(d.context_bytes)
         .saturating_sub(d.module_bytes)
         .saturating_sub(d.buffer_bytes)

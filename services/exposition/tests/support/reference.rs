@@ -162,7 +162,9 @@ pub fn render<'a>(
             }
             zoned.copy_from(&base);
             zoned.push("zone", "vGPU");
-            used.sample_with(&zoned, d.used_bytes as f64);
+            // HAMi's used: every slot's charge, stale ones included.
+            let charged = d.used_bytes.saturating_add(d.stale_bytes);
+            used.sample_with(&zoned, charged as f64);
             limit.sample_with(&zoned, d.limit_bytes as f64);
             context.sample_with(&zoned, d.context_bytes as f64);
             module.sample_with(&zoned, d.module_bytes as f64);
@@ -177,14 +179,14 @@ pub fn render<'a>(
                 .context_bytes
                 .saturating_add(d.module_bytes)
                 .saturating_add(d.buffer_bytes);
-            let offset = d.used_bytes.saturating_sub(parts);
+            let offset = charged.saturating_sub(parts);
             extended.copy_from(&base);
             extended.push_u64("context_size", d.context_bytes);
             extended.push_u64("module_size", d.module_bytes);
             extended.push_u64("buffer_size", d.buffer_bytes);
             extended.push_u64("offset", offset);
             extended.push("zone", "vGPU");
-            breakdown.sample_with(&extended, d.used_bytes as f64);
+            breakdown.sample_with(&extended, charged as f64);
 
             if opts.legacy {
                 old.clear();
@@ -198,7 +200,7 @@ pub fn render<'a>(
                 }
                 old_zoned.copy_from(&old);
                 old_zoned.push("zone", "vGPU");
-                legacy_used.sample_with(&old_zoned, d.used_bytes as f64);
+                legacy_used.sample_with(&old_zoned, charged as f64);
                 legacy_limit.sample_with(&old_zoned, d.limit_bytes as f64);
                 legacy_util.sample_with(&old_zoned, f64::from(d.sm_util_percent));
                 if let Some(since) = since {
@@ -210,7 +212,7 @@ pub fn render<'a>(
                 old_extended.push_u64("data", d.buffer_bytes);
                 old_extended.push_u64("offset", offset);
                 old_extended.push("zone", "vGPU");
-                legacy_desc.sample_with(&old_extended, d.used_bytes as f64);
+                legacy_desc.sample_with(&old_extended, charged as f64);
             }
         }
     }
