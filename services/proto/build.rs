@@ -31,6 +31,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "#[serde(serialize_with = \"crate::serialize_isolation_state\", \
              deserialize_with = \"crate::deserialize_isolation_state\")]",
         )
+        // Absent, not null, when unknown: clients that predate the fields'
+        // presence read their default instead of failing on a null.
+        .field_attribute(
+            ".vgpu.v1.HostDevice.gpu_utilization_percent",
+            "#[serde(skip_serializing_if = \"Option::is_none\")]",
+        )
+        .field_attribute(
+            ".vgpu.v1.HostDevice.memory_utilization_percent",
+            "#[serde(skip_serializing_if = \"Option::is_none\")]",
+        )
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -157,7 +157,7 @@ fn cluster() -> Cluster {
                     uuid: format!("GPU-{n}-{i}"),
                     name: "A100-SXM4-80GB".into(),
                     memory_used_bytes: u64::from(i + 1) << 32,
-                    gpu_utilization_percent: (n as u32 * 13 + i) % 101,
+                    gpu_utilization_percent: Some((n as u32 * 13 + i) % 101),
                     ..pb::HostDevice::default()
                 })
                 .collect(),

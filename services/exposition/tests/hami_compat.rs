@@ -14,8 +14,8 @@ fn host() -> HostDevice {
         name: "A100".into(),
         memory_total_bytes: 80 << 30,
         memory_used_bytes: 5_000,
-        gpu_utilization_percent: 40,
-        memory_utilization_percent: 3,
+        gpu_utilization_percent: Some(40),
+        memory_utilization_percent: Some(3),
     }
 }
 

@@ -56,7 +56,7 @@ fn cluster() -> Vec<Node> {
                     uuid: "GPU-a".into(),
                     name: "A100 \"80GB\"".into(),
                     memory_used_bytes: 5 << 30,
-                    gpu_utilization_percent: 7,
+                    gpu_utilization_percent: Some(7),
                     ..HostDevice::default()
                 },
                 HostDevice {
@@ -64,7 +64,7 @@ fn cluster() -> Vec<Node> {
                     uuid: "GPU-b".into(),
                     name: "H100".into(),
                     memory_used_bytes: u64::MAX,
-                    gpu_utilization_percent: 100,
+                    gpu_utilization_percent: Some(100),
                     ..HostDevice::default()
                 },
             ],
@@ -127,7 +127,7 @@ fn cluster() -> Vec<Node> {
                     uuid: format!("GPU-{n}-{i}"),
                     name: "L4".into(),
                     memory_used_bytes: u64::from(n * 1000 + i),
-                    gpu_utilization_percent: n * 9 % 101,
+                    gpu_utilization_percent: Some(n * 9 % 101),
                     ..HostDevice::default()
                 })
                 .collect(),

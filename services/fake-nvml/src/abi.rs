@@ -13,6 +13,7 @@ type NvmlReturn = c_uint;
 const SUCCESS: NvmlReturn = 0;
 const ERROR_UNINITIALIZED: NvmlReturn = 1;
 const ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
+const ERROR_NOT_SUPPORTED: NvmlReturn = 3;
 const ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 const ERROR_DRIVER_NOT_LOADED: NvmlReturn = 9;
 
@@ -182,6 +183,9 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     };
     if utilization.is_null() {
         return ERROR_INVALID_ARGUMENT;
+    }
+    if d.utilization_unsupported {
+        return ERROR_NOT_SUPPORTED;
     }
     // SAFETY: non-null out-pointer of the documented struct.
     unsafe {

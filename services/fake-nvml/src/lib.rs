@@ -38,6 +38,10 @@ pub struct Device {
     pub gpu_util: u32,
     #[serde(default)]
     pub memory_util: u32,
+    /// `nvmlDeviceGetUtilizationRates` answers NOT_SUPPORTED, as on a
+    /// MIG-enabled GPU.
+    #[serde(default)]
+    pub utilization_unsupported: bool,
     /// Compute processes (`nvmlDeviceGetComputeRunningProcesses_v3`).
     #[serde(default)]
     pub processes: Vec<Process>,

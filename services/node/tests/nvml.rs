@@ -26,6 +26,7 @@ async fn devices_come_from_nvml_through_the_custom_library_path() {
                 used: 5 << 30,
                 gpu_util: 40,
                 memory_util: 12,
+                utilization_unsupported: false,
                 processes: Vec::new(),
             },
             Device {
@@ -35,6 +36,8 @@ async fn devices_come_from_nvml_through_the_custom_library_path() {
                 used: 0,
                 gpu_util: 0,
                 memory_util: 0,
+                // As with MIG on: NVML cannot say.
+                utilization_unsupported: true,
                 processes: Vec::new(),
             },
         ],
@@ -72,7 +75,16 @@ async fn devices_come_from_nvml_through_the_custom_library_path() {
             first.gpu_utilization_percent,
             first.memory_utilization_percent
         ),
-        (40, 12)
+        (Some(40), Some(12))
+    );
+    let second = &devices.devices[1];
+    assert_eq!(
+        (
+            second.gpu_utilization_percent,
+            second.memory_utilization_percent
+        ),
+        (None, None),
+        "unknown, not 0"
     );
 
     // The fake re-reads its file: a changed "GPU" shows up on the next call.
@@ -92,6 +104,12 @@ async fn devices_come_from_nvml_through_the_custom_library_path() {
         "{metrics}"
     );
     assert!(metrics.contains("hami_host_gpu_utilization_ratio{device_index=\"0\",device_uuid=\"GPU-aaaaaaaa-1111-4000-8000-000000000000\",device_type=\"NVIDIA-NVIDIA H100 80GB HBM3\",zone=\"vGPU\"} 40"));
+    // No utilization series for the GPU NVML cannot say it of (HAMi's
+    // monitor emits none either), its memory series all the same.
+    assert!(
+        !metrics.contains("hami_host_gpu_utilization_ratio{device_index=\"1\""),
+        "{metrics}"
+    );
     let node = client
         .get_node(pb::GetNodeRequest {})
         .await

@@ -74,9 +74,16 @@ fn close_zoned(out: &mut String, value: u64) {
 pub(crate) fn host(out: &mut String, spec: &Spec, node: &str, d: &HostDevice, opts: &Options) {
     let (value, legacy) = match spec.metric {
         Metric::HostUsed => (d.memory_used_bytes, false),
-        Metric::HostUtil => (u64::from(d.gpu_utilization_percent), false),
+        // No series when NVML cannot say, as HAMi's monitor.
+        Metric::HostUtil => match d.gpu_utilization_percent {
+            Some(percent) => (u64::from(percent), false),
+            None => return,
+        },
         Metric::LegacyHostUsed => (d.memory_used_bytes, true),
-        Metric::LegacyHostUtil => (u64::from(d.gpu_utilization_percent), true),
+        Metric::LegacyHostUtil => match d.gpu_utilization_percent {
+            Some(percent) => (u64::from(percent), true),
+            None => return,
+        },
         // Not a host family: nothing of this host belongs to it.
         _ => return,
     };

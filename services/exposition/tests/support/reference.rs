@@ -61,7 +61,9 @@ pub fn render<'a>(
             }
             labels.push(("zone", "vGPU"));
             host_used.sample(&labels, d.memory_used_bytes as f64);
-            host_util.sample(&labels, f64::from(d.gpu_utilization_percent));
+            if let Some(percent) = d.gpu_utilization_percent {
+                host_util.sample(&labels, f64::from(percent));
+            }
             if opts.legacy {
                 let mut old = vec![
                     ("deviceidx", index.as_str()),
@@ -73,7 +75,9 @@ pub fn render<'a>(
                 }
                 old.push(("zone", "vGPU"));
                 legacy_host_used.sample(&old, d.memory_used_bytes as f64);
-                legacy_host_util.sample(&old, f64::from(d.gpu_utilization_percent));
+                if let Some(percent) = d.gpu_utilization_percent {
+                    legacy_host_util.sample(&old, f64::from(percent));
+                }
             }
         }
     }

@@ -17,8 +17,9 @@ pub struct HostDevice {
     pub name: String,
     pub memory_total: u64,
     pub memory_used: u64,
-    pub gpu_util: u32,
-    pub memory_util: u32,
+    /// `None` when NVML cannot say (not supported, e.g. with MIG on).
+    pub gpu_util: Option<u32>,
+    pub memory_util: Option<u32>,
 }
 
 /// NVML, or the reason it is unavailable.
@@ -154,8 +155,8 @@ impl Devices {
                         name: device.name().unwrap_or_default(),
                         memory_total: memory.total,
                         memory_used: memory.used,
-                        gpu_util: util.as_ref().map_or(0, |u| u.gpu),
-                        memory_util: util.as_ref().map_or(0, |u| u.memory),
+                        gpu_util: util.as_ref().map(|u| u.gpu),
+                        memory_util: util.as_ref().map(|u| u.memory),
                     })
                 };
                 read()
