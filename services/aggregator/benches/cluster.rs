@@ -592,6 +592,10 @@ fn main() {
     let endpoints: Vec<String> = (0..nodes)
         .map(|n| format!("sim-node-{n:04}:50051"))
         .collect();
+    // Discovery's part: only listed endpoints take updates.
+    for endpoint in &endpoints {
+        cluster.add_endpoint(endpoint);
+    }
 
     // The wire: two revisions of every node's message, gRPC-framed, so each
     // update changes the view.

@@ -131,12 +131,14 @@ impl Cluster {
         self.write(|nodes| nodes.remove(endpoint));
     }
 
-    /// A new `WatchContainers` message replaces the node's container set.
+    /// A new `WatchContainers` message replaces the node's container set,
+    /// for an endpoint discovery still lists: one it has removed gets none
+    /// back (its subscriber may still take in a buffered message before it
+    /// sees the cancellation, and an entry made then would stay connected,
+    /// never pruned).
     pub fn apply_update(&self, endpoint: &str, update: pb::ContainersUpdate) {
         let replaced = self.write(|nodes| {
-            let entry = nodes
-                .entry(endpoint.to_owned())
-                .or_insert_with(|| NodeEntry::new(endpoint));
+            let entry = nodes.get_mut(endpoint)?;
             if !update.node.is_empty() {
                 entry.node = update.node;
             }
@@ -144,10 +146,10 @@ impl Cluster {
             entry.revision = update.revision;
             entry.checks = update.checks;
             entry.last_update_ms = kai_runtime::unix_ms();
-            (
+            Some((
                 std::mem::replace(&mut entry.containers, Arc::new(update.containers)),
                 std::mem::replace(&mut entry.escaped, Arc::new(update.escaped_processes)),
-            )
+            ))
         });
         // The previous set (a thousand-odd allocations at 100 containers) is
         // freed after the lock is released, not while scrapes wait on it.

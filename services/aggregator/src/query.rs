@@ -98,11 +98,16 @@ pub fn devices(nodes: &[NodeEntry], node: &str) -> Vec<pb::ClusterDevice> {
                     uuid: d.uuid.clone(),
                     ..Default::default()
                 });
-                entry.allocated_bytes += d.limit_bytes;
-                entry.container_used_bytes += d.used_bytes;
-                entry.container_stale_bytes += d.stale_bytes;
-                entry.containers += 1;
-                entry.uncapped_containers += u32::from(d.limit_bytes == 0);
+                // Saturating: a cap is what a tenant's region says, any u64.
+                entry.allocated_bytes = entry.allocated_bytes.saturating_add(d.limit_bytes);
+                entry.container_used_bytes =
+                    entry.container_used_bytes.saturating_add(d.used_bytes);
+                entry.container_stale_bytes =
+                    entry.container_stale_bytes.saturating_add(d.stale_bytes);
+                entry.containers = entry.containers.saturating_add(1);
+                entry.uncapped_containers = entry
+                    .uncapped_containers
+                    .saturating_add(u32::from(d.limit_bytes == 0));
             }
         }
         out.extend(by_uuid.into_values().map(|mut d| {

@@ -51,6 +51,14 @@ pub struct Settings {
     pub tls: Option<AgentTls>,
 }
 
+impl Settings {
+    /// How long a stream may say nothing before it counts as down: three
+    /// heartbeats, and a margin for a busy agent or network.
+    pub fn silence(&self) -> Duration {
+        self.watch_interval * 3 + Duration::from_secs(5)
+    }
+}
+
 impl Default for Settings {
     fn default() -> Self {
         Self {
@@ -83,6 +91,9 @@ pub async fn run(
     let mut backoff = backoff(&settings);
     loop {
         let result = tokio::select! {
+            // Cancellation first: discovery removed the endpoint, and a
+            // buffered message must not bring its entry back.
+            biased;
             () = cancel.cancelled() => return,
             result = stream_once(&endpoint, &cluster, &settings, &mut backoff) => result,
         };
@@ -122,6 +133,8 @@ pub enum StreamError {
     Watch(#[source] tonic::Status),
     #[error("stream: {}", .0.message())]
     Stream(#[source] tonic::Status),
+    #[error("no message (not even a heartbeat) for {0:?}")]
+    Silent(Duration),
 }
 
 /// Connects and follows the stream until it fails. A received update
@@ -163,20 +176,35 @@ async fn stream_once(
         .map_err(StreamError::Watch)?
         .into_inner();
     let mut devices_tick = tokio::time::interval(settings.devices_interval);
+    let silence = settings.silence();
+    let mut last = tokio::time::Instant::now();
     loop {
         tokio::select! {
+            // What arrived is taken in before the silence is judged.
+            biased;
             message = stream.message() => match message {
                 Ok(Some(update)) => {
+                    last = tokio::time::Instant::now();
                     backoff.reset();
                     receive(cluster, endpoint, update);
                 }
                 Ok(None) => return Ok(()),
                 Err(status) => return Err(StreamError::Stream(status)),
             },
+            // The agent sends at least a heartbeat every `watch_interval`:
+            // a stream that says nothing for longer is a node cut off (no
+            // TCP error comes for a quarter of an hour) or an agent stuck,
+            // and its data is not current.
+            () = tokio::time::sleep_until(last + silence) => {
+                return Err(StreamError::Silent(silence));
+            }
             _ = devices_tick.tick() => {
-                match client.list_devices(pb::ListDevicesRequest {}).await {
-                    Ok(response) => cluster.set_devices(endpoint, response.into_inner().devices),
-                    Err(status) => tracing::debug!(error = %status.message(), "ListDevices failed"),
+                // Bounded: the stream is not read meanwhile.
+                let devices = client.list_devices(pb::ListDevicesRequest {});
+                match tokio::time::timeout(settings.connect_timeout, devices).await {
+                    Ok(Ok(response)) => cluster.set_devices(endpoint, response.into_inner().devices),
+                    Ok(Err(status)) => tracing::debug!(error = %status.message(), "ListDevices failed"),
+                    Err(_) => tracing::warn!(timeout = ?settings.connect_timeout, "ListDevices did not answer in time; skipped"),
                 }
             }
         }

@@ -195,6 +195,30 @@ mod tests {
         assert_eq!(gpus, ["GPU-b"], "the GPU its process uses, no other");
     }
 
+    /// Caps are what tenants' regions say, any u64: the sums saturate
+    /// instead of wrapping (release) or panicking (debug).
+    #[test]
+    fn gpu_sums_of_huge_caps_saturate() {
+        let mut a = container("team-a", "a", "GPU-a");
+        a.devices[0].limit_bytes = u64::MAX;
+        let mut b = container("team-a", "b", "GPU-a");
+        b.devices[0].limit_bytes = u64::MAX;
+        let n1 = node("n1", vec![a, b]);
+        let gpu = crate::query::devices(std::slice::from_ref(&n1), "")
+            .into_iter()
+            .find(|d| d.uuid == "GPU-a")
+            .expect("GPU-a");
+        assert_eq!(gpu.allocated_bytes, u64::MAX);
+        assert_eq!(gpu.headroom_bytes, 0);
+        let view = crate::web::view::build(std::slice::from_ref(&n1), 1, 0);
+        let gpu = &view.nodes[0]
+            .gpus
+            .iter()
+            .find(|g| g.uuid == "GPU-a")
+            .expect("GPU-a");
+        assert_eq!(gpu.allocated, u64::MAX);
+    }
+
     #[test]
     fn a_tenants_gpu_figures_are_its_own_containers() {
         let mut train = container("team-a", "train", "GPU-a");

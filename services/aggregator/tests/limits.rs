@@ -203,6 +203,7 @@ fn large_cluster() -> Cluster {
     let cluster = Cluster::default();
     for n in 0..40 {
         let endpoint = format!("10.0.0.{n}:50051");
+        cluster.add_endpoint(&endpoint);
         cluster.apply_update(
             &endpoint,
             pb::ContainersUpdate {

@@ -65,11 +65,12 @@ pub fn build(nodes: &[NodeEntry], revision: u64, now_ms: u64) -> View {
                     uuid: d.uuid.clone(),
                     ..GpuRow::default()
                 });
-                gpu.allocated += d.limit_bytes;
-                gpu.used += d.used_bytes;
-                gpu.stale += d.stale_bytes;
-                gpu.containers += 1;
-                gpu.uncapped += u32::from(d.limit_bytes == 0);
+                // Saturating: a cap is what a tenant's region says, any u64.
+                gpu.allocated = gpu.allocated.saturating_add(d.limit_bytes);
+                gpu.used = gpu.used.saturating_add(d.used_bytes);
+                gpu.stale = gpu.stale.saturating_add(d.stale_bytes);
+                gpu.containers = gpu.containers.saturating_add(1);
+                gpu.uncapped = gpu.uncapped.saturating_add(u32::from(d.limit_bytes == 0));
                 containers.push((
                     c.namespace.clone(),
                     c.pod.clone(),
@@ -156,6 +157,7 @@ mod tests {
     #[test]
     fn gpus_sum_caps_usage_and_stale_and_rows_carry_state() {
         let cluster = Cluster::default();
+        cluster.add_endpoint("10.0.0.1:50051");
         cluster.apply_update(
             "10.0.0.1:50051",
             pb::ContainersUpdate {

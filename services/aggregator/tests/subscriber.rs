@@ -1,0 +1,193 @@
+//! One subscriber against a stand-in agent over a real socket: what it
+//! makes of an agent that goes silent, of a `ListDevices` that never
+//! answers, and of an endpoint discovery has removed.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{Stream, StreamExt};
+use kai_aggregator::cluster::{Cluster, Link};
+use kai_aggregator::subscriber::{self, Settings};
+use kai_proto::v1 as pb;
+use kai_proto::v1::vgpu_node_server::{VgpuNode, VgpuNodeServer};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+/// What the stand-in agent does.
+#[derive(Clone, Copy)]
+enum Agent {
+    /// One update, then nothing at all (a node cut off, an agent stuck).
+    Silent,
+    /// An update every 50 ms; `ListDevices` never answers (NVML hung).
+    DevicesHang,
+}
+
+fn update(revision: u64) -> pb::ContainersUpdate {
+    pb::ContainersUpdate {
+        node: "gpu-1".into(),
+        revision,
+        ..Default::default()
+    }
+}
+
+type Updates = Pin<Box<dyn Stream<Item = Result<pb::ContainersUpdate, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl VgpuNode for Agent {
+    type WatchContainersStream = Updates;
+
+    async fn list_containers(
+        &self,
+        _: Request<pb::ListContainersRequest>,
+    ) -> Result<Response<pb::ListContainersResponse>, Status> {
+        Err(Status::unimplemented("not used"))
+    }
+
+    async fn watch_containers(
+        &self,
+        _: Request<pb::WatchContainersRequest>,
+    ) -> Result<Response<Updates>, Status> {
+        let stream: Updates = match self {
+            Self::Silent => Box::pin(
+                futures_util::stream::once(async { Ok(update(1)) })
+                    .chain(futures_util::stream::pending()),
+            ),
+            Self::DevicesHang => Box::pin(futures_util::stream::unfold(1u64, |rev| async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Some((Ok(update(rev)), rev + 1))
+            })),
+        };
+        Ok(Response::new(stream))
+    }
+
+    async fn list_devices(
+        &self,
+        _: Request<pb::ListDevicesRequest>,
+    ) -> Result<Response<pb::ListDevicesResponse>, Status> {
+        std::future::pending().await
+    }
+
+    async fn get_node(
+        &self,
+        _: Request<pb::GetNodeRequest>,
+    ) -> Result<Response<pb::NodeInfo>, Status> {
+        Err(Status::unimplemented("not used"))
+    }
+}
+
+/// Serves `agent` on a loopback port; its address.
+async fn serve(agent: Agent) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(VgpuNodeServer::new(agent))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    addr.to_string()
+}
+
+fn settings() -> Arc<Settings> {
+    Arc::new(Settings {
+        watch_interval: Duration::from_millis(100),
+        devices_interval: Duration::from_millis(100),
+        connect_timeout: Duration::from_millis(300),
+        backoff_base: Duration::from_secs(60),
+        backoff_max: Duration::from_secs(60),
+        tls: None,
+    })
+}
+
+/// Waits (on the cluster's change counter, not on time) until `done`
+/// holds for the node of `endpoint`; a generous bound keeps a broken build
+/// from hanging.
+async fn until(
+    cluster: &Cluster,
+    endpoint: &str,
+    done: impl Fn(&kai_aggregator::cluster::NodeEntry) -> bool,
+) {
+    let mut changes = cluster.subscribe();
+    let reached = async {
+        loop {
+            if cluster
+                .snapshot()
+                .iter()
+                .any(|n| n.endpoint == endpoint && done(n))
+            {
+                return;
+            }
+            changes.changed().await.expect("cluster alive");
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), reached)
+        .await
+        .expect("the node reached the state");
+}
+
+/// An agent that stops saying anything (not even the heartbeat it was
+/// asked for) makes its node `down`, so its data goes stale and is pruned,
+/// instead of being served as current until TCP gives up.
+#[tokio::test]
+async fn a_silent_agent_is_down_after_three_heartbeats() {
+    let endpoint = serve(Agent::Silent).await;
+    let cluster = Arc::new(Cluster::default());
+    cluster.add_endpoint(&endpoint);
+    let cancel = CancellationToken::new();
+    tokio::spawn(subscriber::run(
+        endpoint.clone(),
+        cluster.clone(),
+        settings(),
+        cancel.clone(),
+    ));
+    until(&cluster, &endpoint, |n| n.revision == 1).await;
+    until(&cluster, &endpoint, |n| matches!(n.link, Link::Down(_))).await;
+    let node = cluster
+        .snapshot()
+        .into_iter()
+        .find(|n| n.endpoint == endpoint)
+        .expect("node");
+    assert!(
+        node.last_error.contains("no message"),
+        "{}",
+        node.last_error
+    );
+    cancel.cancel();
+}
+
+/// A `ListDevices` that never answers does not stop the node's updates.
+#[tokio::test]
+async fn a_hung_list_devices_does_not_freeze_the_nodes_updates() {
+    let endpoint = serve(Agent::DevicesHang).await;
+    let cluster = Arc::new(Cluster::default());
+    cluster.add_endpoint(&endpoint);
+    let cancel = CancellationToken::new();
+    tokio::spawn(subscriber::run(
+        endpoint.clone(),
+        cluster.clone(),
+        settings(),
+        cancel.clone(),
+    ));
+    // Far more updates than fit in the first ListDevices' timeout alone.
+    until(&cluster, &endpoint, |n| n.revision >= 40).await;
+    let node = cluster
+        .snapshot()
+        .into_iter()
+        .find(|n| n.endpoint == endpoint)
+        .expect("node");
+    assert!(matches!(node.link, Link::Connected), "{:?}", node.link);
+    cancel.cancel();
+}
+
+/// Discovery removed the endpoint; a message its subscriber still takes in
+/// brings nothing back.
+#[test]
+fn an_update_for_a_removed_endpoint_is_dropped() {
+    let cluster = Cluster::default();
+    cluster.add_endpoint("10.0.0.9:50051");
+    cluster.remove_endpoint("10.0.0.9:50051");
+    subscriber::receive(&cluster, "10.0.0.9:50051", update(7));
+    assert!(cluster.snapshot().is_empty());
+}
