@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
-use kai_aggregator::cluster::{Cluster, Link};
+use kai_aggregator::cluster::{Cluster, Link, NodeEntry};
 use kai_aggregator::subscriber::{self, Settings};
 use kai_proto::v1 as pb;
 use kai_proto::v1::vgpu_node_server::{VgpuNode, VgpuNodeServer};
@@ -101,30 +101,69 @@ fn settings() -> Arc<Settings> {
     })
 }
 
-/// Waits (on the cluster's change counter, not on time) until `done`
-/// holds for the node of `endpoint`; a generous bound keeps a broken build
-/// from hanging.
-async fn until(
-    cluster: &Cluster,
-    endpoint: &str,
-    done: impl Fn(&kai_aggregator::cluster::NodeEntry) -> bool,
-) {
-    let mut changes = cluster.subscribe();
-    let reached = async {
-        loop {
-            if cluster
-                .snapshot()
-                .iter()
-                .any(|n| n.endpoint == endpoint && done(n))
-            {
-                return;
-            }
-            changes.changed().await.expect("cluster alive");
+/// A cluster with one endpoint, `agent`'s, and its subscriber running
+/// until dropped.
+struct Subscribed {
+    cluster: Arc<Cluster>,
+    endpoint: String,
+    cancel: CancellationToken,
+}
+
+impl Subscribed {
+    async fn start(agent: Agent) -> Self {
+        let endpoint = serve(agent).await;
+        let cluster = Arc::new(Cluster::default());
+        cluster.add_endpoint(&endpoint);
+        let cancel = CancellationToken::new();
+        tokio::spawn(subscriber::run(
+            endpoint.clone(),
+            cluster.clone(),
+            settings(),
+            cancel.clone(),
+        ));
+        Self {
+            cluster,
+            endpoint,
+            cancel,
         }
-    };
-    tokio::time::timeout(Duration::from_secs(60), reached)
-        .await
-        .expect("the node reached the state");
+    }
+
+    /// Waits (on the cluster's change counter, not on time) until `done`
+    /// holds for the node; a generous bound keeps a broken build from
+    /// hanging.
+    async fn until(&self, done: impl Fn(&NodeEntry) -> bool) {
+        let mut changes = self.cluster.subscribe();
+        let reached = async {
+            loop {
+                if self
+                    .cluster
+                    .snapshot()
+                    .iter()
+                    .any(|n| n.endpoint == self.endpoint && done(n))
+                {
+                    return;
+                }
+                changes.changed().await.expect("cluster alive");
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), reached)
+            .await
+            .expect("the node reached the state");
+    }
+
+    fn node(&self) -> NodeEntry {
+        self.cluster
+            .snapshot()
+            .into_iter()
+            .find(|n| n.endpoint == self.endpoint)
+            .expect("node")
+    }
+}
+
+impl Drop for Subscribed {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
 }
 
 /// An agent that stops saying anything (not even the heartbeat it was
@@ -132,53 +171,25 @@ async fn until(
 /// instead of being served as current until TCP gives up.
 #[tokio::test]
 async fn a_silent_agent_is_down_after_three_heartbeats() {
-    let endpoint = serve(Agent::Silent).await;
-    let cluster = Arc::new(Cluster::default());
-    cluster.add_endpoint(&endpoint);
-    let cancel = CancellationToken::new();
-    tokio::spawn(subscriber::run(
-        endpoint.clone(),
-        cluster.clone(),
-        settings(),
-        cancel.clone(),
-    ));
-    until(&cluster, &endpoint, |n| n.revision == 1).await;
-    until(&cluster, &endpoint, |n| matches!(n.link, Link::Down(_))).await;
-    let node = cluster
-        .snapshot()
-        .into_iter()
-        .find(|n| n.endpoint == endpoint)
-        .expect("node");
+    let subscribed = Subscribed::start(Agent::Silent).await;
+    subscribed.until(|n| n.revision == 1).await;
+    subscribed.until(|n| matches!(n.link, Link::Down(_))).await;
+    let node = subscribed.node();
     assert!(
         node.last_error.contains("no message"),
         "{}",
         node.last_error
     );
-    cancel.cancel();
 }
 
 /// A `ListDevices` that never answers does not stop the node's updates.
 #[tokio::test]
 async fn a_hung_list_devices_does_not_freeze_the_nodes_updates() {
-    let endpoint = serve(Agent::DevicesHang).await;
-    let cluster = Arc::new(Cluster::default());
-    cluster.add_endpoint(&endpoint);
-    let cancel = CancellationToken::new();
-    tokio::spawn(subscriber::run(
-        endpoint.clone(),
-        cluster.clone(),
-        settings(),
-        cancel.clone(),
-    ));
+    let subscribed = Subscribed::start(Agent::DevicesHang).await;
     // Far more updates than fit in the first ListDevices' timeout alone.
-    until(&cluster, &endpoint, |n| n.revision >= 40).await;
-    let node = cluster
-        .snapshot()
-        .into_iter()
-        .find(|n| n.endpoint == endpoint)
-        .expect("node");
+    subscribed.until(|n| n.revision >= 40).await;
+    let node = subscribed.node();
     assert!(matches!(node.link, Link::Connected), "{:?}", node.link);
-    cancel.cancel();
 }
 
 /// Discovery removed the endpoint; a message its subscriber still takes in

@@ -73,9 +73,7 @@ pub enum Published {
 pub fn publish(req: &Publish, host: &Path) -> Result<Published, MountError> {
     let target = &req.target;
     let mountinfo = read_mountinfo()?;
-    let present: Vec<PathBuf> = mount_points(&mountinfo)
-        .filter(|p| p.starts_with(target))
-        .collect();
+    let present = points_under(&mountinfo, target);
     let want: Vec<PathBuf> = plan::mount_points(req)
         .into_iter()
         .map(|rel| target.join(rel))
@@ -304,9 +302,13 @@ fn bind_fd(fd: &impl AsFd, at: &Path, readonly: bool, flags: MountFlags) -> Resu
 
 /// Mount points at or under `target`, from `/proc/self/mountinfo`.
 pub fn mounted_under(target: &Path) -> Result<Vec<PathBuf>, MountError> {
-    Ok(mount_points(&read_mountinfo()?)
+    Ok(points_under(&read_mountinfo()?, target))
+}
+
+fn points_under(mountinfo: &str, target: &Path) -> Vec<PathBuf> {
+    mount_points(mountinfo)
         .filter(|p| p.starts_with(target))
-        .collect())
+        .collect()
 }
 
 fn read_mountinfo() -> Result<String, MountError> {
@@ -342,8 +344,7 @@ fn volumes_of_pod(mountinfo: &str, target: &Path, pod_uid: &str) -> usize {
                 fs.next() == Some("tmpfs") && fs.next() == Some(TMPFS_SOURCE)
             })
         })
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(|field| PathBuf::from(unescape(field)))
+        .filter_map(mount_point)
         .filter(|p| p.starts_with(pod_dir) && p.file_name().is_some_and(|n| n == "mount"))
         .count()
 }
@@ -351,9 +352,13 @@ fn volumes_of_pod(mountinfo: &str, target: &Path, pod_uid: &str) -> usize {
 /// The mount point of each line of a mountinfo text (field 5, with the
 /// kernel's octal escapes of space, tab, newline and backslash undone).
 fn mount_points(mountinfo: &str) -> impl Iterator<Item = PathBuf> + '_ {
-    mountinfo
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
+    mountinfo.lines().filter_map(mount_point)
+}
+
+/// The mount point of one mountinfo line.
+fn mount_point(line: &str) -> Option<PathBuf> {
+    line.split(' ')
+        .nth(4)
         .map(|field| PathBuf::from(unescape(field)))
 }
 

@@ -75,6 +75,18 @@ impl ContainerView {
             .as_ref()
             .map_or(self.key.pod_uid.as_str(), |p| p.name.as_str())
     }
+
+    /// The runtime's ID of the region's container as the pod reports it
+    /// now; `None` while unknown.
+    pub fn container_id(&self) -> Option<&str> {
+        self.pod
+            .as_ref()?
+            .running
+            .iter()
+            .find(|c| c.name == self.key.container)
+            .map(|c| c.id.as_str())
+            .filter(|id| !id.is_empty())
+    }
 }
 
 /// What is known about a pod UID.

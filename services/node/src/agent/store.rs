@@ -167,19 +167,16 @@ impl RegionStore {
                     });
                 }
                 Err(error) => {
+                    // Not merely unwritten yet: there, and refused.
+                    if error != RegionError::NotReady {
+                        scan.refused.push((f.key.clone(), error.label()));
+                    }
                     if tracked.last_error.as_ref() != Some(&error) {
                         if error != RegionError::NotReady {
                             self.corrupt_total += 1;
                             tracing::warn!(path = %tracked.region.path().display(), reason = error.label(), %error, "skipping unreadable region");
                         }
                         tracked.last_error = Some(error);
-                    }
-                    if let Some(error) = tracked
-                        .last_error
-                        .as_ref()
-                        .filter(|e| **e != RegionError::NotReady)
-                    {
-                        scan.refused.push((f.key.clone(), error.label()));
                     }
                 }
             }

@@ -109,7 +109,6 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
             ),
         };
     }
-    let stale_attributes = stale_csi_attributes(volumes, layout, &container.name, run_as);
     if let Some((clash, ours)) = clashing_mount(mounts, layout, cfg) {
         return Decision::Deny {
             message: format!(
@@ -177,7 +176,7 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
     };
     let patch = Patch {
         remove_env: found.map(|f| f.foreign.clone()).unwrap_or_default(),
-        csi_attributes: stale_attributes,
+        csi_attributes: stale_csi_attributes(volumes, layout, &container.name, run_as),
         delivery,
         run_as,
         volumes: Missing::of(volumes.is_some(), layout.volumes.len(), |i| {

@@ -39,12 +39,7 @@ pub fn targets(views: &[ContainerView], containers_dir: &Path) -> Vec<Target> {
             path: containers_dir.join(v.key.dir_name()).join(CACHE_FILE),
             pod: v.pod_name().to_owned(),
             pod_uid: v.key.pod_uid.clone(),
-            container_id: v
-                .pod
-                .as_ref()
-                .and_then(|p| p.running.iter().find(|c| c.name == v.key.container))
-                .map(|c| c.id.clone())
-                .filter(|id| !id.is_empty()),
+            container_id: v.container_id().map(str::to_owned),
             container: v.key.container.clone(),
         })
         .collect()

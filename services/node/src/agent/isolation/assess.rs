@@ -390,12 +390,7 @@ fn unrecorded_namespace_pids(
         .filter(|s| s.live)
         .filter_map(|s| u32::try_from(s.hostpid).ok())
         .collect();
-    let container_id = view
-        .pod
-        .as_ref()
-        .and_then(|pod| pod.running.iter().find(|c| c.name == view.key.container))
-        .map(|c| c.id.as_str())
-        .filter(|id| !id.is_empty());
+    let container_id = view.container_id();
     processes
         .iter()
         .filter(|p| !recorded.contains(&p.pid))

@@ -89,15 +89,15 @@ impl Assessor {
             // its pod. When its PID in its namespace cannot be told, the
             // slots cannot be matched: it is not called escaped on doubt.
             if let Some((_, o)) = &owner {
-                let mut slots = awaiting.iter().filter(|(pod, container, _)| {
-                    *pod == o.pod_uid && (o.container.is_empty() || *container == o.container)
-                });
-                let first = slots.next();
-                if let Some(first) = first {
+                let mut slots = awaiting
+                    .iter()
+                    .filter(|(pod, container, _)| {
+                        *pod == o.pod_uid && (o.container.is_empty() || *container == o.container)
+                    })
+                    .peekable();
+                if slots.peek().is_some() {
                     match input.host.and_then(|h| h.namespace_pid(p.pid)) {
-                        Some(pid) if std::iter::once(first).chain(slots).any(|s| s.2 == pid) => {
-                            continue;
-                        }
+                        Some(pid) if slots.any(|&(_, _, slot_pid)| slot_pid == pid) => continue,
                         Some(_) => {}
                         None => continue,
                     }
