@@ -5,6 +5,11 @@
 //! `/proc/self/fd/<n>`: a tenant who swaps a directory for a link between
 //! the check and the mount binds nothing of anyone else's. Mount points are
 //! made inside the volume's own fresh tmpfs, which nobody else can write.
+//!
+//! A publish that fails, by an error or a panic, takes down what it
+//! mounted ([`Undo`]): a half-published volume is the volume's root and the
+//! library binds in the host's mount table, which kubelet never unpublishes
+//! for a publish it saw fail.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -14,7 +19,7 @@ use rustix::fs::{AtFlags, CWD, FileType, Gid, Mode, OFlags, Uid};
 use rustix::mount::{MountFlags, UnmountFlags};
 
 use crate::plan::{self, Step};
-use crate::request::Publish;
+use crate::request::{KUBELET_CSI_VOLUMES, Owner, Publish};
 
 /// Why a publish or unpublish did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +42,19 @@ pub enum MountError {
     /// A path of the host that must not be a link is one.
     #[error("{} is a symbolic link or not a directory: refused", path.display())]
     Link { path: PathBuf },
+    /// The pod's region directory is there already and is not what this
+    /// publish would make it: someone else's, or made for another user.
+    #[error(
+        "{} exists and is not this pod's: owned by {found_uid}:{found_gid}, not {uid}:{gid} as this publish makes it, nor an empty one of the plugin's; refused, not taken over (made under this pod's name by someone else, e.g. a hostPath pod, or by another volume of this pod for another user; remove it if it is stale)",
+        path.display()
+    )]
+    Foreign {
+        path: PathBuf,
+        found_uid: u32,
+        found_gid: u32,
+        uid: u32,
+        gid: u32,
+    },
     #[error("{what} {}: {source}", path.display())]
     Io {
         what: &'static str,
@@ -95,14 +113,57 @@ pub fn publish(req: &Publish, host: &Path) -> Result<Published, MountError> {
     }
     target_dir(target)?;
     let steps = plan::publish(req, host);
-    if let Err(error) = steps.iter().try_for_each(|step| run(step, target)) {
-        // Leave nothing half-mounted behind.
-        if let Err(cleanup) = unmount_all(target) {
-            tracing::error!(error = %cleanup, target = %target.display(), "cannot undo a failed publish");
-        }
-        return Err(error);
+    // Leave nothing half-mounted behind, whichever way a step fails.
+    let undo = Undo::arm(target);
+    for step in &steps {
+        run(step, target)?;
     }
+    undo.disarm();
     Ok(Published::Mounted)
+}
+
+/// Unmounts everything at and under a target when dropped armed: on an
+/// early return by `?` and on unwinding from a panic alike, so no way out
+/// of a publish but success leaves its mounts in the host's mount table.
+struct Undo<'a> {
+    target: &'a Path,
+    armed: bool,
+}
+
+impl<'a> Undo<'a> {
+    fn arm(target: &'a Path) -> Self {
+        Self {
+            target,
+            armed: true,
+        }
+    }
+
+    /// The publish is complete: its mounts stay.
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let panicking = std::thread::panicking();
+        match unmount_all(self.target) {
+            Ok(()) => {
+                tracing::debug!(target = %self.target.display(), panicking, "undid a failed publish")
+            }
+            // Nothing to do but say so: the mounts stay until an unpublish
+            // (kubelet's retry of the publish takes a partial one down).
+            Err(error) => tracing::error!(
+                %error,
+                target = %self.target.display(),
+                panicking,
+                "cannot undo a failed publish"
+            ),
+        }
+    }
 }
 
 /// Unmounts everything at and under `target` and removes the directory.
@@ -213,12 +274,10 @@ fn run(step: &Step, target: &Path) -> Result<(), MountError> {
                 Mode::empty(),
             )
             .map_err(|_| MountError::Link { path: host.clone() })?;
-            rustix::fs::fchown(
-                &region,
-                owner.uid.map(Uid::from_raw),
-                owner.gid.map(Gid::from_raw),
-            )
-            .map_err(io_err("cannot chown", &host))?;
+            let (uid, gid) = resolve(*owner);
+            claim(&region, &host, uid, gid)?;
+            rustix::fs::fchown(&region, Some(uid), Some(gid))
+                .map_err(io_err("cannot chown", &host))?;
             rustix::fs::fchmod(&region, Mode::from_raw_mode(*mode))
                 .map_err(io_err("cannot chmod", &host))?;
             bind_fd(
@@ -247,6 +306,62 @@ fn run(step: &Step, target: &Path) -> Result<(), MountError> {
         )
         .map_err(io_err("cannot make the volume read-only", target)),
     }
+}
+
+/// The owner a region directory gets: the pod's ids where the request
+/// names them, else the plugin's own (root's), which is who made it.
+/// Always both, so a directory made earlier for this pod is recognised by
+/// its owner alone ([`claim`]).
+fn resolve(owner: Owner) -> (Uid, Gid) {
+    (
+        owner.uid.map_or_else(rustix::process::geteuid, |id| {
+            Uid::from_raw_unchecked(id.get())
+        }),
+        owner.gid.map_or_else(rustix::process::getegid, |id| {
+            Gid::from_raw_unchecked(id.get())
+        }),
+    )
+}
+
+/// Whether this publish may use the region directory `region` (at `host`)
+/// as `uid:gid`'s. A directory is this pod's when it is already owned
+/// `uid:gid`: an earlier publish of this volume (kubelet publishes again
+/// after a node restart, a plugin restart or a partial publish), with what
+/// libvgpu wrote in it. One owned by the plugin's user that holds nothing
+/// is this plugin's own, fresh from `mkdirat` (now, or by a publish that
+/// stopped before its chown). Anything else is refused and left as it is:
+/// a directory someone else made under this pod's name (a hostPath pod can
+/// write `containers/`), with files of theirs in it, or one an earlier
+/// volume of this pod made for another user, which a chown would take
+/// from that user (a second volume of the driver asking for root).
+fn claim(region: &OwnedFd, host: &Path, uid: Uid, gid: Gid) -> Result<(), MountError> {
+    let st = rustix::fs::fstat(region).map_err(io_err("cannot stat", host))?;
+    if (st.st_uid, st.st_gid) == (uid.as_raw(), gid.as_raw()) {
+        return Ok(());
+    }
+    if st.st_uid == rustix::process::geteuid().as_raw() && is_empty(region, host)? {
+        return Ok(());
+    }
+    Err(MountError::Foreign {
+        path: host.to_owned(),
+        found_uid: st.st_uid,
+        found_gid: st.st_gid,
+        uid: uid.as_raw(),
+        gid: gid.as_raw(),
+    })
+}
+
+/// Whether the directory open at `dir` has no entries but `.` and `..`.
+fn is_empty(dir: &OwnedFd, path: &Path) -> Result<bool, MountError> {
+    let entries = rustix::fs::Dir::read_from(dir).map_err(io_err("cannot read", path))?;
+    for entry in entries {
+        let entry = entry.map_err(io_err("cannot read", path))?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// The source of our tmpfs mounts, by which the mount table tells them.
@@ -327,14 +442,21 @@ fn read_mountinfo() -> Result<String, MountError> {
 pub const MAX_VOLUMES_PER_POD: usize = 8;
 
 /// How many volumes of this driver pod `pod_uid` has published: the roots
-/// (our tmpfs, source `kai-vgpu`, at a kubelet target `…/mount`) under the
-/// pod's own directory of kubelet's, which `target` is in.
+/// (our tmpfs, source `kai-vgpu`, at kubelet's place for a volume,
+/// `volumes/kubernetes.io~csi/<volume>/<leaf>`) under the pod's own
+/// directory of kubelet's, which `target` (checked to be at that place:
+/// `request::target_pod`) is in.
 fn volumes_of_pod(mountinfo: &str, target: &Path, pod_uid: &str) -> usize {
     let Some(pod_dir) = target
         .ancestors()
-        .find(|a| a.file_name().and_then(|n| n.to_str()) == Some(pod_uid))
+        .nth(4)
+        .filter(|dir| dir.file_name().and_then(|n| n.to_str()) == Some(pod_uid))
     else {
         return 0;
+    };
+    let volume_root = |p: &Path| {
+        p.strip_prefix(pod_dir)
+            .is_ok_and(|rel| rel.starts_with(KUBELET_CSI_VOLUMES) && rel.components().count() == 4)
     };
     mountinfo
         .lines()
@@ -345,7 +467,7 @@ fn volumes_of_pod(mountinfo: &str, target: &Path, pod_uid: &str) -> usize {
             })
         })
         .filter_map(mount_point)
-        .filter(|p| p.starts_with(pod_dir) && p.file_name().is_some_and(|n| n == "mount"))
+        .filter(|p| volume_root(p))
         .count()
 }
 
@@ -445,6 +567,49 @@ mod tests {
         let target = PathBuf::from(format!("{csi}/v9/mount"));
         assert_eq!(volumes_of_pod(&text, &target, UID), 3);
         assert_eq!(volumes_of_pod(&text, Path::new("/elsewhere/mount"), UID), 0);
+    }
+
+    /// The guard a publish arms takes its mounts down when the publish
+    /// ends in a panic as much as in an error: no id check upstream can
+    /// foresee every way a step may fail. Needs root (mounting), as
+    /// `tests/kubelet.rs`; skipped with `KAI_CSI_MOUNT_TESTS=skip`.
+    #[test]
+    fn a_publish_that_panics_leaves_nothing_mounted() {
+        if !rustix::process::geteuid().is_root() {
+            assert_eq!(
+                std::env::var("KAI_CSI_MOUNT_TESTS").as_deref(),
+                Ok("skip"),
+                "mounting needs root: run as root or set KAI_CSI_MOUNT_TESTS=skip"
+            );
+            eprintln!("SKIPPED: needs root (KAI_CSI_MOUNT_TESTS=skip)");
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = dir.path().join("mount");
+        std::fs::create_dir(&target).expect("target");
+        let unwound = std::panic::catch_unwind(|| {
+            let _undo = Undo::arm(&target);
+            mount_tmpfs(&target, "size=64k", MountFlags::empty()).expect("root tmpfs");
+            std::fs::create_dir(target.join("vgpulock")).expect("mount point");
+            mount_tmpfs(&target.join("vgpulock"), "size=64k", MountFlags::empty())
+                .expect("a tmpfs beneath it");
+            panic!("a step panicked half-way");
+        });
+        assert!(unwound.is_err(), "the closure panics");
+        let left = mounted_under(&target).expect("mountinfo");
+        // Should the guard not have run, take the mounts down here so the
+        // machine is left clean, then fail.
+        for point in left.iter().rev() {
+            let _ = rustix::mount::unmount(point, UnmountFlags::DETACH);
+        }
+        assert!(left.is_empty(), "left mounted: {left:?}");
+
+        // Disarmed, it leaves the publication alone.
+        mount_tmpfs(&target, "size=64k", MountFlags::empty()).expect("root tmpfs");
+        Undo::arm(&target).disarm();
+        let kept = mounted_under(&target).expect("mountinfo");
+        unmount_all(&target).expect("clean up");
+        assert_eq!(kept, std::slice::from_ref(&target));
     }
 
     #[test]

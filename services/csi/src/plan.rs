@@ -36,7 +36,8 @@ pub enum Step {
     /// A library file bound read-only onto an empty file in the root.
     Library { name: &'static str, source: PathBuf },
     /// The pod's region directory: created on the host (never through a
-    /// link), owned by the pod, bound at `rel`.
+    /// link), owned by the pod, bound at `rel`. One that is already there is
+    /// used only when it is already this owner's (`mounts`).
     Region {
         host_containers: PathBuf,
         name: String,
@@ -144,11 +145,16 @@ pub fn mount_points(req: &Publish) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::request::Id;
+
+    fn id(raw: u32) -> Option<Id> {
+        Id::new(raw)
+    }
 
     fn req(owner: Owner, readonly: bool) -> Publish {
         Publish {
             volume_id: "csi-1".into(),
-            target: "/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/v/mount".into(),
+            target: "/var/lib/kubelet/pods/0b1c/volumes/kubernetes.io~csi/v/mount".into(),
             pod_uid: "0b1c".into(),
             container: "trainer".into(),
             pod: "team-a/trainer-0".into(),
@@ -170,8 +176,8 @@ mod tests {
         let steps = publish(
             &req(
                 Owner {
-                    uid: Some(1000),
-                    gid: Some(2000),
+                    uid: id(1000),
+                    gid: id(2000),
                 },
                 false,
             ),
@@ -219,8 +225,8 @@ mod tests {
                 "0b1c_trainer".to_owned(),
                 PathBuf::from("containers/0b1c_trainer"),
                 Owner {
-                    uid: Some(1000),
-                    gid: Some(2000)
+                    uid: id(1000),
+                    gid: id(2000)
                 },
                 0o2775,
                 false
@@ -240,8 +246,8 @@ mod tests {
         let steps = publish(
             &req(
                 Owner {
-                    uid: Some(1000),
-                    gid: Some(2000),
+                    uid: id(1000),
+                    gid: id(2000),
                 },
                 false,
             ),
@@ -261,21 +267,21 @@ mod tests {
     fn modes_follow_what_the_pod_spec_says_about_its_user() {
         assert_eq!(
             mode(Owner {
-                uid: Some(1000),
-                gid: Some(2000)
+                uid: id(1000),
+                gid: id(2000)
             }),
             0o2775
         );
         assert_eq!(
             mode(Owner {
                 uid: None,
-                gid: Some(2000)
+                gid: id(2000)
             }),
             0o2775
         );
         assert_eq!(
             mode(Owner {
-                uid: Some(1000),
+                uid: id(1000),
                 gid: None
             }),
             0o755

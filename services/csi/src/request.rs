@@ -1,6 +1,9 @@
 //! A `NodePublishVolume` request, checked once at the edge into a typed
 //! [`Publish`]: everything past here trusts its fields to be safe path
-//! components and plain numbers.
+//! components and ids the kernel takes as they are. Every field a request
+//! carries is checked here, so that nothing a tenant writes into its volume
+//! attributes reaches a mount or a chown unchecked (docs/isolation.md,
+//! "Library delivery").
 
 use std::path::{Path, PathBuf};
 
@@ -31,6 +34,10 @@ pub enum Invalid {
     TargetPath(String),
     #[error("target_path {path:?} is not under {root:?}, where kubelet publishes pod volumes")]
     TargetOutside { path: String, root: PathBuf },
+    #[error(
+        "target_path {path:?} is not where kubelet publishes an inline volume of a pod ({root:?}/<pod uid>/{KUBELET_CSI_VOLUMES}/<volume>/mount)"
+    )]
+    TargetLayout { path: String, root: PathBuf },
     #[error("volume_capability is required")]
     NoCapability,
     #[error("block access is not supported: this driver publishes a directory (access type mount)")]
@@ -45,21 +52,85 @@ pub enum Invalid {
     NoPodUid,
     #[error("{CTX_POD_UID} {0:?} is not a pod UID")]
     PodUid(String),
+    #[error(
+        "{CTX_POD_UID} {pod_uid:?} is not the pod whose directory target_path {path:?} is in: kubelet publishes a pod's volume under that pod's own directory"
+    )]
+    PodUidTarget { pod_uid: String, path: String },
     #[error("volume attribute {ATTR_CONTAINER} is required: the container the library is for")]
     NoContainer,
     #[error("volume attribute {ATTR_CONTAINER} {0:?} is not a container name (a DNS-1123 label)")]
     Container(String),
-    #[error("{field} {value:?} is not a decimal id")]
+    #[error(
+        "{field} {value:?} is not a user or group id: a decimal from 0 to {} without sign or leading zeros, as the API server accepts for runAsUser, runAsGroup and fsGroup",
+        Id::MAX
+    )]
     Id { field: &'static str, value: String },
+}
+
+/// A user or group id the plugin may chown to: 0 to 2147483647, the range
+/// the API server accepts for `runAsUser`, `runAsGroup` and `fsGroup`.
+///
+/// The kernel takes ids up to 4294967294, but 4294967295 is `(uid_t)-1`,
+/// which chown(2) reads as "leave it unchanged" (and rustix's `Uid` refuses
+/// with a panic): a tenant's volume attribute of that value once panicked
+/// a publish half-way. No pod the API server admits runs as an id above
+/// its bound, so the one range closes both.
+///
+/// 0 (root) is an id like any other: the webhook writes `run-as-user: "0"`
+/// for a container that says `runAsUser: 0`, which kubelet runs as root, and
+/// the region directory is then root's. What makes that safe is that a
+/// publish never changes the owner of a directory that is already there
+/// (`mounts`): a volume asking for root cannot take the directory from the
+/// user an earlier publish gave it to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Id(u32);
+
+impl Id {
+    /// The largest id accepted (`math.MaxInt32`, the API server's bound).
+    pub const MAX: u32 = 2_147_483_647;
+
+    /// `raw`, when it is in range.
+    pub const fn new(raw: u32) -> Option<Self> {
+        if raw <= Self::MAX {
+            Some(Self(raw))
+        } else {
+            None
+        }
+    }
+
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+
+    /// A plain decimal as the webhook and kubelet write ids: ASCII digits
+    /// only, no sign, no leading zero (`0` itself excepted), in range.
+    /// Anything else may read differently to another parser, so it is
+    /// refused rather than guessed at.
+    pub fn parse(text: &str) -> Option<Self> {
+        let digits = !text.is_empty()
+            && text.len() <= 10
+            && text.bytes().all(|b| b.is_ascii_digit())
+            && (text == "0" || !text.starts_with('0'));
+        if !digits {
+            return None;
+        }
+        text.parse::<u32>().ok().and_then(Self::new)
+    }
+}
+
+impl std::fmt::Display for Id {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
 }
 
 /// Who owns the pod's own directories.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Owner {
     /// The container's uid, when the pod spec says it.
-    pub uid: Option<u32>,
+    pub uid: Option<Id>,
     /// fsGroup (from kubelet), else the container's runAsGroup.
-    pub gid: Option<u32>,
+    pub gid: Option<Id>,
 }
 
 /// A checked publish request.
@@ -91,6 +162,10 @@ impl Publish {
     ) -> Result<Self, Invalid> {
         let volume_id = volume_id(&req.volume_id)?;
         let target = target(&req.target_path, target_root)?;
+        let target_pod = target_pod(&target, target_root).ok_or_else(|| Invalid::TargetLayout {
+            path: req.target_path.clone(),
+            root: target_root.to_owned(),
+        })?;
         let capability = req
             .volume_capability
             .as_ref()
@@ -107,6 +182,16 @@ impl Publish {
         let pod_uid = ctx.get(CTX_POD_UID).ok_or(Invalid::NoPodUid)?;
         if !is_pod_uid(pod_uid) {
             return Err(Invalid::PodUid(pod_uid.clone()));
+        }
+        // The region directory is named after this UID: one that is not the
+        // target's pod would bind another pod's directory into this pod's
+        // volume (and chown it to this pod's user). Kubelet's own
+        // `podInfoOnMount` value always matches; anything else is refused.
+        if target_pod != pod_uid {
+            return Err(Invalid::PodUidTarget {
+                pod_uid: pod_uid.clone(),
+                path: req.target_path.clone(),
+            });
         }
         let container = ctx.get(ATTR_CONTAINER).ok_or(Invalid::NoContainer)?;
         if !is_dns_label(container) {
@@ -163,8 +248,10 @@ pub fn target(path: &str, root: &Path) -> Result<PathBuf, Invalid> {
     }
     let p = Path::new(path);
     // On the string: `Path::components` silently drops `.` and repeated
-    // slashes, and kubelet never sends either.
+    // slashes, and kubelet never sends either. A NUL cannot reach a
+    // syscall (and would not name the same file in the mount table).
     let normal = path.starts_with('/')
+        && !path.contains('\0')
         && path
             .split('/')
             .skip(1)
@@ -179,6 +266,31 @@ pub fn target(path: &str, root: &Path) -> Result<PathBuf, Invalid> {
         });
     }
     Ok(p.to_owned())
+}
+
+/// Where kubelet keeps a pod's inline CSI volumes, under the pod's own
+/// directory (`GetPodVolumeDir` with the escaped plugin name
+/// `kubernetes.io~csi`).
+pub const KUBELET_CSI_VOLUMES: &str = "volumes/kubernetes.io~csi";
+
+/// The pod directory's name (kubelet names it by the pod's UID) of a target
+/// at kubelet's place for an inline CSI volume:
+/// `<root>/<pod uid>/volumes/kubernetes.io~csi/<volume>/<leaf>`. Kubelet's
+/// leaf is `mount`; the leaf is not compared, so the CSI project's
+/// conformance suite, which publishes at `<its directory>/target`, can
+/// drive the plugin. `None` off that layout: the pod directory itself,
+/// deeper paths, another plugin's volumes.
+pub fn target_pod<'a>(target: &'a Path, root: &Path) -> Option<&'a str> {
+    let rel = target.strip_prefix(root).ok()?;
+    let parts = rel
+        .components()
+        .map(|c| c.as_os_str().to_str())
+        .collect::<Option<Vec<_>>>()?;
+    let (volumes, csi) = KUBELET_CSI_VOLUMES.split_once('/')?;
+    match parts.as_slice() {
+        [pod, v, c, _volume, _leaf] if *v == volumes && *c == csi => Some(pod),
+        _ => None,
+    }
 }
 
 /// A pod UID as the API server writes them (lower-case hex and dashes);
@@ -201,12 +313,12 @@ fn is_dns_label(name: &str) -> bool {
         && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
 }
 
-/// An optional decimal id; empty reads as absent (kubelet sends an empty
-/// `volume_mount_group` when the pod has no fsGroup).
-fn id(field: &'static str, value: Option<&String>) -> Result<Option<u32>, Invalid> {
+/// An optional id ([`Id::parse`]); empty reads as absent (kubelet sends an
+/// empty `volume_mount_group` when the pod has no fsGroup).
+fn id(field: &'static str, value: Option<&String>) -> Result<Option<Id>, Invalid> {
     match value.map(String::as_str) {
         None | Some("") => Ok(None),
-        Some(v) => v.parse().map(Some).map_err(|_| Invalid::Id {
+        Some(v) => Id::parse(v).map(Some).ok_or_else(|| Invalid::Id {
             field,
             value: v.to_owned(),
         }),
@@ -219,8 +331,16 @@ mod tests {
     use std::collections::HashMap;
 
     const ROOT: &str = "/var/lib/kubelet/pods";
-    const TARGET: &str = "/var/lib/kubelet/pods/0b1c/volumes/kubernetes.io~csi/kai/mount";
+    const TARGET: &str = concat!(
+        "/var/lib/kubelet/pods/",
+        "0b1c2d3e-0000-4000-8000-00000000000a",
+        "/volumes/kubernetes.io~csi/kai/mount"
+    );
     const UID: &str = "0b1c2d3e-0000-4000-8000-00000000000a";
+
+    fn id(raw: u32) -> Option<Id> {
+        Some(Id::new(raw).expect("an id in range"))
+    }
 
     fn request(ctx: &[(&str, &str)], group: &str) -> csi::NodePublishVolumeRequest {
         csi::NodePublishVolumeRequest {
@@ -267,8 +387,8 @@ mod tests {
         assert_eq!(
             p.owner,
             Owner {
-                uid: Some(1000),
-                gid: Some(2000)
+                uid: id(1000),
+                gid: id(2000)
             }
         );
         assert!(!p.readonly);
@@ -279,11 +399,11 @@ mod tests {
         let both = kubelet(&[(ATTR_RUN_AS_GROUP, "3000")]);
         assert_eq!(
             check(&request(&both, "2000")).expect("valid").owner.gid,
-            Some(2000)
+            id(2000)
         );
         assert_eq!(
             check(&request(&both, "")).expect("valid").owner.gid,
-            Some(3000)
+            id(3000)
         );
         assert_eq!(
             check(&request(&kubelet(&[]), "")).expect("valid").owner,
@@ -316,6 +436,7 @@ mod tests {
             "/etc/x",
             ROOT,
             "/var/lib/kubelet/podsX/y",
+            "/var/lib/kubelet/pods/0b1c2d3e-0000-4000-8000-00000000000a/volumes/kubernetes.io~csi/kai/mo\0unt",
             "",
         ] {
             let mut req = request(&kubelet(&[]), "");
@@ -352,5 +473,101 @@ mod tests {
         assert_eq!(check(&req), Err(Invalid::NoCapability));
         let bad_uid = request(&kubelet(&[(ATTR_RUN_AS_USER, "root")]), "");
         assert!(matches!(check(&bad_uid), Err(Invalid::Id { .. })));
+    }
+
+    /// `(uid_t)-1` reads as "unchanged" to chown(2), and the API server
+    /// accepts ids up to 2147483647 only: every id field takes plain
+    /// decimals in that range, 0 included.
+    #[test]
+    fn ids_are_plain_decimals_the_api_server_would_accept() {
+        for good in ["0", "1000", "65534", "2147483647"] {
+            assert!(Id::parse(good).is_some(), "{good} refused");
+        }
+        for bad in [
+            "4294967295",
+            "4294967294",
+            "2147483648",
+            "99999999999",
+            "-1",
+            "+1000",
+            "01000",
+            "00",
+            " 1000",
+            "1000 ",
+            "1e3",
+            "0x10",
+            "١٠٠٠",
+            "",
+        ] {
+            assert_eq!(Id::parse(bad), None, "{bad:?} accepted");
+        }
+        for field in [ATTR_RUN_AS_USER, ATTR_RUN_AS_GROUP] {
+            let req = request(&kubelet(&[(field, "4294967295")]), "");
+            assert_eq!(
+                check(&req),
+                Err(Invalid::Id {
+                    field,
+                    value: "4294967295".into()
+                })
+            );
+        }
+        assert_eq!(
+            check(&request(&kubelet(&[]), "4294967295")),
+            Err(Invalid::Id {
+                field: "volume_mount_group",
+                value: "4294967295".into()
+            })
+        );
+        let root = check(&request(&kubelet(&[(ATTR_RUN_AS_USER, "0")]), "0")).expect("root");
+        assert_eq!(
+            root.owner,
+            Owner {
+                uid: id(0),
+                gid: id(0)
+            }
+        );
+    }
+
+    /// The pod UID names the region directory, so it must be the pod whose
+    /// directory kubelet publishes into; and a target must sit where
+    /// kubelet puts an inline CSI volume of a pod.
+    #[test]
+    fn the_pod_uid_is_the_targets_pod() {
+        const OTHER: &str = "99999999-0000-4000-8000-00000000000b";
+        let mut req = request(&kubelet(&[]), "");
+        req.volume_context.insert(CTX_POD_UID.into(), OTHER.into());
+        assert_eq!(
+            check(&req),
+            Err(Invalid::PodUidTarget {
+                pod_uid: OTHER.into(),
+                path: TARGET.into()
+            })
+        );
+        for off in [
+            format!("{ROOT}/{UID}/mount"),
+            format!("{ROOT}/{UID}/volumes/kubernetes.io~csi/kai"),
+            format!("{ROOT}/{UID}/volumes/kubernetes.io~csi/kai/mount/deeper"),
+            format!("{ROOT}/{UID}/volumes/kubernetes.io~empty-dir/kai/mount"),
+            format!("{ROOT}/{UID}/volume-subpaths/kubernetes.io~csi/kai/mount"),
+        ] {
+            let mut req = request(&kubelet(&[]), "");
+            req.target_path = off.clone();
+            assert!(
+                matches!(check(&req), Err(Invalid::TargetLayout { .. })),
+                "{off}: {:?}",
+                check(&req)
+            );
+        }
+        assert_eq!(target_pod(Path::new(TARGET), Path::new(ROOT)), Some(UID));
+        // Another kubelet root (chart `csi.kubeletDir`).
+        assert_eq!(
+            target_pod(
+                Path::new(&format!(
+                    "/var/lib/k0s/kubelet/pods/{UID}/volumes/kubernetes.io~csi/v/mount"
+                )),
+                Path::new("/var/lib/k0s/kubelet/pods")
+            ),
+            Some(UID)
+        );
     }
 }

@@ -59,7 +59,9 @@ fn status(error: MountError) -> Status {
     match error {
         // kubelet retries: the pod starts once libsync has run.
         MountError::NotInstalled { .. } => Status::unavailable(error.to_string()),
-        MountError::Link { .. } => Status::failed_precondition(error.to_string()),
+        MountError::Link { .. } | MountError::Foreign { .. } => {
+            Status::failed_precondition(error.to_string())
+        }
         MountError::TooMany { .. } => Status::resource_exhausted(error.to_string()),
         MountError::Io { .. } => Status::internal(error.to_string()),
     }
@@ -126,8 +128,17 @@ impl csi::node_server::Node for Plugin {
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
         let req = req.into_inner();
         request::volume_id(&req.volume_id).map_err(invalid)?;
-        let target =
-            request::target(&req.target_path, &self.settings.target_root).map_err(invalid)?;
+        let root = &self.settings.target_root;
+        let target = request::target(&req.target_path, root).map_err(invalid)?;
+        // Unpublish unmounts everything under the target: only at kubelet's
+        // place for one volume, never a pod's whole directory (its other
+        // volumes, secrets' tmpfs included) or anything else under `pods/`.
+        if request::target_pod(&target, root).is_none() {
+            return Err(invalid(Invalid::TargetLayout {
+                path: req.target_path,
+                root: root.clone(),
+            }));
+        }
         self.exclusive(move |_| mounts::unpublish(&target)).await?;
         tracing::info!("unpublished");
         Ok(Response::new(csi::NodeUnpublishVolumeResponse {}))

@@ -623,3 +623,242 @@ async fn readyz(addr: std::net::SocketAddr) -> String {
     .await
     .expect("readyz")
 }
+
+// === Hostile requests (issue 38) ===
+//
+// A tenant reaches the plugin with volume attributes of its own: a second
+// inline volume of the driver, which the webhook now denies, or one the
+// webhook never saw (an excluded namespace, the webhook down under
+// `failurePolicy: Ignore`). Whatever the request says, the plugin answers
+// with an error, never panics, leaves nothing mounted and hands no one a
+// directory that is not theirs.
+
+/// The mount points left at or under `target`.
+fn mounted(target: &Path) -> Vec<PathBuf> {
+    kai_csi::mounts::mounted_under(target).expect("mountinfo")
+}
+
+/// `4294967295` is `(uid_t)-1`, which chown(2) reads as "leave it
+/// unchanged"; it used to panic in the uid conversion inside the publish,
+/// past the point where the volume's root and both library binds were
+/// mounted, and the error cleanup never ran. Every id field is refused
+/// before anything is mounted, as are ids the API server itself refuses
+/// (above 2147483647) and anything but a plain decimal.
+#[tokio::test]
+async fn an_id_chown_reads_as_unchanged_is_refused_and_nothing_stays_mounted() {
+    let Some(()) = may_mount() else { return };
+    let node = Node::start(true, false).await;
+    let mut client = node.node().await;
+    let target = node.target(UID_A);
+    for (field, value) in [
+        (ATTR_RUN_AS_USER, "4294967295"),
+        (ATTR_RUN_AS_GROUP, "4294967295"),
+        ("volume_mount_group", "4294967295"),
+        (ATTR_RUN_AS_USER, "2147483648"),
+        (ATTR_RUN_AS_USER, "-1"),
+        (ATTR_RUN_AS_USER, "+1000"),
+        (ATTR_RUN_AS_GROUP, "01000"),
+    ] {
+        let mut req = publish_request(&target, UID_A, None, None);
+        if field == "volume_mount_group" {
+            if let Some(csi::volume_capability::AccessType::Mount(m)) = req
+                .volume_capability
+                .as_mut()
+                .and_then(|c| c.access_type.as_mut())
+            {
+                m.volume_mount_group = value.into();
+            }
+        } else {
+            req.volume_context.insert(field.into(), value.into());
+        }
+        let err = client
+            .node_publish_volume(req)
+            .await
+            .expect_err("published with an id chown cannot take");
+        assert!(
+            mounted(&target).is_empty(),
+            "{field}={value}: mounts left: {:?}",
+            mounted(&target)
+        );
+        assert_eq!(
+            err.code(),
+            Code::InvalidArgument,
+            "{field}={value}: {err:?}"
+        );
+        assert!(err.message().contains(value), "{field}: {}", err.message());
+        assert!(
+            !node
+                .host()
+                .join(format!("containers/{UID_A}_trainer"))
+                .exists(),
+            "{field}={value}: a region directory was made"
+        );
+    }
+    // The largest id the API server accepts still publishes.
+    client
+        .node_publish_volume(publish_request(
+            &target,
+            UID_A,
+            Some((2_147_483_647, 2_147_483_647)),
+            None,
+        ))
+        .await
+        .expect("publish with the largest valid ids");
+    let meta = std::fs::metadata(node.host().join(format!("containers/{UID_A}_trainer")))
+        .expect("region dir");
+    assert_eq!((meta.uid(), meta.gid()), (2_147_483_647, 2_147_483_647));
+}
+
+/// Kubelet publishes a pod's inline volume under that pod's own directory,
+/// `<pods>/<pod uid>/volumes/kubernetes.io~csi/<volume>/mount`. A request
+/// naming another pod's UID than its target's (pod A's UID at pod B's
+/// target) used to bind A's region directory into B's volume and chown it
+/// to B's user: refused, and A's directory is left as it was.
+#[tokio::test]
+async fn a_pod_uid_that_is_not_the_targets_pod_is_refused() {
+    let Some(()) = may_mount() else { return };
+    let node = Node::start(true, false).await;
+    let mut client = node.node().await;
+    let (ta, tb) = (node.target(UID_A), node.target(UID_B));
+    client
+        .node_publish_volume(publish_request(&ta, UID_A, Some((1000, 1000)), Some(2000)))
+        .await
+        .expect("publish A");
+    let err = client
+        .node_publish_volume(publish_request(&tb, UID_A, Some((0, 0)), None))
+        .await
+        .expect_err("A's UID published at B's target");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains(UID_A), "{}", err.message());
+    assert!(mounted(&tb).is_empty(), "B's target: {:?}", mounted(&tb));
+    let meta = std::fs::metadata(node.host().join(format!("containers/{UID_A}_trainer")))
+        .expect("A's region dir");
+    assert_eq!((meta.uid(), meta.gid()), (1000, 2000));
+    // A target that is not at kubelet's depth under a pod's directory
+    // (the pod's directory itself, or deeper) is not a volume's either.
+    for bad in [
+        node.dir.path().join(format!("kubelet/pods/{UID_A}/mount")),
+        ta.join("nested/mount"),
+    ] {
+        let err = client
+            .node_publish_volume(publish_request(&bad, UID_A, None, None))
+            .await
+            .expect_err("published off kubelet's layout");
+        assert_eq!(err.code(), Code::InvalidArgument, "{bad:?}: {err:?}");
+    }
+}
+
+/// A second volume of the driver for the same container, with run-as 0,
+/// used to chown the pod's own region directory to root (0755): libvgpu,
+/// running as the pod's user, could then not create its region, and the
+/// node agent saw nothing. A region directory that exists is kept only when
+/// it is already what this publish would make it.
+#[tokio::test]
+async fn an_extra_volume_cannot_take_the_pods_region_directory_from_its_user() {
+    let Some(()) = may_mount() else { return };
+    let node = Node::start(true, false).await;
+    let mut client = node.node().await;
+    let first = node.target(UID_A);
+    client
+        .node_publish_volume(publish_request(
+            &first,
+            UID_A,
+            Some((1000, 1000)),
+            Some(2000),
+        ))
+        .await
+        .expect("the webhook's volume");
+    let parent = node.dir.path().join(format!(
+        "kubelet/pods/{UID_A}/volumes/kubernetes.io~csi/extra"
+    ));
+    std::fs::create_dir_all(&parent).expect("kubelet's volume dir");
+    let extra = parent.join("mount");
+    let mut req = publish_request(&extra, UID_A, Some((0, 0)), None);
+    req.volume_id = "csi-extra".into();
+    let err = client
+        .node_publish_volume(req)
+        .await
+        .expect_err("the extra volume took the region directory");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(mounted(&extra).is_empty(), "{:?}", mounted(&extra));
+    let dir = node.host().join(format!("containers/{UID_A}_trainer"));
+    let meta = std::fs::metadata(&dir).expect("region dir");
+    assert_eq!(
+        (meta.uid(), meta.gid(), meta.permissions().mode() & 0o7777),
+        (1000, 2000, 0o2775)
+    );
+    // The same owner again (kubelet republishing after a node restart, or
+    // a second volume that asks for nothing else) keeps the directory and
+    // what libvgpu wrote in it.
+    std::fs::write(dir.join("usage.cache"), b"region").expect("a region");
+    client
+        .node_unpublish_volume(unpublish_request(&first, UID_A))
+        .await
+        .expect("unpublish");
+    client
+        .node_publish_volume(publish_request(
+            &first,
+            UID_A,
+            Some((1000, 1000)),
+            Some(2000),
+        ))
+        .await
+        .expect("republished with the same owner");
+    assert_eq!(
+        std::fs::read(first.join(format!("containers/{UID_A}_trainer/usage.cache"))).expect("kept"),
+        b"region"
+    );
+}
+
+/// A directory someone else made under this pod's name before the pod's
+/// first publish (a hostPath-mode pod can write `containers/`), with its
+/// own files in it, used to be handed to the pod, contents, group and all:
+/// refused, and left as it was.
+#[tokio::test]
+async fn a_region_directory_someone_else_made_is_not_taken_over() {
+    let Some(()) = may_mount() else { return };
+    let node = Node::start(true, false).await;
+    let mut client = node.node().await;
+    let dir = node.host().join(format!("containers/{UID_A}_trainer"));
+    std::fs::create_dir(&dir).expect("planted dir");
+    std::fs::write(dir.join("usage.cache"), b"planted").expect("planted file");
+    std::os::unix::fs::chown(&dir, Some(666), Some(666)).expect("chown");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o2777)).expect("chmod");
+    let target = node.target(UID_A);
+    let err = client
+        .node_publish_volume(publish_request(
+            &target,
+            UID_A,
+            Some((1000, 1000)),
+            Some(2000),
+        ))
+        .await
+        .expect_err("a planted directory was taken over");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("666"), "{}", err.message());
+    assert!(mounted(&target).is_empty(), "{:?}", mounted(&target));
+    let meta = std::fs::metadata(&dir).expect("dir");
+    assert_eq!(
+        (meta.uid(), meta.gid(), meta.permissions().mode() & 0o7777),
+        (666, 666, 0o2777)
+    );
+    // A directory of the plugin's own (root's) that holds nothing, as a
+    // publish that stopped between mkdir and chown leaves it, is taken.
+    let other = node.host().join(format!("containers/{UID_B}_trainer"));
+    std::fs::create_dir(&other).expect("half-made dir");
+    std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    client
+        .node_publish_volume(publish_request(
+            &node.target(UID_B),
+            UID_B,
+            Some((1001, 3000)),
+            None,
+        ))
+        .await
+        .expect("a half-made directory of ours is finished");
+    let meta = std::fs::metadata(&other).expect("dir");
+    assert_eq!(
+        (meta.uid(), meta.gid(), meta.permissions().mode() & 0o7777),
+        (1001, 3000, 0o2775)
+    );
+}
