@@ -406,11 +406,20 @@ fn corpus_under_csi_delivery() {
         // Reinvocation: nothing more.
         let (_, again) = reviewed(&after, &uid, &csi());
         assert_eq!(again, "already_injected", "{name}");
-        // A pod a hostPath webhook mutated (an older release, or a hostPath
-        // replica during the switch) keeps its hostPath volumes.
+        // A pod carrying hostPath delivery's volumes (a hostPath replica
+        // during the switch, or a tenant declaring them to keep the node's
+        // shared directories) is denied under csi, naming a volume of the
+        // set: issue 38.
         let (again, decision) = reviewed(&under_host_path, &uid, &csi());
-        assert_eq!(decision, "already_injected", "{name}");
+        assert_eq!(decision, "denied", "{name}");
         assert!(support::patch_of(&again).is_none(), "{name}");
+        let message = again["response"]["status"]["message"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            message.contains("kai-resource-isolator-") && message.contains("hostPath"),
+            "{name}: {message}"
+        );
     }
 }
 

@@ -97,8 +97,10 @@ pub enum Decision {
     OptedOut,
     /// The pod has no containers; the API server will reject it on its own.
     NoContainers,
-    /// The pod cannot be admitted as asked (named container missing, or a
-    /// path we must mount is already taken by something else).
+    /// The pod cannot be admitted as asked: the named container is missing,
+    /// a path we must mount is already taken by something else, or the pod
+    /// declares what only we may (a volume of our driver or of our host
+    /// directories, propagation on our mounts).
     Deny { message: String },
     /// The sharing container sets isolation env itself and the policy is
     /// [`crate::config::TenantEnv::Deny`].

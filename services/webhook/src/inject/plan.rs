@@ -3,8 +3,8 @@
 use k8s_openapi::api::core::v1::{EnvVar, Volume, VolumeDevice, VolumeMount};
 
 use super::items::{
-    Dir, ENV_NAMES, FORBIDDEN_ENV, HOST_PATH, Layout, MountSpec, PIN_COUNT, Source, VolumeSpec,
-    layout, pin_name,
+    Dir, ENV_NAMES, FORBIDDEN_ENV, Layout, MountSpec, PIN_COUNT, Source, VolumeSpec, layout,
+    pin_name,
 };
 use super::patch::{Insert, Limits, Missing, Patch, csi_attributes, env_value};
 use super::{
@@ -99,13 +99,49 @@ pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
     };
     let mounts = container.volume_mounts.as_deref();
     let volumes = spec.volumes.as_deref();
-    let delivery = delivery_for(volumes, mounts, cfg);
+    let delivery = cfg.delivery;
     let layout = layout(delivery);
     let run_as = container.effective_run_as(spec.security_context.as_ref());
+    if let Some((volume, path, ours)) = foreign_host_path(volumes, layout, cfg) {
+        return Decision::Deny {
+            message: format!(
+                "volume {:?} is a hostPath of {path:?}, at or under {ours}, where kai-resource-isolator keeps libvgpu, every pod's region directory and the lock directory: only kai-resource-isolator mounts these ({}): remove it from the pod spec",
+                volume.name,
+                match delivery {
+                    Delivery::Csi =>
+                        "with csi library delivery, through its CSI volume and never a hostPath",
+                    Delivery::HostPath =>
+                        "with hostPath library delivery, as its own three volumes",
+                }
+            ),
+        };
+    }
     if let Some(name) = foreign_volume(volumes, layout, cfg, &container.name, run_as) {
         return Decision::Deny {
             message: format!(
                 "volume {name:?} is kai-resource-isolator's (it delivers libvgpu to the GPU-sharing container), but the pod declares it with another source: remove it from the pod spec"
+            ),
+        };
+    }
+    if let Some(volume) = foreign_driver_volume(volumes, layout, cfg) {
+        return Decision::Deny {
+            message: format!(
+                "volume {:?} is an inline volume of kai-resource-isolator's CSI driver {:?}, which only kai-resource-isolator adds (its one volume {VOLUME_VGPU:?} for the GPU-sharing container, with csi library delivery): remove it from the pod spec",
+                volume.name,
+                volume.csi.as_ref().map_or("", |csi| csi.driver.as_str()),
+            ),
+        };
+    }
+    let containers = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers);
+    if let Some((owner, mount, propagation)) = propagated_mount(containers, layout) {
+        return Decision::Deny {
+            message: format!(
+                "container {:?} mounts volume {:?} at {:?} with mountPropagation {propagation}: kai-resource-isolator's volumes are mounted without propagation (remove mountPropagation, or set it to None)",
+                owner.name, mount.name, mount.mount_path
             ),
         };
     }
@@ -427,35 +463,86 @@ fn find_named(init: Option<&[Container]>, regular: &[Container], name: &str) -> 
         .or_else(|| found(ContainerList::Regular, regular))
 }
 
-/// The delivery whose volumes and mounts the pod gets: the configured one,
-/// except that under CSI a pod that already carries every volume and mount
-/// of hostPath delivery (mutated by an older release, or by a hostPath
-/// replica before a reinvocation reached a CSI one during a rollout) keeps
-/// them: that pod works as it is (libsync fills the same host directory in
-/// both modes), and swapping its volumes would mean removing what may be
-/// the tenant's. docs/webhook.md, "Library delivery".
-fn delivery_for(
-    volumes: Option<&[Volume]>,
-    mounts: Option<&[VolumeMount]>,
+/// The first volume of the pod's own that is a hostPath at or under a host
+/// directory of ours, with its path and that directory: the install
+/// directory libsync fills (the library, `ld.so.preload`, every pod's
+/// `containers/<podUID>_<name>`, the lock directory) and the node's
+/// `/tmp/vgpulock` where the Go chart kept the lock. Under hostPath
+/// delivery our three named volumes are ours ([`foreign_volume`] checks
+/// their paths); anything else there is the pod's own. Under CSI delivery
+/// no hostPath is ours: a pod declaring hostPath delivery's set itself
+/// would keep the node's shared `containers/` and lock directory writable
+/// (and `<mount>`, whose `readOnly` is not compared, for the sake of older
+/// releases' pods). The webhook cannot tell a tenant's set from a hostPath
+/// replica's patch during a switch, so both are denied; the controller
+/// re-creates the pod, which then gets the CSI volume (docs/webhook.md,
+/// "Library delivery"). Paths are cleaned as the mounts' are.
+fn foreign_host_path<'a>(
+    volumes: Option<&'a [Volume]>,
+    layout: &Layout,
     cfg: &InjectConfig,
-) -> Delivery {
-    if cfg.delivery == Delivery::Csi && carries(&HOST_PATH, volumes, mounts, cfg) {
-        Delivery::HostPath
-    } else {
-        cfg.delivery
-    }
+) -> Option<(&'a Volume, &'a str, String)> {
+    let ours = [clean(cfg.host_dir()), clean(LEGACY_HOST_VGPULOCK)];
+    volumes?.iter().find_map(|volume| {
+        let path = volume.host_path.as_ref()?.path.as_str();
+        let named_ours = layout
+            .volumes
+            .iter()
+            .any(|v| v.name == volume.name && matches!(v.source, Source::HostPath(_)));
+        if named_ours {
+            return None;
+        }
+        covering(path, &ours).map(|root| (volume, path, root.to_owned()))
+    })
 }
 
-/// Whether the pod has every volume (by name) and the target every mount
-/// of `layout`.
-fn carries(
+/// The first inline volume of our CSI driver that is not the one we add:
+/// kai-csi publishes whatever attributes such a volume carries, for the
+/// pod's own directories (a second volume asking for another user, or an
+/// id the plugin must refuse). Ours is the layout's CSI volume by name,
+/// whose source [`foreign_volume`] compares with what we write; under
+/// hostPath delivery no volume of the driver is ours. Driver names are
+/// compared without case: the cost of denying a variant spelling is nil.
+fn foreign_driver_volume<'a>(
+    volumes: Option<&'a [Volume]>,
     layout: &Layout,
-    volumes: Option<&[Volume]>,
-    mounts: Option<&[VolumeMount]>,
     cfg: &InjectConfig,
-) -> bool {
-    layout.volumes.iter().all(|v| has_volume(volumes, v.name))
-        && layout.mounts.iter().all(|m| has_mount(mounts, m, cfg))
+) -> Option<&'a Volume> {
+    volumes?.iter().find(|volume| {
+        let ours_by_name = layout
+            .volumes
+            .iter()
+            .any(|v| v.name == volume.name && v.source == Source::Csi);
+        !ours_by_name
+            && volume
+                .csi
+                .as_ref()
+                .is_some_and(|csi| csi.driver.eq_ignore_ascii_case(&cfg.csi_driver))
+    })
+}
+
+/// The first mount of a volume of ours, in any container, with a
+/// `mountPropagation` other than `None` (absent reads as `None`), with the
+/// container and the value. `Bidirectional` carries the container's mounts
+/// under ours out to the host, into kubelet's pod directory (beneath the
+/// volume kai-csi publishes); `HostToContainer` carries later host mounts
+/// under it into the container. Neither is anything libvgpu needs.
+fn propagated_mount<'a>(
+    containers: impl Iterator<Item = &'a Container>,
+    layout: &Layout,
+) -> Option<(&'a Container, &'a VolumeMount, &'a str)> {
+    let ours = |name: &str| layout.volumes.iter().any(|v| v.name == name);
+    for container in containers {
+        for mount in container.volume_mounts.iter().flatten() {
+            match mount.mount_propagation.as_deref() {
+                Some(propagation) if propagation != "None" && ours(&mount.name) => {
+                    return Some((container, mount, propagation));
+                }
+                _ => {}
+            }
+        }
+    }
+    None
 }
 
 /// The first volume named as one of `layout`'s whose source is not the

@@ -1214,46 +1214,208 @@ fn a_csi_injected_pod_gets_an_empty_patch_on_reinvocation() {
     assert_eq!(once, twice);
 }
 
-/// A pod that already carries hostPath delivery's volumes and mounts (a
-/// hostPath webhook mutated it: an older release, or a hostPath replica
-/// before the reinvocation reached a CSI one) keeps them: it works as it
-/// is, libsync fills the same host directory in both modes.
+/// A pod that carries hostPath delivery's volumes and mounts under CSI
+/// delivery is denied. The webhook cannot tell a hostPath replica's patch
+/// (during a switch) from a tenant who declares the set itself to keep
+/// the node's shared `containers/` and lock directory writable (and
+/// `<mount>`, whose `readOnly` is not compared for older releases' sake):
+/// issue 38. A pod a hostPath replica mutated is re-created by its
+/// controller and then gets the CSI volume.
 #[test]
-fn a_pod_on_hostpath_delivery_keeps_it_under_csi() {
+fn under_csi_a_pod_carrying_the_hostpath_set_is_denied() {
     let (_, host_path_pod) = apply(&sharing_pod(json!([{"name": "main"}])));
-    let (again, doc) = apply_with(&host_path_pod, &csi());
-    assert!(
-        matches!(again, Decision::AlreadyInjected { .. }),
-        "{again:?}"
-    );
-    assert_eq!(doc, host_path_pod);
-
-    // What else it lacks is still added, and nothing of either delivery's
-    // volumes or mounts.
-    let mut more = host_path_pod.clone();
-    more["metadata"]["annotations"][ANNOTATION_GPU_CORES] = json!("50");
-    let (decision, doc) = apply_with(&more, &csi());
-    assert_eq!(
-        paths(&decision),
-        ["add /spec/containers/0/env/-"],
-        "{decision:?}"
-    );
-    assert_eq!(doc["spec"]["volumes"], host_path_pod["spec"]["volumes"]);
-    assert_eq!(
-        env_of(&doc).last(),
-        Some(&json!({"name": "CUDA_DEVICE_SM_LIMIT", "value": "50"}))
-    );
-    // As an older release left it: read-write <mount>, /tmp/vgpulock on the node.
     let mut older = host_path_pod.clone();
+    // As an older release left it: read-write <mount>, /tmp/vgpulock on the node.
     older["spec"]["containers"][0]["volumeMounts"][0]
         .as_object_mut()
         .map(|m| m.remove("readOnly"));
     older["spec"]["volumes"][2]["hostPath"]["path"] = json!("/tmp/vgpulock");
-    let (again, _) = apply_with(&older, &csi());
-    assert!(
-        matches!(again, Decision::AlreadyInjected { .. }),
-        "{again:?}"
+    for pod in [&host_path_pod, &older] {
+        match plan_for(pod, &csi()) {
+            Decision::Deny { message } => {
+                assert!(message.contains(VOLUME_VGPU), "{message}");
+            }
+            other => panic!("the hostPath set under csi: {other:?}"),
+        }
+    }
+    // Under hostPath delivery it is ours, as before.
+    assert!(matches!(
+        plan_for(&host_path_pod, &cfg()),
+        Decision::AlreadyInjected { .. }
+    ));
+}
+
+/// A hostPath volume of the pod's own that reaches a host directory of
+/// ours (the install directory libsync fills and everything under it:
+/// the library, `ld.so.preload`, every pod's region directories, the lock
+/// directory; and the node's `/tmp/vgpulock` of the Go chart), under any
+/// name and mounted anywhere, is denied: under CSI delivery none is ours,
+/// under hostPath delivery only our three named volumes are.
+#[test]
+fn a_hostpath_volume_of_our_host_directories_is_denied_whatever_its_name() {
+    let denied = |host: &str, cfg: &InjectConfig| {
+        let mut pod = sharing_pod(json!([{
+            "name": "main",
+            "volumeMounts": [{"name": "mine", "mountPath": "/data"}]
+        }]));
+        pod["spec"]["volumes"] = json!([{"name": "mine", "hostPath": {"path": host}}]);
+        match plan_for(&pod, cfg) {
+            Decision::Deny { message } => {
+                assert!(
+                    message.contains("\"mine\"") && message.contains(host),
+                    "{message}"
+                );
+                true
+            }
+            _ => false,
+        }
+    };
+    for cfg in [cfg(), csi()] {
+        for host in [
+            "/usr/local/vgpu",
+            "/usr/local/vgpu/",
+            "/usr/local//vgpu/./containers",
+            "/usr/local/vgpu/containers/uid_main",
+            "/usr/local/vgpu/vgpulock",
+            "/usr/local/vgpu/ld.so.preload",
+            "/usr/local/vgpu/libvgpu.so",
+            "/usr/local/lib/../vgpu",
+            "/tmp/vgpulock",
+            "/tmp/vgpulock/lock.0",
+        ] {
+            assert!(
+                denied(host, &cfg),
+                "{host} under {:?}: not denied",
+                cfg.delivery
+            );
+        }
+        for host in ["/usr/local/vgpu2", "/usr/local/nvidia", "/tmp", "/mnt/data"] {
+            assert!(!denied(host, &cfg), "{host} is not ours: denied");
+        }
+    }
+    // Named like ours but not the set (one of hostPath's volumes under
+    // CSI): denied as well.
+    let mut pod = sharing_pod(json!([{"name": "main"}]));
+    pod["spec"]["volumes"] =
+        json!([{"name": VOLUME_VGPULOCK, "hostPath": {"path": "/usr/local/vgpu/vgpulock"}}]);
+    assert!(matches!(plan_for(&pod, &csi()), Decision::Deny { .. }));
+    // The host directory flag moves what is ours.
+    let moved = InjectConfig {
+        host_vgpu_dir: Some("/opt/hami".into()),
+        ..csi()
+    };
+    assert!(denied("/opt/hami/containers", &moved));
+}
+
+/// An inline volume of our CSI driver that the webhook did not write (a
+/// second one the tenant declares, under any name) reaches kai-csi with
+/// the tenant's attributes: denied, under either delivery, whatever it
+/// says. Our own volume, on a reinvocation, is recognised and kept.
+#[test]
+fn a_volume_of_our_driver_we_did_not_write_is_denied() {
+    let extra = |driver: &str| {
+        json!({"name": "extra", "csi": {"driver": driver, "volumeAttributes": {
+            "kai-resource-isolator.io/container": "main",
+            "kai-resource-isolator.io/run-as-user": "4294967295",
+        }}})
+    };
+    for cfg in [cfg(), csi()] {
+        for driver in [
+            "vgpu.kai-resource-isolator.io",
+            "VGPU.kai-resource-isolator.io",
+        ] {
+            let mut pod = sharing_pod(json!([{"name": "main"}]));
+            pod["spec"]["volumes"] = json!([extra(driver)]);
+            match plan_for(&pod, &cfg) {
+                Decision::Deny { message } => {
+                    assert!(
+                        message.contains("\"extra\"") && message.contains(driver),
+                        "{message}"
+                    );
+                }
+                other => panic!("{driver} under {:?}: {other:?}", cfg.delivery),
+            }
+            // Beside our own volume, after our patch: denied on the
+            // reinvocation too.
+            let (_, injected) = apply_with(&sharing_pod(json!([{"name": "main"}])), &cfg);
+            let mut both = injected.clone();
+            if let Some(volumes) = both["spec"]["volumes"].as_array_mut() {
+                volumes.push(extra(driver));
+            }
+            assert!(
+                matches!(plan_for(&both, &cfg), Decision::Deny { .. }),
+                "{driver} beside ours under {:?}",
+                cfg.delivery
+            );
+            // Ours alone is recognised as ours.
+            assert!(matches!(
+                plan_for(&injected, &cfg),
+                Decision::AlreadyInjected { .. }
+            ));
+        }
+    }
+    // Another driver's inline volume is the tenant's business.
+    let mut pod = sharing_pod(json!([{"name": "main"}]));
+    pod["spec"]["volumes"] = json!([extra("secrets-store.csi.k8s.io")]);
+    assert!(matches!(plan_for(&pod, &csi()), Decision::Inject { .. }));
+}
+
+/// Mount propagation other than `None` on a mount of our volumes would
+/// carry mounts between the container and the host through our volume
+/// (`Bidirectional`: the container's mounts under it appear on the host,
+/// in kubelet's pod directory; `HostToContainer`: later host mounts under
+/// the target appear in the container). Our mounts carry none: any other
+/// value on a mount of a volume of ours, in any container, is denied.
+#[test]
+fn mount_propagation_on_our_volumes_is_denied() {
+    let (_, host_path_pod) = apply(&sharing_pod(json!([{"name": "main"}, {"name": "side"}])));
+    let (_, csi_pod) = apply_with(
+        &sharing_pod(json!([{"name": "main"}, {"name": "side"}])),
+        &csi(),
     );
+    for (pod, cfg) in [(&host_path_pod, cfg()), (&csi_pod, csi())] {
+        let mounts = pod["spec"]["containers"][0]["volumeMounts"]
+            .as_array()
+            .map_or(0, Vec::len);
+        assert!(mounts >= 3, "{pod}");
+        for index in 0..mounts {
+            for propagation in ["Bidirectional", "HostToContainer"] {
+                let mut with = pod.clone();
+                with["spec"]["containers"][0]["volumeMounts"][index]["mountPropagation"] =
+                    json!(propagation);
+                match plan_for(&with, &cfg) {
+                    Decision::Deny { message } => assert!(
+                        message.contains("mountPropagation") && message.contains(propagation),
+                        "{message}"
+                    ),
+                    other => panic!(
+                        "{propagation} on mount {index} under {:?}: {other:?}",
+                        cfg.delivery
+                    ),
+                }
+            }
+            // `None` is what an absent field means.
+            let mut none = pod.clone();
+            none["spec"]["containers"][0]["volumeMounts"][index]["mountPropagation"] =
+                json!("None");
+            assert!(
+                matches!(plan_for(&none, &cfg), Decision::AlreadyInjected { .. }),
+                "None on mount {index} under {:?}",
+                cfg.delivery
+            );
+        }
+        // Our volume mounted by another container with propagation.
+        let mut side = pod.clone();
+        side["spec"]["containers"][1]["volumeMounts"] = json!([{
+            "name": VOLUME_VGPU, "mountPath": "/vgpu", "mountPropagation": "Bidirectional"
+        }]);
+        match plan_for(&side, &cfg) {
+            Decision::Deny { message } => {
+                assert!(message.contains("\"side\""), "{message}")
+            }
+            other => panic!("the side container under {:?}: {other:?}", cfg.delivery),
+        }
+    }
 }
 
 /// Only a complete hostPath set counts: a pod whose own volume is mounted
