@@ -21,6 +21,9 @@ const LABEL_OPT_OUT: &str = "11111111-0000-4000-8000-000000000007";
 const ASKS_NOT_SHARING: &str = "11111111-0000-4000-8000-000000000008";
 const UNSERVED: &str = "11111111-0000-4000-8000-000000000009";
 const UNSERVED_INJECTED: &str = "11111111-0000-4000-8000-00000000000a";
+const INIT_GPU: &str = "11111111-0000-4000-8000-00000000000b";
+/// The runtime ID of INIT_GPU's init container `warmup`.
+const WARMUP_ID: &str = "beefbeefbeefbeefbeefbeefbeefbeefbeefbeefbeefbeefbeefbeefbeefbeef";
 
 /// `pod` moved to namespace `ns`.
 fn in_namespace(mut pod: serde_json::Value, ns: &str) -> serde_json::Value {
@@ -158,6 +161,24 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
                 )),
                 "batch",
             ),
+            // The GPU share goes to an init container (a native sidecar,
+            // running beside the containers): the webhook injects it, and
+            // its container ID tells its processes from main's.
+            {
+                let mut pod = support::pod(
+                    INIT_GPU,
+                    "warm-0",
+                    "gpu-node-1",
+                    json!({"gpu-memory": "2048", "gpu-fraction-container-name": "warmup"}),
+                );
+                pod["spec"]["initContainers"] =
+                    json!([{"name": "warmup", "image": "cuda", "restartPolicy": "Always"}]);
+                pod["status"]["initContainerStatuses"] = json!([
+                    {"name": "warmup", "image": "cuda", "imageID": "", "ready": true, "restartCount": 0,
+                     "containerID": format!("containerd://{WARMUP_ID}"),
+                     "state": {"running": {"startedAt": "2026-12-02T09:59:00Z"}}}]);
+                pod
+            },
             // The annotation without KAI's: not a sharing pod at all, and
             // not "opted out" either.
             support::pod(
@@ -226,7 +247,13 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
     sharing.sort();
     assert_eq!(
         sharing,
-        [SHARING, REFUSED_OPT_OUT, NOT_ALLOWED, UNSERVED_INJECTED],
+        [
+            SHARING,
+            REFUSED_OPT_OUT,
+            NOT_ALLOWED,
+            UNSERVED_INJECTED,
+            INIT_GPU
+        ],
         "only GPU-sharing pods are checked for regions, not those the webhook let go"
     );
     // (pod, sharing, opted out)
@@ -254,6 +281,26 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
             Lookup::Known(PodMeta { gpu_container: Some(ref c), .. }) if c == "sidecar"
         ),
         "KAI's gpu-fraction-container-name picks the GPU container"
+    );
+    let Lookup::Known(warm) = source.lookup(INIT_GPU) else {
+        panic!("{INIT_GPU} not known")
+    };
+    assert_eq!(warm.gpu_container.as_deref(), Some("warmup"));
+    assert_eq!(
+        warm.running,
+        [
+            RunningContainer {
+                name: "warmup".into(),
+                id: WARMUP_ID.into(),
+                started_at: Some(support::MAIN_STARTED_AT - 60),
+            },
+            RunningContainer {
+                name: "main".into(),
+                id: support::container_id(INIT_GPU),
+                started_at: Some(support::MAIN_STARTED_AT),
+            },
+        ],
+        "a running init container is known by its ID, like the containers"
     );
     assert_eq!(
         source.lookup("22222222-0000-4000-8000-00000000dead"),

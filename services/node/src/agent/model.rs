@@ -21,10 +21,13 @@ pub struct PodMeta {
     /// annotation or the `webhook: ignore` label); `--webhook-configuration`
     /// says which. Runs uncapped; never evicted.
     pub opted_out: bool,
-    /// The container KAI gives the GPU share to: the
-    /// `gpu-fraction-container-name` annotation, else the first container.
+    /// The container KAI gives the GPU share to and the webhook injects
+    /// libvgpu into: the `gpu-fraction-container-name` annotation (an init
+    /// container or a container: names are unique across both), else the
+    /// first container. `None` when the source does not say (a
+    /// `--static-pods` entry without `gpu_container`).
     pub gpu_container: Option<String>,
-    /// Containers that are running, from the pod status.
+    /// Containers and init containers that are running, from the pod status.
     pub running: Vec<RunningContainer>,
     /// What KAI granted the pod (`gpu-memory` / `gpu-fraction`); a region
     /// cap above it is `above_grant`.
@@ -86,6 +89,18 @@ impl ContainerView {
             .find(|c| c.name == self.key.container)
             .map(|c| c.id.as_str())
             .filter(|id| !id.is_empty())
+    }
+
+    /// Whether the region is in the directory of its pod's GPU container,
+    /// the only one libvgpu writes as the webhook injects it: a region
+    /// under any other name of the pod was put there by someone else and
+    /// decides nothing (docs/isolation.md, "Whose region is it"). True
+    /// when the pod, or which container is its GPU container, is not known.
+    pub fn in_gpu_container_dir(&self) -> bool {
+        self.pod
+            .as_ref()
+            .and_then(|p| p.gpu_container.as_deref())
+            .is_none_or(|gpu| gpu == self.key.container)
     }
 }
 

@@ -276,8 +276,8 @@ fn trim(pod: &mut Pod) {
         });
     }
     if let Some(status) = pod.status.take() {
-        pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
-            container_statuses: status.container_statuses.map(|all| {
+        let trim_statuses = |all: Option<Vec<k8s_openapi::api::core::v1::ContainerStatus>>| {
+            all.map(|all| {
                 all.into_iter()
                     .map(|c| k8s_openapi::api::core::v1::ContainerStatus {
                         name: c.name,
@@ -289,7 +289,14 @@ fn trim(pod: &mut Pod) {
                         ..Default::default()
                     })
                     .collect()
-            }),
+            })
+        };
+        pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            container_statuses: trim_statuses(status.container_statuses),
+            // The GPU container may be an init container (the annotation
+            // names one), and the IDs of the others tell their processes
+            // from the GPU container's.
+            init_container_statuses: trim_statuses(status.init_container_statuses),
             ..Default::default()
         });
     }
@@ -337,6 +344,9 @@ fn meta_of(pod: &Pod, scope: &WebhookScope) -> PodMeta {
         name: pod.metadata.name.clone().unwrap_or_default(),
         sharing: kai_sharing && !opted_out,
         opted_out,
+        // The webhook's target (its `inject::plan`): the annotation, which
+        // it looks up among the init containers first, then the containers;
+        // names are unique across both, so the name alone is the target.
         gpu_container: annotation(ANNOTATION_CONTAINER_NAME).or(first),
         grant: Grant::of(
             annotation(ANNOTATION_GPU_MEMORY).as_deref(),
@@ -345,9 +355,9 @@ fn meta_of(pod: &Pod, scope: &WebhookScope) -> PodMeta {
         running: pod
             .status
             .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .map(|all| {
-                all.iter()
+            .map(|s| {
+                let init = s.init_container_statuses.iter().flatten();
+                init.chain(s.container_statuses.iter().flatten())
                     .filter_map(|c| {
                         let running = c.state.as_ref()?.running.as_ref()?;
                         Some(RunningContainer {

@@ -88,9 +88,12 @@ pub struct Candidate {
 /// evict), `no_region` past its grace (only reported past it), and the pod
 /// of an escaped GPU process whose owner was identified, unless that pod
 /// opted out where its namespace allows it (evicting it would only bring it
-/// back as it was, over and over). A `forged` region evicts nobody. A container whose pod is not known (yet) is never a
-/// candidate. One per pod, the reason by [`Reason`]'s order; sorted by
-/// namespace and name.
+/// back as it was, over and over). A `forged` region evicts nobody, nor
+/// does any region outside the directory of its pod's GPU container (the
+/// assessment calls those forged; checked here again because a region can
+/// only ever condemn the container whose processes wrote it). A container
+/// whose pod is not known (yet) is never a candidate. One per pod, the
+/// reason by [`Reason`]'s order; sorted by namespace and name.
 pub fn candidates(
     views: &[ContainerView],
     missing: &[MissingRegion],
@@ -99,6 +102,9 @@ pub fn candidates(
     let mut found: Vec<Candidate> = Vec::new();
     for view in views {
         let Some(pod) = &view.pod else { continue };
+        if !view.in_gpu_container_dir() {
+            continue;
+        }
         let reason = match view.isolation.state {
             IsolationState::OverCap => Reason::OverCap,
             IsolationState::AboveGrant => Reason::AboveGrant,

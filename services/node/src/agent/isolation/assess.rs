@@ -186,26 +186,41 @@ impl Assessor {
     }
 
     /// The state of one region weighed against what the tenant cannot
-    /// write (module `trust`): forged first, then the region's own verdict,
-    /// then the grant, then NVML's measurement; with the NVML evidence an
-    /// eviction would need.
+    /// write (module `trust`): forged first (not the GPU container's
+    /// directory, or slots naming processes of another pod or container),
+    /// then the region's own verdict, then the grant, then NVML's
+    /// measurement; with the NVML evidence an eviction would need.
     fn verdict(
         &self,
         view: &ContainerView,
         id: &ContainerId,
         input: &Input<'_>,
     ) -> (IsolationState, String, Option<String>) {
-        let ownership = trust::ownership(&view.snapshot, &view.key.pod_uid, input.host);
-        if let Some(why) = trust::forged(&ownership) {
+        // Logged once per episode, not per scan.
+        let newly_forged = self.states.get(id) != Some(&IsolationState::Forged);
+        if let Some(why) = trust::misplaced(view) {
+            if newly_forged {
+                tracing::warn!(pod = %view.pod_name(), container = %view.key.container, gpu_container = ?view.pod.as_ref().and_then(|p| p.gpu_container.as_deref()), "forged region: not in the directory of its pod's GPU container");
+            }
+            return (IsolationState::Forged, why, None);
+        }
+        let ownership = trust::ownership(view, input.host);
+        if let Some(why) = trust::forged(&ownership, &view.key.container) {
             // The owners go to the operator only: the reason is the tenant's
-            // to read (`trust::forged`). Once per episode, not per scan.
-            if self.states.get(id) != Some(&IsolationState::Forged) {
+            // to read (`trust::forged`).
+            if newly_forged {
                 let owners: Vec<String> = ownership
                     .foreign
                     .iter()
                     .map(|(pid, pod_uid)| format!("{pid}:{pod_uid}"))
+                    .chain(
+                        ownership
+                            .sibling
+                            .iter()
+                            .map(|(pid, container)| format!("{pid}:container {container}")),
+                    )
                     .collect();
-                tracing::warn!(pod = %view.pod_name(), container = %view.key.container, ?owners, "forged region: its live slots name host PIDs of other pods (host PID:pod UID)");
+                tracing::warn!(pod = %view.pod_name(), container = %view.key.container, ?owners, "forged region: its live slots name host PIDs of other pods or containers (host PID:owner)");
             }
             return (IsolationState::Forged, why, None);
         }

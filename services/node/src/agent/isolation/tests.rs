@@ -20,6 +20,8 @@ const OTHER_GPU: &str = "GPU-bbbbbbbb-2222-4000-8000-000000000000";
 const UID: &str = "0d4f5e6a-1b2c-4d3e-8f90-a1b2c3d4e5f6";
 const NOW_MS: u64 = 1_796_205_600_000;
 
+/// A sharing pod whose GPU container `main` runs as [`CGROUP_CID`] (the
+/// container [`cgroup_of`] places processes in).
 fn meta(name: &str) -> PodMeta {
     PodMeta {
         namespace: "team-a".into(),
@@ -27,7 +29,11 @@ fn meta(name: &str) -> PodMeta {
         sharing: true,
         opted_out: false,
         gpu_container: Some("main".into()),
-        running: Vec::new(),
+        running: vec![RunningContainer {
+            name: "main".into(),
+            id: CGROUP_CID.into(),
+            started_at: None,
+        }],
         grant: None,
     }
 }
@@ -962,10 +968,11 @@ fn a_process_table_in_memory_retires_the_slots_of_dead_host_pids() {
 
 const ATTACKER_UID: &str = "99999999-0000-4000-8000-00000000000a";
 
+/// The runtime ID of the container [`cgroup_of`] places a process in.
+const CGROUP_CID: &str = "3f1c9a2b4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8";
+
 fn cgroup_of(uid: &str) -> String {
-    format!(
-        "0::/kubepods/burstable/pod{uid}/3f1c9a2b4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8\n"
-    )
+    format!("0::/kubepods/burstable/pod{uid}/{CGROUP_CID}\n")
 }
 
 fn nvml(pid: u32, used: u64) -> GpuProcess {
@@ -1163,4 +1170,367 @@ fn a_cap_above_the_pods_grant_is_its_own_state() {
     assert_eq!(assess(fair, &[]).0.state, IsolationState::Capped);
     let greedy = granted(view_of(UID, &using(60 * GIB, GIB)), half);
     assert_eq!(assess(greedy, &[]).0.state, IsolationState::AboveGrant);
+}
+
+// --- A region condemns only the container whose processes wrote it ---
+
+/// The region at `<uid>_<container>`.
+fn view_in(uid: &str, container: &str, builder: &RegionBuilder) -> ContainerView {
+    let mut view = view_of(uid, builder);
+    view.key.container = container.into();
+    view
+}
+
+/// Issue #38's attack. Under hostPath delivery a tenant writes
+/// `<victim UID>_<any name>/usage.cache`: a 1 MiB cap and one live slot
+/// naming the victim's real host PID (read from the victim's own region in
+/// the shared directory). Its UID is the victim's, NVML measures the
+/// victim's process far above 1 MiB: before the fix that was `over_cap`
+/// with evidence, and the victim was evicted.
+#[test]
+fn a_region_under_another_container_name_of_the_victim_evicts_nobody() {
+    const VICTIM_PID: u32 = 4300;
+    let proc_dir = fake_proc(&[(VICTIM_PID, &cgroup_of(UID))]);
+    let host = HostProc::new(proc_dir.path());
+    let processes = [nvml(VICTIM_PID, 2 * GIB)];
+    let victim = PodMeta {
+        grant: Some(Grant::MemoryMib(4096)),
+        ..meta("trainer-0")
+    };
+    let genuine = RegionBuilder::v1()
+        .device(GPU, 4 * GIB)
+        .process(VICTIM_PID as i32, vec![UsageSpec::data(2 * GIB, 0)]);
+    let planted = RegionBuilder::v1()
+        .device(GPU, MIB)
+        .process(VICTIM_PID as i32, vec![UsageSpec::data(0, 0)]);
+    let mut views = vec![
+        view_in(UID, "main", &genuine),
+        view_in(UID, "evil", &planted),
+    ];
+    for view in &mut views {
+        view.pod = Some(victim.clone());
+    }
+    let out = Assessor::default().assess(
+        &mut views,
+        &Input {
+            gpu_processes: Ok(&processes),
+            host: Some(&host),
+            ..input(NOW_MS)
+        },
+    );
+    assert_eq!(views[0].isolation.state, IsolationState::Capped);
+    assert_eq!(views[0].isolation.evidence, None, "2 GiB of 4 GiB");
+    let evict = crate::agent::enforce::candidates(&views, &out.missing, &out.escaped);
+    assert!(evict.is_empty(), "the victim is not evicted: {evict:?}");
+    assert_eq!(
+        views[1].isolation.evidence, None,
+        "NVML's figure of the victim's process is no evidence against a region it did not write"
+    );
+}
+
+/// Runtime IDs of the other containers of pod `UID` in the tests below: a
+/// sidecar, a native-sidecar init container, the sandbox (pause), and the
+/// GPU container `main` after a restart.
+const SIDECAR_CID: &str = "5555555555555555555555555555555555555555555555555555555555555555";
+const INIT_CID: &str = "1111111111111111111111111111111111111111111111111111111111111111";
+const PAUSE_CID: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+const RESTARTED_CID: &str = "2222222222222222222222222222222222222222222222222222222222222222";
+
+fn running(name: &str, id: &str) -> RunningContainer {
+    RunningContainer {
+        name: name.into(),
+        id: id.into(),
+        started_at: None,
+    }
+}
+
+/// Pod `UID` (trainer-0, granted 4 GiB) as its status says now: `main` as
+/// [`CGROUP_CID`], a sidecar, and a running init container `proxy`.
+fn trainer_pod() -> PodMeta {
+    PodMeta {
+        running: vec![
+            running("proxy", INIT_CID),
+            running("main", CGROUP_CID),
+            running("sidecar", SIDECAR_CID),
+        ],
+        grant: Some(Grant::MemoryMib(4096)),
+        ..meta("trainer-0")
+    }
+}
+
+/// A host /proc whose processes are pod `UID`'s, each in the container of
+/// the given runtime ID (empty: the pod's own cgroup, no container).
+fn pod_proc(processes: &[(u32, &str)]) -> tempfile::TempDir {
+    let cgroups: Vec<(u32, String)> = processes
+        .iter()
+        .map(|&(pid, cid)| {
+            let path = if cid.is_empty() {
+                format!("0::/kubepods/burstable/pod{UID}\n")
+            } else {
+                format!("0::/kubepods/burstable/pod{UID}/{cid}\n")
+            };
+            (pid, path)
+        })
+        .collect();
+    let entries: Vec<(u32, &str)> = cgroups.iter().map(|(p, c)| (*p, c.as_str())).collect();
+    fake_proc(&entries)
+}
+
+/// One assessment (no escape grace) of `views` against NVML's
+/// `processes` and the host /proc; and the pods it would evict.
+fn judge(
+    views: &mut [ContainerView],
+    processes: &[GpuProcess],
+    host: &HostProc,
+) -> (Output, Vec<crate::agent::enforce::Candidate>) {
+    let lookup = |uid: &str| match uid {
+        UID => Lookup::Known(trainer_pod()),
+        _ => Lookup::Absent,
+    };
+    let out = no_grace().assess(
+        views,
+        &Input {
+            lookup: &lookup,
+            gpu_processes: Ok(processes),
+            host: Some(host),
+            ..input(NOW_MS)
+        },
+    );
+    let evict = crate::agent::enforce::candidates(views, &out.missing, &out.escaped);
+    (out, evict)
+}
+
+/// The region at `<UID>_<container>` of [`trainer_pod`], 1 MiB cap, one live
+/// slot naming `hostpid`.
+fn planted(container: &str, hostpid: u32) -> ContainerView {
+    let region = RegionBuilder::v1()
+        .device(GPU, MIB)
+        .process(hostpid as i32, vec![UsageSpec::data(0, 0)]);
+    ContainerView {
+        pod: Some(trainer_pod()),
+        ..view_in(UID, container, &region)
+    }
+}
+
+/// Only `<podUID>_<GPU container>` is libvgpu's, as the webhook injects it:
+/// a region under another container of the pod, an init container, the
+/// sandbox's old name, or a name the pod does not have is forged whatever
+/// its slots say, evicts nobody and covers no process.
+#[test]
+fn a_region_counts_only_in_the_directory_of_its_pods_gpu_container() {
+    const MAIN_PID: u32 = 4300;
+    const SIDECAR_PID: u32 = 4301;
+    let proc_dir = pod_proc(&[(MAIN_PID, CGROUP_CID), (SIDECAR_PID, SIDECAR_CID)]);
+    let host = HostProc::new(proc_dir.path());
+    // main within its grant; a static binary in the sidecar that libvgpu
+    // never sees.
+    let processes = [nvml(MAIN_PID, 2 * GIB), nvml(SIDECAR_PID, 3 * GIB)];
+    let genuine = ContainerView {
+        pod: Some(trainer_pod()),
+        ..view_in(
+            UID,
+            "main",
+            &RegionBuilder::v1()
+                .device(GPU, 4 * GIB)
+                .process(MAIN_PID as i32, vec![UsageSpec::data(2 * GIB, 0)]),
+        )
+    };
+    // Each name with each slot: the GPU container's process, the
+    // sidecar's own (hiding its binary).
+    for name in ["sidecar", "proxy", "POD", "evil"] {
+        for pid in [MAIN_PID, SIDECAR_PID] {
+            let mut views = vec![genuine.clone(), planted(name, pid)];
+            let (out, evict) = judge(&mut views, &processes, &host);
+            let isolation = &views[1].isolation;
+            assert_eq!(
+                isolation.state,
+                IsolationState::Forged,
+                "{name}: {isolation:?}"
+            );
+            assert!(
+                isolation
+                    .reason
+                    .contains(&format!("under container {name:?}"))
+                    && isolation.reason.contains("GPU container \"main\""),
+                "{}",
+                isolation.reason
+            );
+            assert_eq!(isolation.evidence, None);
+            assert_eq!(views[0].isolation.state, IsolationState::Capped);
+            assert!(
+                reasons(&out.notices).contains(&"GpuRegionForged"),
+                "{name}: {:?}",
+                out.notices
+            );
+            // The sidecar's binary is not hidden: it is escaped, and its
+            // pod goes for that (its own process), never for the region.
+            assert_eq!(escaped_pids(&out), [SIDECAR_PID], "{name}, slot {pid}");
+            let reasons: Vec<_> = evict.iter().map(|c| c.reason).collect();
+            assert_eq!(
+                reasons,
+                [crate::agent::enforce::Reason::EscapedProcess],
+                "{name}, slot {pid}"
+            );
+        }
+    }
+
+    // The GPU container is an init container (the annotation names it):
+    // its directory counts, main's does not.
+    let warm = |container: &str, hostpid: u32| {
+        let mut view = planted(container, hostpid);
+        if let Some(pod) = view.pod.as_mut() {
+            pod.gpu_container = Some("proxy".into());
+        }
+        view
+    };
+    let init_proc = pod_proc(&[(4400, INIT_CID)]);
+    let init_host = HostProc::new(init_proc.path());
+    let mut views = vec![warm("proxy", 4400), warm("main", 4400)];
+    let (_, evict) = judge(&mut views, &[nvml(4400, 5 * GIB)], &init_host);
+    assert_eq!(views[0].isolation.state, IsolationState::OverCap);
+    assert!(
+        views[0].isolation.evidence.is_some(),
+        "the init container's own process, above its grant"
+    );
+    assert_eq!(views[1].isolation.state, IsolationState::Forged);
+    assert_eq!(evict.len(), 1);
+    assert!(
+        evict[0].message.starts_with("container proxy:"),
+        "{evict:?}"
+    );
+
+    // A pod source that does not say which container has the share (a
+    // --static-pods entry without gpu_container): every name counts.
+    let mut unsaid = planted("evil", MAIN_PID);
+    if let Some(pod) = unsaid.pod.as_mut() {
+        pod.gpu_container = None;
+    }
+    assert!(unsaid.in_gpu_container_dir());
+}
+
+/// In the GPU container's own directory, a slot counts only when its host
+/// PID's cgroup is that container as the pod's status names it now (its
+/// container ID, not just the pod): another container of the pod (a
+/// sidecar, a running init container) makes the region forged; a process
+/// whose container cannot be told (the pause process, a container the
+/// status does not name yet, the pod's own cgroup) is no evidence and no
+/// accusation.
+#[test]
+fn a_slot_counts_only_for_the_gpu_containers_own_processes() {
+    const PID: u32 = 4300;
+    let gpu_region = || planted("main", PID);
+    // NVML measures the slot's process far above cap and grant.
+    let processes = [nvml(PID, 6 * GIB)];
+
+    for (cid, container) in [(SIDECAR_CID, "sidecar"), (INIT_CID, "proxy")] {
+        let proc_dir = pod_proc(&[(PID, cid)]);
+        let mut views = vec![gpu_region()];
+        let (out, evict) = judge(&mut views, &processes, &HostProc::new(proc_dir.path()));
+        let isolation = &views[0].isolation;
+        assert_eq!(isolation.state, IsolationState::Forged, "{container}");
+        assert!(
+            isolation
+                .reason
+                .contains(&format!("a process of container {container} of this pod")),
+            "{}",
+            isolation.reason
+        );
+        assert_eq!(isolation.evidence, None);
+        assert_eq!(
+            reasons(&out.notices),
+            ["GpuRegionForged", "GpuProcessEscaped"]
+        );
+        // The forged region covers nothing: the process is escaped.
+        assert_eq!(escaped_pids(&out), [PID]);
+        assert!(
+            evict
+                .iter()
+                .all(|c| c.reason == crate::agent::enforce::Reason::EscapedProcess),
+            "{evict:?}"
+        );
+    }
+
+    // Neither the GPU container's nor any container the status names: the
+    // sandbox's pause process, the restarted GPU container before its new
+    // ID is in the status, a process in the pod's own cgroup.
+    for cid in [PAUSE_CID, RESTARTED_CID, ""] {
+        let proc_dir = pod_proc(&[(PID, cid)]);
+        let mut views = vec![gpu_region()];
+        let (out, evict) = judge(&mut views, &processes, &HostProc::new(proc_dir.path()));
+        let isolation = &views[0].isolation;
+        assert_eq!(
+            isolation.state,
+            IsolationState::Capped,
+            "{cid:?}: the region's own word, unmeasured: {isolation:?}"
+        );
+        assert_eq!(isolation.evidence, None, "{cid:?}");
+        assert!(evict.is_empty(), "{cid:?}: {evict:?}");
+        assert!(
+            reasons(&out.notices).is_empty(),
+            "{cid:?}: {:?}",
+            out.notices
+        );
+    }
+
+    // The GPU container restarted and the status names its new ID: its
+    // new process counts, the old ID's no longer does.
+    let restarted = |view: ContainerView| {
+        let mut view = view;
+        if let Some(pod) = view.pod.as_mut() {
+            pod.running[1].id = RESTARTED_CID.into();
+        }
+        view
+    };
+    for (cid, counts) in [(RESTARTED_CID, true), (CGROUP_CID, false)] {
+        let proc_dir = pod_proc(&[(PID, cid)]);
+        let mut views = vec![restarted(gpu_region())];
+        let (_, evict) = judge(&mut views, &processes, &HostProc::new(proc_dir.path()));
+        assert_eq!(views[0].isolation.evidence.is_some(), counts, "{cid}");
+        assert_eq!(evict.len(), usize::from(counts), "{cid}: {evict:?}");
+    }
+
+    // The status names no ID for main (not running yet, or a fake kubelet
+    // that reports none): nothing to match, so nothing is evidence.
+    let proc_dir = pod_proc(&[(PID, CGROUP_CID)]);
+    let mut views = vec![gpu_region()];
+    if let Some(pod) = views[0].pod.as_mut() {
+        pod.running.retain(|c| c.name != "main");
+    }
+    let (_, evict) = judge(&mut views, &processes, &HostProc::new(proc_dir.path()));
+    assert_eq!(views[0].isolation.evidence, None);
+    assert!(evict.is_empty(), "{evict:?}");
+}
+
+/// Under hostPath delivery a neighbour can rewrite the victim's own region
+/// in place: a 1 MiB cap over the victim's genuine slot. The region's claim
+/// is reported (NVML sees more than that cap), but the bar for evidence is
+/// the larger of cap and grant, which no tenant writes: the victim within
+/// its grant stays; above it, it goes.
+#[test]
+fn a_cap_written_below_the_grant_does_not_lower_the_bar() {
+    const PID: u32 = 4300;
+    let proc_dir = pod_proc(&[(PID, CGROUP_CID)]);
+    let host = HostProc::new(proc_dir.path());
+
+    let mut views = vec![planted("main", PID)];
+    let (_, evict) = judge(&mut views, &[nvml(PID, 2 * GIB)], &host);
+    let isolation = &views[0].isolation;
+    assert_eq!(isolation.state, IsolationState::OverCap, "reported");
+    assert!(
+        isolation.reason.contains("cap of 1 MiB"),
+        "{}",
+        isolation.reason
+    );
+    assert_eq!(isolation.evidence, None, "2 GiB of a 4 GiB grant");
+    assert!(evict.is_empty(), "{evict:?}");
+
+    let mut views = vec![planted("main", PID)];
+    let (_, evict) = judge(&mut views, &[nvml(PID, 5 * GIB)], &host);
+    let evidence = views[0].isolation.evidence.as_deref().unwrap_or_default();
+    assert!(
+        evidence.contains("NVML measures 5 GiB") && evidence.contains("its grant of 4 GiB"),
+        "{evidence}"
+    );
+    assert_eq!(evict.len(), 1);
+    assert_eq!(evict[0].reason, crate::agent::enforce::Reason::OverCap);
 }

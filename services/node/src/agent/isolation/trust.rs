@@ -1,16 +1,25 @@
 //! What a region cannot vouch for itself. Every sharing pod can write the
-//! containers directory, so a region's contents are a claim, not a fact
-//! (docs/security.md). Three checks weigh the claim against what the
+//! containers directory (hostPath delivery), so a region's contents are a
+//! claim, not a fact (docs/security.md). The rule: a region can only ever
+//! condemn the container whose processes wrote it (docs/isolation.md,
+//! "Whose region is it"). The checks weigh the claim against what the
 //! tenant cannot write:
 //!
+//! - *placement*: libvgpu, as the webhook injects it, writes only
+//!   `<podUID>_<GPU container>`; a region under any other name of the pod
+//!   is `forged`;
 //! - *ownership*: the host PIDs of its live slots must belong, by their
-//!   cgroup in the host's `/proc`, to the pod the directory names; a slot
-//!   naming another pod's process makes the region `forged`;
+//!   cgroup in the host's `/proc`, to that container as the pod's status
+//!   names it (its container ID, not just the pod); a slot naming another
+//!   pod's process, or another container's of the same pod, makes the
+//!   region `forged`;
 //! - *grant*: a cap above what KAI granted the pod (`gpu-memory`, or
 //!   `gpu-fraction` of the device) is `above_grant`;
-//! - *measurement*: NVML's per-process usage of the pod's own processes,
-//!   against the cap (and the grant). It is the only evidence an eviction
-//!   may rest on: region contents alone never evict.
+//! - *measurement*: NVML's per-process usage of the container's own
+//!   processes, against the cap (and the grant). It is the only evidence an
+//!   eviction may rest on: region contents alone never evict, and a cap
+//!   written below the grant does not lower the bar (the evidence must
+//!   exceed the grant too).
 
 use std::collections::HashSet;
 
@@ -29,50 +38,91 @@ pub const GRANT_SLACK_BYTES: u64 = 1 << 20;
 /// Whose processes a region's live slots name.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Ownership {
-    /// Host PIDs that belong to the region's pod.
+    /// Host PIDs of the region's own container: the pod's, in the cgroup
+    /// of the container ID the pod's status gives the region's container.
     pub own: HashSet<u32>,
     /// `(host PID, the pod UID it belongs to)` for slots naming another pod.
     pub foreign: Vec<(u32, String)>,
+    /// `(host PID, container name)` for slots naming another running
+    /// container (or init container) of the same pod.
+    pub sibling: Vec<(u32, String)>,
 }
 
-/// Sorts the live slots' host PIDs by the pod their cgroup names. A PID
-/// outside any pod's cgroup (or without `/proc`) is neither: nothing can be
-/// said about it.
-pub fn ownership(
-    snapshot: &RegionSnapshot,
-    pod_uid: &str,
-    host: Option<&dyn HostPids>,
-) -> Ownership {
+/// Sorts the live slots' host PIDs by the container their cgroup names. A
+/// PID whose container cannot be told is none of the three, so nothing is
+/// decided on it: outside any pod's cgroup, without `/proc`, in the pod's
+/// cgroup without a container ID, or in a container the pod's status does
+/// not list (the sandbox's pause process; the region's own container just
+/// restarted, before the status names its new ID) or while the status
+/// names no ID for the region's container.
+pub fn ownership(view: &ContainerView, host: Option<&dyn HostPids>) -> Ownership {
     let mut out = Ownership::default();
     let Some(host) = host else { return out };
-    for slot in snapshot.processes.iter().filter(|p| p.live) {
+    let own_id = view.container_id();
+    let running = view.pod.as_ref().map_or(&[][..], |p| p.running.as_slice());
+    for slot in view.snapshot.processes.iter().filter(|p| p.live) {
         let Ok(pid) = u32::try_from(slot.hostpid) else {
             continue;
         };
         if pid == 0 {
             continue;
         }
-        match host.owner(pid) {
-            Some(owner) if owner.pod_uid == pod_uid => {
-                out.own.insert(pid);
-            }
-            Some(owner) => out.foreign.push((pid, owner.pod_uid)),
-            None => {}
+        let Some(owner) = host.owner(pid) else {
+            continue;
+        };
+        if owner.pod_uid != view.key.pod_uid {
+            out.foreign.push((pid, owner.pod_uid));
+        } else if owner.container_id.is_empty() {
+            // The pod's own cgroup: no container to tell.
+        } else if own_id == Some(owner.container_id.as_str()) {
+            out.own.insert(pid);
+        } else if let Some(other) = running
+            .iter()
+            .find(|c| c.id == owner.container_id && c.name != view.key.container)
+        {
+            out.sibling.push((pid, other.name.clone()));
         }
     }
     out
 }
 
-/// The reason of a `forged` region, if it is one. It never names the pod
-/// the PID belongs to: the reason is the container's `isolation_reason`,
-/// which the region's own tenant reads (API, web view), and a tenant who
-/// writes host PID N into its region would learn which pod owns N. The
-/// owner is for the operator's log (see `Assessor::verdict`).
-pub fn forged(ownership: &Ownership) -> Option<String> {
-    let (pid, _) = ownership.foreign.first()?;
+/// Why a region is not its pod's GPU container's, if it is not: see
+/// [`ContainerView::in_gpu_container_dir`].
+pub fn misplaced(view: &ContainerView) -> Option<String> {
+    if view.in_gpu_container_dir() {
+        return None;
+    }
+    let gpu = view
+        .pod
+        .as_ref()
+        .and_then(|p| p.gpu_container.as_deref())
+        .unwrap_or_default();
+    // The directory's name is whoever made it's: quoted, so a control
+    // character in it cannot forge a line of the Event or the log.
     Some(format!(
-        "the region names host PID {pid}, which belongs to another pod, not to this pod: it was written by another tenant and is ignored ({} such slot(s); the node agent's log names the owner)",
-        ownership.foreign.len()
+        "the region is under container {:?}, not under this pod's GPU container {gpu:?}: libvgpu writes only the GPU container's region, so someone else wrote this one; it is ignored",
+        view.key.container
+    ))
+}
+
+/// The reason of a region whose slots name processes that are not its
+/// container's, if it is one. It never names the pod a PID belongs to: the
+/// reason is the container's `isolation_reason`, which the region's own
+/// tenant reads (API, web view), and a tenant who writes host PID N into
+/// its region would learn which pod owns N. The owner is for the
+/// operator's log (see `Assessor::verdict`). A container of the same pod
+/// is the tenant's own to know, and is named.
+pub fn forged(ownership: &Ownership, container: &str) -> Option<String> {
+    if let Some((pid, _)) = ownership.foreign.first() {
+        return Some(format!(
+            "the region names host PID {pid}, which belongs to another pod, not to this pod: it was written by another tenant and is ignored ({} such slot(s); the node agent's log names the owner)",
+            ownership.foreign.len()
+        ));
+    }
+    let (pid, other) = ownership.sibling.first()?;
+    Some(format!(
+        "the region names host PID {pid}, a process of container {other} of this pod, not of container {container}: libvgpu records only its own container's processes, so someone else wrote this region; it is ignored ({} such slot(s))",
+        ownership.sibling.len()
     ))
 }
 
@@ -101,8 +151,8 @@ fn allowed_by(granted: u64) -> u64 {
         .saturating_add(GRANT_SLACK_BYTES)
 }
 
-/// NVML's usage of the pod's own processes on `uuid`; `None` when NVML
-/// lists none of them there.
+/// NVML's usage of the container's own processes ([`Ownership::own`]) on
+/// `uuid`; `None` when NVML lists none of them there.
 fn measured(processes: &[GpuProcess], own: &HashSet<u32>, uuid: &str) -> Option<(u64, Vec<u32>)> {
     let mine: Vec<&GpuProcess> = processes
         .iter()
@@ -123,7 +173,8 @@ pub struct Measurement {
     /// NVML measures more than the cap (plus margin) though the region says
     /// otherwise: the state becomes `over_cap` with this reason.
     pub hidden_over_cap: Option<String>,
-    /// Why an eviction is justified by NVML, for the state given.
+    /// Why an eviction is justified by NVML, for the state given: usage
+    /// of a device with no cap, or above the cap (and the grant) plus margin.
     pub evidence: Option<String>,
 }
 
@@ -152,6 +203,19 @@ pub fn measure(
             )
         };
         let over = |cap: u64| cap > 0 && used > cap.saturating_add(margin);
+        let grant = granted(&d.uuid);
+        // The region's cap is the tenant's claim, and under hostPath
+        // delivery a neighbour can write it into the victim's own file: a
+        // cap written low is reported, but the evidence must also exceed
+        // what KAI granted the pod, which no tenant writes.
+        let bar = grant.map_or(d.limit, |g| g.max(d.limit));
+        let beyond_bar = || {
+            if bar > d.limit {
+                said("its grant of", bar)
+            } else {
+                said("a cap of", d.limit)
+            }
+        };
         let evidence = match state {
             IsolationState::UncappedNoLimit if d.limit == 0 && used > 0 => Some(format!(
                 "NVML measures {} for PID(s) {pids:?} of this pod on {} with no cap",
@@ -159,23 +223,24 @@ pub fn measure(
                 d.uuid
             )),
             IsolationState::OverCap | IsolationState::Capped | IsolationState::Pending
-                if over(d.limit) =>
+                if over(bar) =>
             {
-                Some(said("a cap of", d.limit))
+                Some(beyond_bar())
             }
-            IsolationState::AboveGrant => granted(&d.uuid)
-                .filter(|&g| over(g))
-                .map(|g| said("a grant of", g)),
+            IsolationState::AboveGrant => grant.filter(|&g| over(g)).map(|g| said("a grant of", g)),
             _ => None,
         };
-        if evidence.is_some() && out.evidence.is_none() {
-            if matches!(state, IsolationState::Capped | IsolationState::Pending) {
-                out.hidden_over_cap = Some(format!(
-                    "{} while the region accounts {}",
-                    said("a cap of", d.limit),
-                    human_bytes(d.used)
-                ));
-            }
+        if matches!(state, IsolationState::Capped | IsolationState::Pending)
+            && over(d.limit)
+            && out.hidden_over_cap.is_none()
+        {
+            out.hidden_over_cap = Some(format!(
+                "{} while the region accounts {}",
+                said("a cap of", d.limit),
+                human_bytes(d.used)
+            ));
+        }
+        if out.evidence.is_none() {
             out.evidence = evidence;
         }
     }
