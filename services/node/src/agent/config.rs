@@ -57,6 +57,11 @@ pub struct Args {
     pub legacy_metrics: bool,
     #[command(flatten)]
     pub grpc_tls: TlsArgs<GrpcTlsFlags>,
+    /// Without --grpc-tls-*, serve gRPC in plaintext and unauthenticated on
+    /// a non-loopback --grpc-listen: anyone who reaches the port reads every
+    /// container on this node. Without it the agent refuses to start so.
+    #[arg(long, env = "GRPC_INSECURE")]
+    pub grpc_insecure: bool,
     /// The host's /proc (hostPath-mounted), to check that slot host PIDs are
     /// alive and to name the pod of an escaped GPU process. Unset: those
     /// checks are reported unavailable.
@@ -180,8 +185,11 @@ pub struct Config {
     /// `None` = NVML off.
     pub nvml_library: Option<OsString>,
     pub orphan_grace: Duration,
-    /// `None` = plaintext gRPC.
+    /// `None` = plaintext gRPC, served on a loopback address only unless
+    /// `grpc_insecure`.
     pub grpc_tls: Option<GrpcTls>,
+    /// Plaintext gRPC on a non-loopback address is wanted (`--grpc-insecure`).
+    pub grpc_insecure: bool,
     /// Also render legacy metric names.
     pub legacy_metrics: bool,
     pub isolation: isolation::Settings,
@@ -259,6 +267,7 @@ impl Config {
             nvml_library: None,
             orphan_grace: Duration::from_secs(300),
             grpc_tls: None,
+            grpc_insecure: false,
             legacy_metrics: false,
             isolation: isolation::Settings::default(),
             host_proc: None,
@@ -343,8 +352,34 @@ impl Args {
                 key: key.to_owned(),
                 client_ca: self.grpc_tls.ca_file.clone(),
             }),
+            grpc_insecure: self.grpc_insecure,
         })
     }
+}
+
+impl Config {
+    /// Refuses plaintext gRPC off loopback unless asked for: the port
+    /// serves every container on the node (namespaces, pods, GPU use,
+    /// escaped processes and their owners) to whoever reaches it, and the
+    /// binary's default address is every interface. A loopback address
+    /// reaches only the node (or the pod's network namespace) itself.
+    pub(super) fn check_grpc_exposure(&self) -> Result<(), AgentError> {
+        let addr = self.grpc_listen;
+        if self.grpc_tls.is_some() || is_loopback(addr) {
+            return Ok(());
+        }
+        if !self.grpc_insecure {
+            return Err(AgentError::PlaintextGrpc { addr });
+        }
+        tracing::warn!(%addr, "gRPC is plaintext and unauthenticated (--grpc-insecure): anyone who reaches this address reads every container on this node");
+        Ok(())
+    }
+}
+
+/// 127.0.0.0/8 and ::1, also written as an IPv4-mapped IPv6 address; never
+/// the unspecified address, which listens on every interface.
+pub(super) fn is_loopback(addr: SocketAddr) -> bool {
+    addr.ip().to_canonical().is_loopback()
 }
 
 /// The in-cluster (or kubeconfig) client, without kube's built-in retry of
@@ -361,4 +396,68 @@ async fn client() -> Result<kube::Client, kube::Error> {
         .map_err(kube::Error::InferConfig)?;
     config.default_retry = false;
     kube::Client::try_from(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_addresses_are_loopback() {
+        for addr in [
+            "127.0.0.1:50051",
+            "127.3.2.1:1",
+            "[::1]:50051",
+            "[::ffff:127.0.0.1]:1",
+        ] {
+            assert!(is_loopback(addr.parse().expect("address")), "{addr}");
+        }
+        for addr in [
+            "0.0.0.0:50051",
+            "[::]:50051",
+            "10.0.0.7:50051",
+            "[::ffff:10.0.0.7]:1",
+        ] {
+            assert!(!is_loopback(addr.parse().expect("address")), "{addr}");
+        }
+    }
+
+    #[test]
+    fn plaintext_off_loopback_needs_the_flag_and_tls_needs_none() {
+        let config = |listen: &str, tls: bool, insecure: bool| Config {
+            grpc_listen: listen.parse().expect("address"),
+            grpc_tls: tls.then(|| GrpcTls {
+                cert: "tls.crt".into(),
+                key: "tls.key".into(),
+                client_ca: None,
+            }),
+            grpc_insecure: insecure,
+            ..Config::local("n", PathBuf::new(), PodsConfig::None)
+        };
+        let refused = config("0.0.0.0:50051", false, false).check_grpc_exposure();
+        assert!(
+            matches!(refused, Err(AgentError::PlaintextGrpc { addr }) if addr.port() == 50051),
+            "{refused:?}"
+        );
+        assert!(
+            config("[::]:50051", false, false)
+                .check_grpc_exposure()
+                .is_err()
+        );
+        assert!(
+            config("0.0.0.0:50051", false, true)
+                .check_grpc_exposure()
+                .is_ok()
+        );
+        assert!(
+            config("0.0.0.0:50051", true, false)
+                .check_grpc_exposure()
+                .is_ok()
+        );
+        assert!(
+            config("127.0.0.1:50051", false, false)
+                .check_grpc_exposure()
+                .is_ok()
+        );
+    }
 }

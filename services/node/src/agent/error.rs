@@ -19,6 +19,10 @@ pub enum AgentError {
     #[error("gRPC TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
     #[error(
+        "--grpc-listen {addr} is not a loopback address and the gRPC port has no TLS: it would serve every container on this node in plaintext to anyone who reaches it, unauthenticated. Serve mutual TLS (--grpc-tls-cert-file, --grpc-tls-key-file, --grpc-tls-client-ca-file; the chart's monitor.grpcTls), listen on 127.0.0.1, or pass --grpc-insecure (GRPC_INSECURE=true) to accept that"
+    )]
+    PlaintextGrpc { addr: std::net::SocketAddr },
+    #[error(
         "--metrics-auth=rbac checks scrapers with the API server, but there is no Kubernetes client ({0}); outside a cluster pass --metrics-auth=none"
     )]
     MetricsAuth(#[source] kube::Error),

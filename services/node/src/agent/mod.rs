@@ -67,6 +67,8 @@ impl Running {
 
 /// Starts scanning, gRPC and metrics; returns once both ports are bound.
 pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Running, AgentError> {
+    // Before anything is started or bound: a refusal leaves nothing behind.
+    config.check_grpc_exposure()?;
     let (pods, client) = match &config.pods {
         PodsConfig::None => (PodSource::None, None),
         PodsConfig::Static(path) => (PodSource::from_static_file(path)?, None),
