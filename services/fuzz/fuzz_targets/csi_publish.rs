@@ -83,12 +83,18 @@ fuzz_target!(|data: &[u8]| {
                         ["size", "nr_inodes", "mode", "uid", "gid"].contains(&key),
                         "{options}"
                     );
-                    assert!(value.bytes().all(|b| b.is_ascii_alphanumeric()), "{options}");
+                    assert!(
+                        value.bytes().all(|b| b.is_ascii_alphanumeric()),
+                        "{options}"
+                    );
                 }
             }
             Step::Seal => {}
         }
     }
     let points = plan::mount_points(&publish);
-    assert!(points.iter().all(|p| is_relative_and_plain(p)), "{points:?}");
+    assert!(
+        points.iter().all(|p| is_relative_and_plain(p)),
+        "{points:?}"
+    );
 });
