@@ -832,6 +832,12 @@ def webhook_hostile_tenant_settings():
     assert env["TENANT_ENV"] == "replace"
     assert (env["MAX_BODY_BYTES"], env["MAX_IN_FLIGHT_BYTES"], env["MAX_CONNECTIONS"]) == ("33554432", "50331648", "256")
     assert (env["BODY_READ_TIMEOUT_SECONDS"], env["HEADER_READ_TIMEOUT_SECONDS"], env["MAX_CONCURRENT_STREAMS"]) == ("10", "10", "32")
+    assert (env["MAX_CONNECTIONS_PER_CLIENT"], env["KEEP_ALIVE_TIMEOUT_SECONDS"]) == ("64", "120")
+    # Values stored by a release from before these keys (--reuse-values) still render the defaults.
+    env = {e["name"]: e.get("value") for e in containers(one(render(extra=(
+        "--set", "webhook.limits.maxConnectionsPerClient=null", "--set", "webhook.limits.keepAliveTimeoutSeconds=null")),
+        "Deployment", "-webhook"))["webhook"]["env"]}
+    assert (env["MAX_CONNECTIONS_PER_CLIENT"], env["KEEP_ALIVE_TIMEOUT_SECONDS"]) == ("64", "120")
     # Above 6x the API server's 3 MiB request limit (its reviews escape < as \u003c).
     assert int(env["MAX_BODY_BYTES"]) > 6 * 3 * 1024 * 1024
     env = {e["name"]: e.get("value") for e in containers(one(render(extra=(

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;
 use tonic::transport::server::Router;
@@ -102,11 +102,12 @@ pub async fn serve(
                 .await?
         }
         None => {
+            // Through our accept, not tonic's: it sets TCP_NODELAY and
+            // keep-alive on each connection (tonic's own options apply only
+            // to the listeners it binds itself).
+            let incoming = crate::net::incoming(listener, shutdown.clone());
             router
-                .serve_with_incoming_shutdown(
-                    TcpListenerStream::new(listener),
-                    shutdown.cancelled_owned(),
-                )
+                .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
                 .await?
         }
     }

@@ -13,6 +13,13 @@
 //! percentiles. Client and servers share this machine's cores, so absolute
 //! figures are context only. Also samples the process (RSS, fds, maps)
 //! to show memory stays bounded; fails when any request failed.
+//!
+//! `LOAD_FLOOD=256` adds an attacker against ours (not the floor, which
+//! has no defence): that many connections from 127.0.0.2–5 that finish
+//! the TLS handshake and then say nothing (half HTTP/1.1, half an HTTP/2
+//! preface and SETTINGS), each reopened as soon as the webhook closes it.
+//! The bench's own clients connect anew each round, so each round shows
+//! that they still get in (docs/security.md, "Connections").
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -204,6 +211,63 @@ async fn round(
     Ok(())
 }
 
+/// Holds `count` silent connections to `addr` from four other loopback
+/// addresses, reopening each one the server closes, until `stop`; how many
+/// times it had to reopen one.
+async fn flood(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    count: u64,
+    stop: CancellationToken,
+) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut holders = tokio::task::JoinSet::new();
+    for i in 0..count {
+        let (config, stop) = (config.clone(), stop.clone());
+        holders.spawn(async move {
+            let from = [127, 0, 0, 2 + (i % 4) as u8];
+            let http2 = i % 2 == 1;
+            let mut reopened = 0u64;
+            loop {
+                let silent = async {
+                    let socket = tokio::net::TcpSocket::new_v4()?;
+                    socket.bind(SocketAddr::from((from, 0)))?;
+                    let tcp = socket.connect(addr).await?;
+                    let mut config = (*config).clone();
+                    config.alpn_protocols = vec![if http2 {
+                        b"h2".to_vec()
+                    } else {
+                        b"http/1.1".to_vec()
+                    }];
+                    let name = rustls::pki_types::ServerName::try_from("localhost")
+                        .map_err(std::io::Error::other)?;
+                    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+                        .connect(name, tcp)
+                        .await?;
+                    if http2 {
+                        tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+                            .await?;
+                        tls.flush().await?;
+                    }
+                    // Silent from here; wait for the server to close it.
+                    let mut sink = [0u8; 1024];
+                    while tls.read(&mut sink).await? > 0 {}
+                    std::io::Result::Ok(())
+                };
+                tokio::select! {
+                    () = stop.cancelled() => return reopened,
+                    _ = silent => reopened += 1,
+                }
+            }
+        });
+    }
+    let mut reopened = 0;
+    while let Some(each) = holders.join_next().await {
+        reopened += each.unwrap_or(0);
+    }
+    reopened
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     kai_runtime::install_crypto_provider();
@@ -276,6 +340,16 @@ async fn main() -> anyhow::Result<()> {
         })
     };
 
+    let flood_count = env_or("LOAD_FLOOD", 0);
+    let stop_flood = CancellationToken::new();
+    let flooding = (flood_count > 0).then(|| {
+        tokio::spawn(flood(
+            running.addr,
+            config.clone(),
+            flood_count,
+            stop_flood.clone(),
+        ))
+    });
     println!(
         "request {} bytes, response {} bytes; {rounds} rounds of {} ms per server",
         body.len(),
@@ -313,6 +387,14 @@ async fn main() -> anyhow::Result<()> {
         errors += ours.errors + bare.errors;
     }
 
+    if let Some(flooding) = flooding {
+        stop_flood.cancel();
+        let reopened = flooding.await?;
+        println!(
+            "flood: {flood_count} silent connections held against ours from 4 addresses, reopened {reopened} times after the webhook closed them"
+        );
+    }
+
     // What the reviews themselves cost inside the server, from its own
     // histogram: at one connection the ratio follows this time closely
     // (docs/benchmarks.md).
@@ -336,6 +418,9 @@ async fn main() -> anyhow::Result<()> {
             "review inside the server (its own histogram): {count:.0} reviews, mean {:.2} µs",
             sum / count.max(1.0) * 1e6
         );
+    }
+    for line in page.lines().filter(|l| l.starts_with("kai_webhook_shed_total")) {
+        println!("{line}");
     }
     drop(client);
     stop_sampling.cancel();

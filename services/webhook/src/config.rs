@@ -163,9 +163,20 @@ pub struct Limits {
     /// requests together may hold; beyond it requests get 503.
     #[arg(long, env = "MAX_IN_FLIGHT_BYTES", default_value_t = 48 * 1024 * 1024)]
     pub max_in_flight_bytes: usize,
-    /// Open connections at most; more are closed at once.
+    /// Open connections at most. When all are taken an idle one gives way
+    /// to a new one; when all are busy the new one is closed at once.
     #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 256)]
     pub max_connections: usize,
+    /// Open connections one client address may hold (its own idle ones
+    /// give way beyond it), so no one pod holds every place.
+    #[arg(long, env = "MAX_CONNECTIONS_PER_CLIENT", default_value_t = 64)]
+    pub max_connections_per_client: usize,
+    /// Seconds a connection may go without a request before it is closed.
+    /// Above the API server's own idle reuse (Go's `IdleConnTimeout`,
+    /// 90 s), so it closes its idle connections before we would.
+    #[arg(long = "keep-alive-timeout-seconds", env = "KEEP_ALIVE_TIMEOUT_SECONDS",
+          value_name = "KEEP_ALIVE_TIMEOUT_SECONDS", default_value = "120", value_parser = seconds)]
+    pub keep_alive_timeout: Duration,
     /// Seconds a client has to send a whole request body (408 after).
     #[arg(long = "body-read-timeout-seconds", env = "BODY_READ_TIMEOUT_SECONDS",
           value_name = "BODY_READ_TIMEOUT_SECONDS", default_value = "10", value_parser = seconds)]
@@ -306,6 +317,8 @@ mod tests {
                 max_body_bytes: 32 * 1024 * 1024,
                 max_in_flight_bytes: 48 * 1024 * 1024,
                 max_connections: 256,
+                max_connections_per_client: 64,
+                keep_alive_timeout: Duration::from_secs(120),
                 body_read_timeout: Duration::from_secs(10),
                 header_read_timeout: Duration::from_secs(10),
                 max_concurrent_streams: 32,

@@ -135,7 +135,13 @@ impl Default for Metrics {
                     "Requests and connections refused to bound the webhook's memory and time, by reason.",
                     "reason",
                 ),
-                &["in_flight_bytes", "body_timeout", "connections"],
+                &[
+                    "in_flight_bytes",
+                    "body_timeout",
+                    "connections",
+                    "client_connections",
+                    "idle_connection",
+                ],
             ),
             opt_out_ignored: recorder.counter(
                 "kai_webhook_opt_out_ignored_total",
@@ -262,6 +268,19 @@ mod tests {
         let sum = Duration::from_micros(30).as_secs_f64() + Duration::from_millis(2).as_secs_f64();
         let sum = format!("kai_webhook_admission_review_duration_seconds_sum {sum}\n");
         assert!(page.contains(&sum), "{sum} in\n{page}");
+    }
+
+    #[test]
+    fn every_connection_shed_has_its_series() {
+        let m = Metrics::default();
+        let page = m.render();
+        for reason in kai_runtime::https::Shed::ALL {
+            let line = format!(
+                "kai_webhook_shed_total{{reason=\"{}\"}} 0\n",
+                reason.as_str()
+            );
+            assert!(page.contains(&line), "{line} in\n{page}");
+        }
     }
 
     #[test]

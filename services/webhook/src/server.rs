@@ -95,14 +95,18 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> Result<Ru
     let limits = settings.limits;
     let serve_limits = kai_runtime::https::ServeLimits {
         max_connections: limits.max_connections,
+        max_connections_per_client: limits.max_connections_per_client,
         header_read_timeout: limits.header_read_timeout,
         max_concurrent_streams: limits.max_concurrent_streams,
-        on_refused: Some(Arc::new({
+        on_shed: Some(Arc::new({
             let metrics = metrics.clone();
-            move || metrics.record_shed("connections")
+            move |reason: kai_runtime::https::Shed| metrics.record_shed(reason.as_str())
         })),
         // The body and header read timeouts bound a stalled review.
         idle_timeout: None,
+        // A connection that carries no review is closed after a while, and
+        // gives way to a new one sooner when the webhook is full.
+        keep_alive_timeout: Some(limits.keep_alive_timeout),
     };
     let state = Arc::new(State {
         inject: settings.inject,

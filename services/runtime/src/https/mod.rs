@@ -5,7 +5,10 @@
 //! warp 0.4 ships no TLS, so the accept loop lives here: TCP accept →
 //! rustls handshake (bounded in time) → hyper's auto (HTTP/1.1 + h2)
 //! connection, each watched for graceful shutdown so in-flight admission
-//! reviews finish when the pod is stopped.
+//! reviews finish when the pod is stopped. Every connection holds a place
+//! (`slots`): idle ones are closed after a while and give way to new
+//! ones when the server is full, so clients that connect and say nothing
+//! cannot hold the server.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,12 +17,17 @@ use std::time::Duration;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use connection::PeerCertificate;
+use connection::PerConnection;
+pub use slots::Shed;
+use slots::{Activity, Slots};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -27,6 +35,15 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long in-flight requests get after shutdown begins.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a connection closed for idleness or to make room may take to
+/// finish closing (an HTTP/2 GOAWAY the client never acknowledges): it no
+/// longer holds a place meanwhile, so this bounds what it still costs.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+/// HTTP/2 keep-alive: a PING after this much silence from the client…
+pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// …which, unanswered this long, closes the connection: a client that
+/// sent its preface and stopped reading is gone within 40 s.
+pub const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// First byte of every TLS record carrying a handshake.
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
@@ -34,27 +51,41 @@ const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 /// request headers, and HTTP/2 streams per connection.
 #[derive(Clone)]
 pub struct ServeLimits {
-    /// Open connections at most; a connection accepted beyond it is closed
-    /// at once (the client sees a reset, not a hang).
+    /// Open connections at most. When all are taken, a new connection
+    /// makes an idle one give way (see `slots`), or is closed at once (the
+    /// client sees a reset, not a hang) when every one is busy.
     pub max_connections: usize,
+    /// Open connections one client address may hold; beyond it, one of
+    /// its own idle connections gives way or the new one is closed.
+    pub max_connections_per_client: usize,
     /// Time a client has to send a request's headers (HTTP/1.1), from the
     /// start of the connection or the end of the previous response.
     pub header_read_timeout: Duration,
     /// Concurrent HTTP/2 streams per connection.
     pub max_concurrent_streams: u32,
-    /// Called for each connection closed because of `max_connections`.
-    pub on_refused: Option<Arc<dyn Fn() + Send + Sync>>,
-    /// A connection without progress for this long is closed (none: kept
-    /// until the client closes it or the server stops).
+    /// Called for each connection refused, or closed to make room.
+    pub on_shed: Option<Arc<dyn Fn(Shed) + Send + Sync>>,
+    /// A connection without I/O progress for this long is closed (none:
+    /// kept until the client closes it or the server stops).
     pub idle_timeout: Option<Duration>,
+    /// A connection without a request in flight for this long is closed
+    /// gracefully (none: kept). HTTP/2 keep-alive PINGs do not count as
+    /// requests, so an answered PING does not keep an idle connection.
+    pub keep_alive_timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for ServeLimits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServeLimits")
             .field("max_connections", &self.max_connections)
+            .field(
+                "max_connections_per_client",
+                &self.max_connections_per_client,
+            )
             .field("header_read_timeout", &self.header_read_timeout)
             .field("max_concurrent_streams", &self.max_concurrent_streams)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("keep_alive_timeout", &self.keep_alive_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -63,47 +94,13 @@ impl Default for ServeLimits {
     fn default() -> Self {
         Self {
             max_connections: 1024,
+            max_connections_per_client: 256,
             header_read_timeout: Duration::from_secs(10),
             max_concurrent_streams: 100,
-            on_refused: None,
+            on_shed: None,
             idle_timeout: None,
+            keep_alive_timeout: None,
         }
-    }
-}
-
-/// The certificate a client presented in the TLS handshake, which the
-/// server's client-certificate verifier accepted; in the extensions of
-/// every request of that connection.
-#[derive(Clone, Debug)]
-pub struct PeerCertificate(pub Arc<rustls_pki_types::CertificateDer<'static>>);
-
-/// `inner` with the connection's [`PeerCertificate`] put in each request.
-#[derive(Clone)]
-struct WithPeer<S> {
-    inner: S,
-    certificate: Option<PeerCertificate>,
-}
-
-impl<S, B> tower_service::Service<Request<Incoming>> for WithPeer<S>
-where
-    S: tower_service::Service<Request<Incoming>, Response = Response<B>>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut request: Request<Incoming>) -> Self::Future {
-        if let Some(certificate) = &self.certificate {
-            request.extensions_mut().insert(certificate.clone());
-        }
-        self.inner.call(request)
     }
 }
 
@@ -126,8 +123,8 @@ pub async fn serve<S, B>(
     B::Error: Into<BoxError>,
 {
     let acceptor = TlsAcceptor::from(tls);
-    let graceful = GracefulShutdown::new();
-    let connections = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let tracker = TaskTracker::new();
+    let slots = Slots::new(limits.max_connections, limits.max_connections_per_client);
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -136,28 +133,52 @@ pub async fn serve<S, B>(
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_concurrent_streams(limits.max_concurrent_streams);
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .keep_alive_interval(HTTP2_KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(HTTP2_KEEPALIVE_TIMEOUT);
+    let shed = |reason: Shed| {
+        if let Some(on_shed) = &limits.on_shed {
+            on_shed(reason);
+        }
+    };
     loop {
         let Some((stream, peer)) = crate::net::accept(&listener, &shutdown).await else {
             break;
         };
         // Counted from accept, handshake included: a slow handshake holds
         // memory too.
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            drop(stream);
-            tracing::debug!(%peer, "connection limit reached; closed a new connection");
-            if let Some(on_refused) = &limits.on_refused {
-                on_refused();
+        let slot = match slots.admit(peer.ip()) {
+            Ok((slot, gave_way)) => {
+                if let Some(reason) = gave_way {
+                    tracing::debug!(%peer, "server full; an idle connection gives way");
+                    shed(reason);
+                }
+                slot
             }
-            continue;
+            Err(reason) => {
+                // Counted before the close, so a client that sees the close
+                // then reads the counter finds it counted.
+                shed(reason);
+                tracing::debug!(%peer, reason = reason.as_str(), "closed a new connection");
+                drop(stream);
+                continue;
+            }
         };
         let acceptor = acceptor.clone();
         let service = service.clone();
-        let watcher = graceful.watcher();
         let builder = builder.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let Some(tls) = handshake(&acceptor, stream, peer).await else {
+        let shutdown = shutdown.clone();
+        let keep_alive = limits.keep_alive_timeout;
+        let idle_timeout = limits.idle_timeout;
+        tracker.spawn(async move {
+            let activity = slot.activity.clone();
+            let handshake = handshake(&acceptor, stream, peer);
+            // A connection told to give way during its handshake ends there.
+            let tls = tokio::select! {
+                tls = handshake => tls,
+                () = activity.told_to_give_way() => None,
+            };
+            let Some(tls) = tls else {
                 return;
             };
             // The client's certificate, verified in the handshake, goes with
@@ -168,20 +189,27 @@ pub async fn serve<S, B>(
                 .peer_certificates()
                 .and_then(|chain| chain.first())
                 .map(|leaf| PeerCertificate(Arc::new(leaf.clone().into_owned())));
-            let service = WithPeer {
+            let service = PerConnection {
                 inner: service,
                 certificate,
+                activity: Some(activity.clone()),
             };
-            match limits.idle_timeout {
+            let closing = Closing {
+                shutdown,
+                activity: Some(activity),
+                keep_alive,
+            };
+            match idle_timeout {
                 Some(idle) => {
                     let io = crate::net::IdleTimeout::new(tls, idle);
-                    serve_connection(&builder, io, peer, service, watcher).await;
+                    serve_connection(&builder, io, peer, service, closing).await;
                 }
-                None => serve_connection(&builder, tls, peer, service, watcher).await,
+                None => serve_connection(&builder, tls, peer, service, closing).await,
             }
+            drop(slot);
         });
     }
-    drain(listener, graceful).await;
+    drain(listener, tracker).await;
 }
 
 /// Serves `service` over plain HTTP (HTTP/1.1 and h2c) on `listener` until
@@ -206,29 +234,90 @@ pub async fn serve_plain<S, B>(
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
-    let graceful = GracefulShutdown::new();
+    let tracker = TaskTracker::new();
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     loop {
         let Some((stream, peer)) = crate::net::accept(&listener, &shutdown).await else {
             break;
         };
         let io = crate::net::IdleTimeout::new(stream, idle_timeout);
-        let (builder, service, watcher) = (builder.clone(), service.clone(), graceful.watcher());
-        tokio::spawn(async move {
-            serve_connection(&builder, io, peer, service, watcher).await;
+        let builder = builder.clone();
+        let service = PerConnection {
+            inner: service.clone(),
+            certificate: None,
+            activity: None,
+        };
+        let closing = Closing {
+            shutdown: shutdown.clone(),
+            activity: None,
+            keep_alive: None,
+        };
+        tracker.spawn(async move {
+            serve_connection(&builder, io, peer, service, closing).await;
         });
     }
-    drain(listener, graceful).await;
+    drain(listener, tracker).await;
+}
+
+/// What ends a connection from the server's side.
+struct Closing {
+    shutdown: CancellationToken,
+    /// Where the connection holds a slot: told to give way, or idle.
+    activity: Option<Arc<Activity>>,
+    /// Close once no request has been in flight for this long.
+    keep_alive: Option<Duration>,
+}
+
+/// Why the server closes a connection.
+#[derive(Clone, Copy, Debug)]
+enum Close {
+    Shutdown,
+    GiveWay,
+    Idle,
+}
+
+impl Closing {
+    /// Resolves when the connection should be closed, and why.
+    async fn reason(&self) -> Close {
+        let give_way = async {
+            match &self.activity {
+                Some(activity) => activity.told_to_give_way().await,
+                None => std::future::pending().await,
+            }
+        };
+        let idle = async {
+            let (Some(activity), Some(keep_alive)) = (&self.activity, self.keep_alive) else {
+                return std::future::pending().await;
+            };
+            loop {
+                let now = tokio::time::Instant::now();
+                match activity.idle_for(now) {
+                    Some(idle) if idle >= keep_alive => return,
+                    // Busy, or not idle long enough yet: look again when
+                    // it could first be.
+                    Some(idle) => tokio::time::sleep(keep_alive - idle).await,
+                    None => tokio::time::sleep(keep_alive).await,
+                }
+            }
+        };
+        tokio::select! {
+            () = self.shutdown.cancelled() => Close::Shutdown,
+            () = give_way => Close::GiveWay,
+            () = idle => Close::Idle,
+        }
+    }
 }
 
 /// One connection, HTTP/1.1 or h2 as the client speaks, until it ends or
-/// the graceful shutdown closes it.
+/// the server closes it: gracefully (HTTP/1.1 after the response in
+/// flight, HTTP/2 with a GOAWAY), then at once if the client does not let
+/// it end in time.
 async fn serve_connection<I, S, B>(
     builder: &hyper_util::server::conn::auto::Builder<TokioExecutor>,
     io: I,
     peer: SocketAddr,
-    service: S,
-    watcher: hyper_util::server::graceful::Watcher,
+    service: PerConnection<S>,
+    closing: Closing,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     S: tower_service::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
@@ -239,15 +328,35 @@ async fn serve_connection<I, S, B>(
     B::Error: Into<BoxError>,
 {
     let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
-    if let Err(error) = watcher.watch(conn.into_owned()).await {
-        tracing::debug!(%peer, error = %error, "connection ended with an error");
+    let mut conn = std::pin::pin!(conn);
+    let close = tokio::select! {
+        result = conn.as_mut() => {
+            if let Err(error) = result {
+                tracing::debug!(%peer, error = %error, "connection ended with an error");
+            }
+            return;
+        }
+        close = closing.reason() => close,
+    };
+    tracing::debug!(%peer, ?close, "closing a connection");
+    conn.as_mut().graceful_shutdown();
+    let grace = match close {
+        Close::Shutdown => DRAIN_TIMEOUT,
+        Close::GiveWay | Close::Idle => CLOSE_GRACE,
+    };
+    match tokio::time::timeout(grace, conn).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::debug!(%peer, error = %error, "connection ended with an error"),
+        Err(_) => tracing::debug!(%peer, ?close, "connection did not close in time; dropped"),
     }
 }
 
-/// Stops accepting, then gives open connections [`DRAIN_TIMEOUT`].
-async fn drain(listener: TcpListener, graceful: GracefulShutdown) {
+/// Stops accepting, then gives open connections [`DRAIN_TIMEOUT`] (each
+/// saw the shutdown and is closing gracefully).
+async fn drain(listener: TcpListener, tracker: TaskTracker) {
     drop(listener);
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
+    tracker.close();
+    if tokio::time::timeout(DRAIN_TIMEOUT, tracker.wait())
         .await
         .is_err()
     {
@@ -290,5 +399,7 @@ async fn handshake(
 pub mod body;
 #[cfg(feature = "test-support")]
 mod client;
+mod connection;
+mod slots;
 #[cfg(feature = "test-support")]
 pub use client::{Client, ClientError};
