@@ -903,6 +903,10 @@ MY_PID, OTHER_PID = 4100, 4200
 GPU_UUID = "GPU-a0000000-0000-4000-8000-000000000000"
 
 
+# The container ID of every fake process (the cgroup path's last part).
+CONTAINER_ID = "ab" * 32
+
+
 def node_processes(procs):
     """Writes the fake host /proc and the fake NVML's processes. The agent
     takes a directory for the host's procfs only with what every one has:
@@ -917,7 +921,7 @@ def node_processes(procs):
     for pid, (uid, _) in procs.items():
         os.makedirs(os.path.join(AGENT["proc"], str(pid)), exist_ok=True)
         with open(os.path.join(AGENT["proc"], str(pid), "cgroup"), "w") as f:
-            f.write(f"0::/kubepods/burstable/pod{uid}/{'ab' * 32}\n")
+            f.write(f"0::/kubepods/burstable/pod{uid}/{CONTAINER_ID}\n")
     gpu = {"uuid": GPU_UUID, "name": "NVIDIA H100 80GB HBM3", "total": 80 << 30, "used": 0,
            "processes": [{"pid": pid, "used": mib << 20} for pid, (_, mib) in procs.items() if mib is not None]}
     with open(AGENT["nvml_config"] + ".tmp", "w") as f:
@@ -1019,7 +1023,7 @@ def components():
         mine = create(pod("gpu-job", {"gpu-memory": "1024"}, labels={"app": "gpu-job"}, node=NODES[0]))
         other = create(pod("gpu-job-other-node", {"gpu-memory": "1024"}, node=NODES[1]))
         AGENT["uid"] = mine["metadata"]["uid"]
-        kubelet_reports_running("gpu-job", TENANT)
+        kubelet_reports_running("gpu-job", TENANT, container="main")
         node_processes({MY_PID: (mine["metadata"]["uid"], 512), OTHER_PID: (other["metadata"]["uid"], None)})
         write_region(mine["metadata"]["uid"], "main", 1024, 512)
         write_region(other["metadata"]["uid"], "main", 1024, 512, pid=OTHER_PID)
@@ -1107,15 +1111,23 @@ def components():
 AGG = {}
 
 
-def kubelet_reports_running(name, ns):
+def kubelet_reports_running(name, ns, container=None):
     """The kubelet's status for a started pod: Running and Ready. (The
-    Eviction API lets Pending pods go without asking the PDB.)"""
+    Eviction API lets Pending pods go without asking the PDB.) With
+    `container`, that container's status too, with the ID node_processes
+    writes into its processes' cgroups: the agent counts a region's slots
+    only for processes of the GPU container's own ID."""
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    kubectl("patch", "pod", name, "-n", ns, "--subresource=status", "--type=merge", "-p", json.dumps(
-        {"status": {"phase": "Running", "podIP": NODE_IP, "podIPs": [{"ip": NODE_IP}], "hostIP": NODE_IP,
-                    "startTime": now,
-                    "conditions": [{"type": t, "status": "True", "lastTransitionTime": now}
-                                   for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]}}))
+    status = {"phase": "Running", "podIP": NODE_IP, "podIPs": [{"ip": NODE_IP}], "hostIP": NODE_IP,
+              "startTime": now,
+              "conditions": [{"type": t, "status": "True", "lastTransitionTime": now}
+                             for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]}
+    if container:
+        status["containerStatuses"] = [{
+            "name": container, "containerID": "containerd://" + CONTAINER_ID, "ready": True,
+            "restartCount": 0, "state": {"running": {"startedAt": now}},
+            "image": "registry.k8s.io/pause:3.10", "imageID": ""}]
+    kubectl("patch", "pod", name, "-n", ns, "--subresource=status", "--type=merge", "-p", json.dumps({"status": status}))
 
 
 def kubelet_confirms_terminations(ns):

@@ -76,8 +76,13 @@ printf '/usr/local/vgpu/libvgpu.so\n' > "$host/ld.so.preload"
 # removes it after; NodePublishVolume's target_path is <mountdir>/target, which
 # kai-csi must create and NodeUnpublishVolume must remove. The staging dir is
 # created and removed the same way even though kai-csi never stages (its
-# default, /tmp/csi-staging, would collide with other runs).
-mountdir="$work/pods/mount"
+# default, /tmp/csi-staging, would collide with other runs). kai-csi takes a
+# target only in the kubelet pod directory of the request's pod UID
+# (<target-root>/<uid>/volumes/kubernetes.io~csi/<volume>/…), so every volume
+# is one pod's (inline-volumes --pod-uid) and mountdir lies in its directory.
+pod_uid="5a1e7c3e-0000-4000-8000-000000005a17"
+mkdir -p "$work/pods/$pod_uid/volumes/kubernetes.io~csi"
+mountdir="$work/pods/$pod_uid/volumes/kubernetes.io~csi/sanity"
 stagingdir="$work/staging"
 
 # The webhook's volume attributes, as csi-sanity's CreateVolume parameters
@@ -102,7 +107,7 @@ ctl_sock="$work/controller.sock"
   --log-level "${LOG_LEVEL:-info}" > "$work/kai-csi.log" 2>&1 &
 pids+=($!)
 csi_pid=$!
-"$tools/inline-volumes" --endpoint "$ctl_sock" > "$work/inline-volumes.log" 2>&1 &
+"$tools/inline-volumes" --endpoint "$ctl_sock" --pod-uid "$pod_uid" > "$work/inline-volumes.log" 2>&1 &
 pids+=($!)
 ctl_pid=$!
 

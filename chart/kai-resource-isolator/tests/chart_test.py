@@ -515,6 +515,7 @@ def grpc_mutual_tls():
     assert arg(agent, "--grpc-tls-cert-file") == "/etc/kai/grpc-tls/tls.crt"
     assert arg(agent, "--grpc-tls-key-file") == "/etc/kai/grpc-tls/tls.key"
     assert arg(agent, "--grpc-tls-client-ca-file") == "/etc/kai/grpc-tls/ca.crt", "agents require client certificates"
+    assert "--grpc-insecure" not in agent["args"], "plaintext is never asked for with TLS on"
     assert arg(agg, "--agent-tls-ca-file") == "/etc/kai/grpc-tls/ca.crt"
     assert arg(agg, "--agent-tls-cert-file") == "/etc/kai/grpc-tls/tls.crt"
     assert arg(agg, "--agent-tls-key-file") == "/etc/kai/grpc-tls/tls.key"
@@ -544,6 +545,7 @@ def grpc_mutual_tls():
     assert not [d for d in plain if "grpc-tls" in d["metadata"]["name"]]
     pds, pdep = one(plain, "DaemonSet", "-node"), one(plain, "Deployment", "-aggregator")
     assert arg(containers(pds)["agent"], "--grpc-tls-cert-file") is None
+    assert "--grpc-insecure" in containers(pds)["agent"]["args"], "the agent refuses plaintext off loopback unless told"
     assert arg(containers(pdep)["aggregator"], "--agent-tls-ca-file") is None
     for w in (pds, pdep):
         assert "annotations" not in w["spec"]["template"]["metadata"], w["metadata"]["name"]

@@ -43,6 +43,10 @@ type server struct {
 
 	mu      sync.Mutex
 	volumes map[string]*csi.Volume // by CreateVolume name, so a repeated CreateVolume is idempotent
+	// podUID, when set, is every volume's pod: kai-csi checks the pod UID
+	// against the kubelet pod directory of the target, and csi-sanity's
+	// targets all lie in one directory (--csi.mountdir).
+	podUID string
 }
 
 func (s *server) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
@@ -84,7 +88,10 @@ func (s *server) CreateVolume(_ context.Context, req *csi.CreateVolumeRequest) (
 	if v, ok := s.volumes[req.GetName()]; ok {
 		return &csi.CreateVolumeResponse{Volume: v}, nil
 	}
-	podUID := uuid4()
+	podUID := s.podUID
+	if podUID == "" {
+		podUID = uuid4()
+	}
 	sum := sha256.Sum256([]byte(podUID + volumeName)) // kubelet: makeVolumeHandle(podUID, volSourceSpecName)
 	ctx := map[string]string{}
 	for k, v := range req.GetParameters() {
@@ -118,6 +125,7 @@ func (s *server) DeleteVolume(_ context.Context, req *csi.DeleteVolumeRequest) (
 
 func main() {
 	endpoint := flag.String("endpoint", "", "unix socket path to serve on")
+	podUID := flag.String("pod-uid", "", "the pod UID of every volume (default: a new one per volume)")
 	flag.Parse()
 	if *endpoint == "" {
 		log.Fatal("--endpoint is required")
@@ -128,7 +136,7 @@ func main() {
 		log.Fatal(err)
 	}
 	g := grpc.NewServer()
-	s := &server{volumes: map[string]*csi.Volume{}}
+	s := &server{volumes: map[string]*csi.Volume{}, podUID: *podUID}
 	csi.RegisterIdentityServer(g, s)
 	csi.RegisterControllerServer(g, s)
 	go func() {

@@ -61,7 +61,7 @@ impl State {
                 "the container's cap is above its pod's grant: something in the container set its own CUDA_DEVICE_MEMORY_LIMIT. Check the webhook is serving this namespace (it replaces a tenant's value), then recreate the pod"
             }
             S::Forged => {
-                "the region names processes of another pod: a tenant wrote it. The agent ignores it; its log (\"forged region\", owners) names the pod that owns the PIDs"
+                "the region names processes of another pod or of another container of this pod, or lies under a container name that is not the pod's GPU container: someone else wrote it. The agent ignores it (it evicts nobody); the reason says which, its log (\"forged region\", owners) names who owns the PIDs"
             }
             S::UnreadableRegion => {
                 "the container's region file is there but the node agent refuses to read it (the reason says why; its log says more): the cap cannot be verified. A hard link or another file in its place was put there by someone who can write the containers directory; an unsupported version needs a newer agent. The state evicts nobody; the container's GPU processes count as escaped"
