@@ -27,7 +27,13 @@ where
     healthz.or(readyz).unify()
 }
 
-/// Serves only the probes on `listener` until `shutdown`.
+/// How long a probe connection may sit without progress: kubelet opens one
+/// per probe and closes it.
+const PROBE_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Serves only the probes on `listener` until `shutdown`, through the same
+/// accept path as every other port (TCP_NODELAY, keep-alive probes, idle
+/// connections closed).
 pub async fn serve<F>(
     listener: tokio::net::TcpListener,
     ready: F,
@@ -35,9 +41,11 @@ pub async fn serve<F>(
 ) where
     F: Fn() -> Result<(), NotReady> + Clone + Send + Sync + 'static,
 {
-    warp::serve(routes(ready))
-        .incoming(listener)
-        .graceful(shutdown.cancelled_owned())
-        .run()
-        .await;
+    crate::https::serve_plain(
+        listener,
+        warp::service(routes(ready)),
+        PROBE_IDLE_TIMEOUT,
+        shutdown,
+    )
+    .await;
 }
