@@ -9,6 +9,7 @@ use kai_runtime::limit::ServeBounds;
 use kai_runtime::tls::{Flag, TlsArgs, TlsFlagNames, TlsFlags};
 
 use super::error::AgentError;
+use super::model::GpuMemoryLabel;
 use super::{enforce, isolation};
 
 /// Flags of `kai-node agent`.
@@ -205,6 +206,19 @@ pub struct Config {
     pub reclaim_stale_slots: bool,
     pub limits: Limits,
     pub metrics_auth: MetricsAuth,
+    /// Where this node's `nvidia.com/gpu.memory` label comes from: KAI
+    /// computes every sharing pod's limit from it.
+    pub gpu_memory_label: LabelSource,
+}
+
+/// Where the agent learns its node's `nvidia.com/gpu.memory` label.
+#[derive(Clone, Debug)]
+pub enum LabelSource {
+    /// Watch this Node through the API server (the pods' client); without
+    /// one the label is unknown.
+    Watch,
+    /// As given: without an API server there is no Node to read.
+    Given(GpuMemoryLabel),
 }
 
 /// Who may read `/metrics`.
@@ -278,6 +292,9 @@ impl Config {
             reclaim_stale_slots: false,
             limits: Limits::default(),
             metrics_auth: MetricsAuth::Open,
+            // No Node to read: as a node without the label, where KAI
+            // writes no limit and the pods' own grants hold.
+            gpu_memory_label: LabelSource::Given(GpuMemoryLabel::Missing),
         }
     }
 }
@@ -317,8 +334,14 @@ impl Args {
                 Err(error) => return Err(AgentError::MetricsAuth(error)),
             },
         };
+        let gpu_memory_label = match pods {
+            PodsConfig::Kube(_) => LabelSource::Watch,
+            // --no-kube: no Node to read, as a node without the label.
+            PodsConfig::None | PodsConfig::Static(_) => LabelSource::Given(GpuMemoryLabel::Missing),
+        };
         Ok(Config {
             metrics_auth,
+            gpu_memory_label,
             node_name,
             containers_dir: self.containers_dir.clone(),
             grpc_listen: self.grpc_listen,

@@ -8,6 +8,7 @@ pub mod grpc;
 pub mod isolation;
 mod join;
 pub mod model;
+pub mod node;
 pub mod nvml;
 mod orphans;
 pub mod pods;
@@ -28,8 +29,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub use self::config::{Args, Config, GrpcTls, Limits, MetricsAuth, PodsConfig};
+pub use self::config::{Args, Config, GrpcTls, LabelSource, Limits, MetricsAuth, PodsConfig};
 pub use self::error::AgentError;
+use self::model::GpuMemoryLabel;
+use self::node::NodeLabels;
 use self::nvml::Devices;
 use self::pods::PodSource;
 use self::scan::{Scanner, poll};
@@ -82,6 +85,13 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
             Some(client),
         ),
     };
+    let node_labels = match (&config.gpu_memory_label, client) {
+        (LabelSource::Watch, Some(client)) => {
+            NodeLabels::watch(client.clone(), &config.node_name, shutdown.clone())
+        }
+        (LabelSource::Watch, None) => NodeLabels::Given(GpuMemoryLabel::Unknown),
+        (LabelSource::Given(label), _) => NodeLabels::Given(label.clone()),
+    };
     let notifier = match (client, config.events) {
         (Some(client), true) => isolation::events::Notifier::spawn(
             client.clone(),
@@ -128,6 +138,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
             Scanner {
                 store,
                 pods,
+                node_labels,
                 devices: devices.clone(),
                 enforcer: enforce::driver::Enforcer::spawn(
                     config.enforce,

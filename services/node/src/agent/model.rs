@@ -29,9 +29,26 @@ pub struct PodMeta {
     pub gpu_container: Option<String>,
     /// Containers and init containers that are running, from the pod status.
     pub running: Vec<RunningContainer>,
-    /// What KAI granted the pod (`gpu-memory` / `gpu-fraction`); a region
-    /// cap above it is `above_grant`.
+    /// What KAI granted the pod (`gpu-memory` / `gpu-fraction`); with the
+    /// node's `nvidia.com/gpu.memory` label it gives the cap KAI wrote, and
+    /// a region cap above that is `above_grant` (`isolation::grant`).
     pub grant: Option<Grant>,
+}
+
+/// This node's `nvidia.com/gpu.memory` label, which KAI's binder computes
+/// every sharing pod's `CUDA_DEVICE_MEMORY_LIMIT` from
+/// ([`kai_vocab::grant`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum GpuMemoryLabel {
+    /// The agent has not read its Node (not yet, or it may not): what KAI
+    /// wrote cannot be told, so no cap is called raised.
+    #[default]
+    Unknown,
+    /// The node has no such label: KAI wrote no limit.
+    Missing,
+    /// The label as written; KAI parses it, and writes no limit for a value
+    /// it cannot use.
+    Value(String),
 }
 
 /// A running container of a pod.

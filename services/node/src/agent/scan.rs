@@ -12,7 +12,8 @@ use tokio_util::sync::CancellationToken;
 use super::config::Config;
 use super::error::AgentError;
 use super::join;
-use super::model::HostPids;
+use super::model::{GpuMemoryLabel, HostPids};
+use super::node::NodeLabels;
 use super::nvml::Devices;
 use super::orphans::{self, Orphans};
 use super::pods::PodSource;
@@ -24,6 +25,7 @@ use super::{enforce, isolation};
 pub(super) struct Scanner {
     pub(super) store: Arc<Mutex<RegionStore>>,
     pub(super) pods: PodSource,
+    pub(super) node_labels: NodeLabels,
     pub(super) devices: Arc<Devices>,
     pub(super) notifier: isolation::events::Notifier,
     pub(super) enforcer: enforce::driver::Enforcer,
@@ -45,6 +47,7 @@ pub(super) async fn poll(
     let Scanner {
         store,
         pods,
+        node_labels,
         devices,
         notifier,
         enforcer,
@@ -60,6 +63,7 @@ pub(super) async fn poll(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut orphans = Orphans::default();
     let mut device_totals: Vec<(String, u64)> = Vec::new();
+    let mut label_seen: Option<GpuMemoryLabel> = None;
     let mut assessor = isolation::Assessor::new(config.isolation.clone());
     let host = config
         .host_proc
@@ -110,6 +114,11 @@ pub(super) async fn poll(
         } else {
             Vec::new()
         };
+        let gpu_memory_label = node_labels.gpu_memory();
+        if label_seen.as_ref() != Some(&gpu_memory_label) {
+            tracing::info!(label = ?gpu_memory_label, "this node's nvidia.com/gpu.memory label, which KAI computes each sharing pod's memory limit from");
+            label_seen = Some(gpu_memory_label.clone());
+        }
         let assessed = assessor.assess(
             &mut containers,
             &isolation::Input {
@@ -122,6 +131,7 @@ pub(super) async fn poll(
                         .find(|(u, _)| u == uuid)
                         .map(|(_, total)| *total)
                 },
+                gpu_memory_label: &gpu_memory_label,
                 host: host.as_ref().map(|h| h as &dyn HostPids),
                 refused: &scan.refused,
                 now_ms: kai_runtime::unix_ms(),

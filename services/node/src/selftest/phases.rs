@@ -203,6 +203,7 @@ impl Run<'_> {
             lookup: &lookup,
             gpu_processes: Err("not used by the selftest"),
             device_total: &|_| None,
+            gpu_memory_label: &Default::default(),
             host: Some(&self.host),
             refused: &[],
             now_ms,

@@ -7,8 +7,8 @@ use kai_proto::v1::IsolationState;
 use kai_region::ProcessSlot;
 
 use super::classify::{classify, human_bytes, stale_slots};
-use super::trust;
 use super::{Checks, Input, Isolation, MissingRegion, Notice, Output, Settings, Subject};
+use super::{grant, trust};
 use crate::agent::model::{ContainerView, HostPids};
 
 /// Percentage points below the near-cap threshold that count as "back
@@ -226,16 +226,26 @@ impl Assessor {
         }
         let (mut state, mut reason) = classify(&view.snapshot, &self.settings);
         let grant = view.pod.as_ref().and_then(|p| p.grant);
-        if let (IsolationState::Capped | IsolationState::Pending, Some(grant)) = (state, grant)
-            && let Some(why) = trust::above_grant(&view.snapshot, grant, input.device_total)
+        let resolved = |uuid: &str| {
+            grant
+                .and_then(|g| grant::granted(g, input.gpu_memory_label, (input.device_total)(uuid)))
+        };
+        if matches!(state, IsolationState::Capped | IsolationState::Pending)
+            && let Some(why) = trust::above_grant(&view.snapshot, &resolved)
         {
             state = IsolationState::AboveGrant;
             reason = why;
         }
+        // Uncapped where KAI writes no limit: say so, it is the fix.
+        if state == IsolationState::UncappedNoLimit
+            && let Some(why) = grant.and_then(|g| grant::kai_wrote_none(g, input.gpu_memory_label))
+        {
+            reason = format!("{reason}; {why}");
+        }
         let Ok(processes) = input.gpu_processes else {
             return (state, reason, None);
         };
-        let granted = |uuid: &str| grant.and_then(|g| g.bytes((input.device_total)(uuid)));
+        let granted = |uuid: &str| resolved(uuid).map(|g| g.bytes);
         let measured = trust::measure(
             view,
             state,

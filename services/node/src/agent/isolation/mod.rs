@@ -12,6 +12,7 @@ mod assess;
 mod classify;
 mod escaped;
 pub mod events;
+pub mod grant;
 pub mod hostproc;
 pub mod trust;
 
@@ -20,7 +21,7 @@ use std::time::Duration;
 pub use self::assess::Assessor;
 pub use self::classify::{classify, human_bytes};
 pub use super::model::{Checks, Escaped, Isolation, MissingRegion, Notice, Owner, Subject};
-use super::model::{GpuProcess, HostPids, Lookup, PodMeta};
+use super::model::{GpuMemoryLabel, GpuProcess, HostPids, Lookup, PodMeta};
 
 /// Thresholds and grace periods.
 #[derive(Clone, Debug)]
@@ -56,9 +57,12 @@ pub struct Input<'a> {
     pub lookup: &'a dyn Fn(&str) -> Lookup,
     /// NVML compute processes, or why they are unavailable.
     pub gpu_processes: Result<&'a [GpuProcess], &'a str>,
-    /// A device's memory in bytes by UUID (for `gpu-fraction` grants);
-    /// `None` when NVML does not know the device.
+    /// A device's memory in bytes by UUID (for `gpu-fraction` grants
+    /// where KAI wrote no limit); `None` when NVML does not know the device.
     pub device_total: &'a dyn Fn(&str) -> Option<u64>,
+    /// This node's `nvidia.com/gpu.memory` label, which KAI computes each
+    /// pod's limit from (module `grant`).
+    pub gpu_memory_label: &'a GpuMemoryLabel,
     /// The host's `/proc`; `None` when not mounted.
     pub host: Option<&'a dyn HostPids>,
     /// Containers whose region file is there but refused by the reader,

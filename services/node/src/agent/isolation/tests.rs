@@ -10,7 +10,7 @@ use kai_region::writer::{ProcSpec, RegionBuilder, UsageSpec};
 
 use super::hostproc::HostProc;
 use super::*;
-use crate::agent::model::{ContainerView, Grant, RunningContainer};
+use crate::agent::model::{ContainerView, GpuMemoryLabel, Grant, RunningContainer};
 use kai_proto::v1::IsolationState;
 
 const GIB: u64 = 1 << 30;
@@ -81,6 +81,7 @@ fn input<'a>(now_ms: u64) -> Input<'a> {
         lookup: &no_lookup,
         gpu_processes: Err("NVML disabled (--no-nvml)"),
         device_total: &|_| None,
+        gpu_memory_label: &GpuMemoryLabel::Missing,
         host: None,
         refused: &[],
         now_ms,
@@ -1152,7 +1153,13 @@ fn a_cap_above_the_pods_grant_is_its_own_state() {
     let raised = granted(view_of(UID, &using(80_000 * MIB, GIB)), four_gib);
     let (isolation, notices, evict) = assess(raised.clone(), &[nvml(4000, GIB + 500 * MIB)]);
     assert_eq!(isolation.state, IsolationState::AboveGrant);
-    assert!(isolation.reason.contains("4 GiB"), "{}", isolation.reason);
+    assert!(
+        isolation
+            .reason
+            .contains("80000 MiB, above the pod's grant of 4096 MiB"),
+        "{}",
+        isolation.reason
+    );
     assert_eq!(reasons(&notices), ["GpuMemoryAboveGrant"]);
     assert!(
         evict.is_empty(),
@@ -1164,7 +1171,8 @@ fn a_cap_above_the_pods_grant_is_its_own_state() {
     // KAI's own cap is the grant: capped.
     let kai = granted(view_of(UID, &using(4 * GIB, GIB)), four_gib);
     assert_eq!(assess(kai, &[]).0.state, IsolationState::Capped);
-    // gpu-fraction: 0.5 of an 80 GiB device.
+    // gpu-fraction: 0.5 of an 80 GiB device (the node has no label, so
+    // KAI wrote no limit: NVML's size is the device's).
     let half = Grant::of(None, Some("0.5")).expect("grant");
     let fair = granted(view_of(UID, &using(40 * GIB, GIB)), half);
     assert_eq!(assess(fair, &[]).0.state, IsolationState::Capped);
@@ -1528,9 +1536,318 @@ fn a_cap_written_below_the_grant_does_not_lower_the_bar() {
     let (_, evict) = judge(&mut views, &[nvml(PID, 5 * GIB)], &host);
     let evidence = views[0].isolation.evidence.as_deref().unwrap_or_default();
     assert!(
-        evidence.contains("NVML measures 5 GiB") && evidence.contains("its grant of 4 GiB"),
+        evidence.contains("NVML measures 5 GiB") && evidence.contains("its grant of 4096 MiB"),
         "{evidence}"
     );
     assert_eq!(evict.len(), 1);
     assert_eq!(evict[0].reason, crate::agent::enforce::Reason::OverCap);
+}
+
+// --- The grant is the limit KAI wrote (module `grant`) ---
+
+/// Pod `UID`'s region under `limit` (one process, 4000, using `used`),
+/// the pod annotated `gpu-memory` or `gpu-fraction` as KAI reads them.
+fn asking(
+    limit: u64,
+    used: u64,
+    gpu_memory: Option<&str>,
+    gpu_fraction: Option<&str>,
+) -> ContainerView {
+    let grant = Grant::of(gpu_memory, gpu_fraction).expect("a grant");
+    granted(view_of(UID, &using(limit, used)), grant)
+}
+
+/// What one assessment of `view` says on a node labelled `label` whose
+/// GPUs NVML sizes at `nvml_mib`, NVML measuring `measured` bytes for the
+/// pod's own process 4000 (none: NVML lists no process): the verdict, the
+/// notices and the pods `--enforce evict` would evict.
+fn on_node(
+    view: ContainerView,
+    label: GpuMemoryLabel,
+    nvml_mib: u64,
+    measured: Option<u64>,
+) -> (
+    Isolation,
+    Vec<Notice>,
+    Vec<crate::agent::enforce::Candidate>,
+) {
+    let proc_dir = fake_proc(&[(4000, &cgroup_of(UID))]);
+    let host = HostProc::new(proc_dir.path());
+    let processes: Vec<GpuProcess> = measured.map(|m| nvml(4000, m)).into_iter().collect();
+    let totals = |_: &str| Some(nvml_mib * MIB);
+    let mut views = vec![view];
+    let out = Assessor::default().assess(
+        &mut views,
+        &Input {
+            gpu_processes: Ok(&processes),
+            host: Some(&host),
+            device_total: &totals,
+            gpu_memory_label: &label,
+            ..input(NOW_MS)
+        },
+    );
+    let evict = crate::agent::enforce::candidates(&views, &out.missing, &out.escaped);
+    (views.remove(0).isolation, out.notices, evict)
+}
+
+fn label(value: &str) -> GpuMemoryLabel {
+    GpuMemoryLabel::Value(value.into())
+}
+
+/// KAI's docs/gpu-sharing/hami/README.md: `gpu-memory: 4096` on a T4
+/// (label 15360) is enforced as `4147m`. Before, the agent compared the
+/// cap with the annotation plus 1 % and called KAI's own cap "the
+/// container set its own limit".
+#[test]
+fn kais_documented_example_4147m_for_gpu_memory_4096_on_a_t4_is_capped() {
+    let kai = asking(4147 * MIB, 2 * GIB, Some("4096"), None);
+    let (isolation, notices, evict) = on_node(kai, label("15360"), 15360, None);
+    assert_eq!(isolation.state, IsolationState::Capped, "{isolation:?}");
+    assert_eq!(isolation.reason, "");
+    assert!(notices.is_empty(), "{notices:?}");
+    assert!(evict.is_empty());
+    // One MiB more than KAI wrote is not KAI's.
+    let raised = asking(4148 * MIB, 2 * GIB, Some("4096"), None);
+    let (isolation, notices, _) = on_node(raised, label("15360"), 15360, None);
+    assert_eq!(isolation.state, IsolationState::AboveGrant);
+    assert_eq!(
+        isolation.reason,
+        format!(
+            "the cap on {GPU} is 4148 MiB, above the pod's grant of 4147 MiB (KAI's limit: gpu-memory 4096 is 0.27 of this node's nvidia.com/gpu.memory 15360): the container set its own limit"
+        )
+    );
+    assert_eq!(reasons(&notices), ["GpuMemoryAboveGrant"]);
+}
+
+/// On GPUs of 15 GiB to 141 GiB, labelled as GPU feature discovery labels
+/// them, a cap of exactly KAI's limit is capped and one MiB more is not.
+/// The limits are those KAI's Go expressions printed (kai_vocab's
+/// `grant::tests` says how they were computed).
+#[test]
+fn on_gpus_of_15_to_141_gib_kais_limit_is_the_grant_to_the_mib() {
+    // (label, gpu-memory, gpu-fraction, KAI's limit in MiB)
+    let cases: [(&str, Option<&str>, Option<&str>, u64); 14] = [
+        ("15360", Some("4096"), None, 4147),    // T4
+        ("15360", None, Some("0.333"), 5068),   // T4
+        ("16384", Some("4096"), None, 4259),    // V100 16 GB
+        ("23028", Some("4096"), None, 4145),    // A10
+        ("23028", None, Some("0.333"), 7599),   // A10
+        ("40960", Some("4096"), None, 4505),    // A100 40 GB
+        ("46068", Some("4096"), None, 4146),    // L40S
+        ("81559", Some("4096"), None, 4893),    // H100 80 GB
+        ("81559", None, Some("0.5"), 40779),    // H100 80 GB
+        ("81920", Some("10000"), None, 10649),  // A100 80 GB
+        ("95830", Some("4096"), None, 4791),    // H100 NVL
+        ("143771", Some("1024"), None, 1437),   // H200
+        ("143771", Some("4096"), None, 4313),   // H200
+        ("143771", None, Some("0.333"), 47444), // H200
+    ];
+    for (value, memory, fraction, kai_mib) in cases {
+        let nvml_mib = value.parse().expect("MiB");
+        let kai = asking(kai_mib * MIB, GIB, memory, fraction);
+        let (isolation, _, _) = on_node(kai, label(value), nvml_mib, None);
+        assert_eq!(
+            isolation.state,
+            IsolationState::Capped,
+            "{memory:?} {fraction:?} on {value}: {}",
+            isolation.reason
+        );
+        let raised = asking((kai_mib + 1) * MIB, GIB, memory, fraction);
+        let (isolation, _, _) = on_node(raised, label(value), nvml_mib, None);
+        assert_eq!(
+            isolation.state,
+            IsolationState::AboveGrant,
+            "{memory:?} {fraction:?} on {value}"
+        );
+        assert!(
+            isolation
+                .reason
+                .contains(&format!("grant of {kai_mib} MiB")),
+            "{}",
+            isolation.reason
+        );
+    }
+}
+
+/// KAI computes the limit from the label, not from the device: where the
+/// two differ (a label set by hand, fake-gpu-operator's), the label wins.
+#[test]
+fn a_label_that_differs_from_nvmls_total_is_the_one_kai_used() {
+    // gpu-fraction 0.5 under label 95830 on an 81559 MiB device: 47915m.
+    let kai = asking(47915 * MIB, GIB, None, Some("0.5"));
+    let (isolation, _, _) = on_node(kai, label("95830"), 81559, None);
+    assert_eq!(isolation.state, IsolationState::Capped, "{isolation:?}");
+    // Label 15360 on a 16384 MiB device: KAI wrote 7680m; a cap of half
+    // the device as NVML counts it is the container's.
+    let half_of_nvml = asking(8192 * MIB, GIB, None, Some("0.5"));
+    let (isolation, _, _) = on_node(half_of_nvml, label("15360"), 16384, None);
+    assert_eq!(isolation.state, IsolationState::AboveGrant);
+    assert!(
+        isolation
+            .reason
+            .contains("8192 MiB, above the pod's grant of 7680 MiB (KAI's limit: gpu-fraction 0.50 of this node's nvidia.com/gpu.memory 15360)"),
+        "{}",
+        isolation.reason
+    );
+}
+
+/// A pod using memory between its annotation (4096) and KAI's cap (4147m)
+/// uses what KAI gave it: under `--enforce evict` it is neither reported
+/// nor evicted, though NVML (its data plus a CUDA context) measures more
+/// than the annotation plus the 512 MiB margin.
+#[test]
+fn usage_between_the_annotation_and_kais_cap_is_neither_reported_nor_evicted() {
+    let within = asking(4147 * MIB, 4140 * MIB, Some("4096"), None);
+    let (isolation, notices, evict) = on_node(within, label("15360"), 15360, Some(4620 * MIB));
+    assert_eq!(isolation.state, IsolationState::Capped, "{isolation:?}");
+    assert_eq!(isolation.evidence, None);
+    // At 99 % of its cap it is near it, which is all there is to say.
+    assert_eq!(reasons(&notices), ["GpuMemoryNearCap"]);
+    assert!(evict.is_empty(), "{evict:?}");
+    // Beyond KAI's cap plus the margin, NVML's figure is a breach.
+    let within = asking(4147 * MIB, 4140 * MIB, Some("4096"), None);
+    let (isolation, _, evict) = on_node(within, label("15360"), 15360, Some(5 * GIB));
+    assert_eq!(isolation.state, IsolationState::OverCap);
+    assert_eq!(evict.len(), 1);
+}
+
+/// A container that raised its own cap (`CUDA_DEVICE_MEMORY_LIMIT=8192m`
+/// in its command) is still `above_grant`, and evicted once NVML measures
+/// it above KAI's limit plus the margin.
+#[test]
+fn a_cap_the_container_raised_itself_is_above_grant_and_evicted_beyond_kais_limit() {
+    let raised = || asking(8192 * MIB, GIB, Some("4096"), None);
+    let (isolation, notices, evict) = on_node(raised(), label("15360"), 15360, Some(4600 * MIB));
+    assert_eq!(isolation.state, IsolationState::AboveGrant);
+    assert!(
+        isolation.reason.contains(
+            "the cap on GPU-aaaaaaaa-1111-4000-8000-000000000000 is 8192 MiB, above the pod's grant of 4147 MiB"
+        ),
+        "{}",
+        isolation.reason
+    );
+    assert_eq!(reasons(&notices), ["GpuMemoryAboveGrant"]);
+    assert!(
+        evict.is_empty(),
+        "within KAI's limit and the margin: {evict:?}"
+    );
+    let (isolation, _, evict) = on_node(raised(), label("15360"), 15360, Some(6 * GIB));
+    assert_eq!(evict.len(), 1);
+    assert_eq!(evict[0].reason, crate::agent::enforce::Reason::AboveGrant);
+    let evidence = isolation.evidence.unwrap_or_default();
+    assert!(
+        evidence.contains("NVML measures 6 GiB") && evidence.contains("a grant of 4147 MiB"),
+        "{evidence}"
+    );
+}
+
+/// `gpu-fraction-num-devices: "2"`: KAI's binder writes one
+/// `CUDA_DEVICE_MEMORY_LIMIT`, which libvgpu applies to each device, so
+/// each device's cap is held to the same per-device grant.
+#[test]
+fn gpu_fraction_num_devices_has_kais_cap_on_each_device() {
+    // gpu-memory 10000 on an H100 (label 81559): 0.13 of each, 10602m.
+    let two = |other: u64| {
+        let region = RegionBuilder::v1()
+            .device(GPU, 10602 * MIB)
+            .device(OTHER_GPU, other)
+            .process(
+                4000,
+                vec![UsageSpec::data(GIB, GIB), UsageSpec::data(GIB, GIB)],
+            );
+        granted(view_of(UID, &region), Grant::MemoryMib(10000))
+    };
+    let (isolation, _, _) = on_node(two(10602 * MIB), label("81559"), 81559, None);
+    assert_eq!(isolation.state, IsolationState::Capped, "{isolation:?}");
+    let (isolation, _, _) = on_node(two(20000 * MIB), label("81559"), 81559, None);
+    assert_eq!(isolation.state, IsolationState::AboveGrant);
+    assert!(
+        isolation.reason.contains(&format!(
+            "the cap on {OTHER_GPU} is 20000 MiB, above the pod's grant of 10602 MiB"
+        )),
+        "{}",
+        isolation.reason
+    );
+}
+
+/// A node without `nvidia.com/gpu.memory` (or with a value KAI cannot use):
+/// KAI's binder writes no limit. A `gpu-fraction` pod runs uncapped, which
+/// the reason puts down to the label; a `gpu-memory` pod has the webhook's
+/// fallback, its annotation, and any other cap is the container's own.
+#[test]
+fn without_the_label_kai_writes_no_limit_and_the_reason_says_so() {
+    for (node, why) in [
+        (
+            GpuMemoryLabel::Missing,
+            "this node has no nvidia.com/gpu.memory label, so KAI's binder wrote no CUDA_DEVICE_MEMORY_LIMIT (KAI #2156)",
+        ),
+        (
+            label("15Gi"),
+            "KAI's binder writes no CUDA_DEVICE_MEMORY_LIMIT for this node's nvidia.com/gpu.memory label \"15Gi\"",
+        ),
+    ] {
+        let uncapped = asking(0, GIB, None, Some("0.5"));
+        let (isolation, notices, evict) = on_node(uncapped, node.clone(), 15360, Some(2 * GIB));
+        assert_eq!(isolation.state, IsolationState::UncappedNoLimit);
+        assert!(isolation.reason.ends_with(why), "{}", isolation.reason);
+        assert_eq!(reasons(&notices), ["GpuMemoryUncapped"]);
+        assert!(notices[0].message.ends_with(why), "{notices:?}");
+        // It really runs with no cap: under enforce: evict it goes.
+        assert_eq!(evict.len(), 1);
+        assert_eq!(
+            evict[0].reason,
+            crate::agent::enforce::Reason::UncappedNoLimit
+        );
+
+        let fallback = asking(4096 * MIB, GIB, Some("4096"), None);
+        let (isolation, _, _) = on_node(fallback, node.clone(), 15360, None);
+        assert_eq!(isolation.state, IsolationState::Capped, "{isolation:?}");
+        // 4147m is KAI's figure on a labelled T4; here KAI wrote nothing.
+        let own = asking(4147 * MIB, GIB, Some("4096"), None);
+        let (isolation, _, _) = on_node(own, node.clone(), 15360, None);
+        assert_eq!(isolation.state, IsolationState::AboveGrant);
+        assert!(
+            isolation.reason.contains(&format!(
+                "above the pod's grant of 4096 MiB (gpu-memory 4096; {why})"
+            )),
+            "{}",
+            isolation.reason
+        );
+        // A fraction pod that set a cap: its portion of NVML's size holds.
+        let fair = asking(7680 * MIB, GIB, None, Some("0.5"));
+        assert_eq!(
+            on_node(fair, node.clone(), 15360, None).0.state,
+            IsolationState::Capped
+        );
+        let greedy = asking(7681 * MIB, GIB, None, Some("0.5"));
+        let (isolation, _, _) = on_node(greedy, node, 15360, None);
+        assert_eq!(isolation.state, IsolationState::AboveGrant);
+        assert!(
+            isolation.reason.contains(
+                "grant of 7680 MiB (gpu-fraction 0.50 of the device's 15360 MiB (NVML); "
+            ),
+            "{}",
+            isolation.reason
+        );
+    }
+}
+
+/// Until the agent reads its Node (or when it may not) KAI's limit cannot
+/// be told: no cap is called raised, and NVML's evidence is weighed
+/// against an estimate (KAI's arithmetic with NVML's total for the label),
+/// so a cap a neighbour wrote low does not get the pod evicted.
+#[test]
+fn while_the_label_is_unknown_no_cap_is_called_raised() {
+    for cap in [4147 * MIB, 80_000 * MIB] {
+        let view = asking(cap, GIB, Some("4096"), None);
+        let (isolation, notices, _) = on_node(view, GpuMemoryLabel::Unknown, 15360, None);
+        assert_eq!(isolation.state, IsolationState::Capped, "{isolation:?}");
+        assert!(notices.is_empty(), "{notices:?}");
+    }
+    // A 1 MiB cap over the pod's 4 GiB of use: reported, not evidence.
+    let low = asking(MIB, 0, Some("4096"), None);
+    let (isolation, _, evict) = on_node(low, GpuMemoryLabel::Unknown, 15360, Some(4 * GIB));
+    assert_eq!(isolation.state, IsolationState::OverCap);
+    assert_eq!(isolation.evidence, None, "4 GiB of an estimated 4147 MiB");
+    assert!(evict.is_empty(), "{evict:?}");
 }

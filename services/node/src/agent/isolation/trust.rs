@@ -13,8 +13,9 @@
 //!   names it (its container ID, not just the pod); a slot naming another
 //!   pod's process, or another container's of the same pod, makes the
 //!   region `forged`;
-//! - *grant*: a cap above what KAI granted the pod (`gpu-memory`, or
-//!   `gpu-fraction` of the device) is `above_grant`;
+//! - *grant*: a cap above the one KAI's binder wrote for the pod (its
+//!   portion of the node's `nvidia.com/gpu.memory` label, module `grant`)
+//!   is `above_grant`;
 //! - *measurement*: NVML's per-process usage of the container's own
 //!   processes, against the cap (and the grant). It is the only evidence an
 //!   eviction may rest on: region contents alone never evict, and a cap
@@ -27,13 +28,8 @@ use kai_proto::v1::IsolationState;
 use kai_region::RegionSnapshot;
 
 use super::classify::human_bytes;
-use crate::agent::model::{ContainerView, GpuProcess, Grant, HostPids};
-
-/// A cap may exceed the grant by this many percent plus [`GRANT_SLACK_BYTES`]:
-/// KAI derives a fraction's limit from the node's `nvidia.com/gpu.memory`
-/// label (whole MiB), which can differ slightly from NVML's byte count.
-pub const GRANT_SLACK_PERCENT: u64 = 1;
-pub const GRANT_SLACK_BYTES: u64 = 1 << 20;
+use super::grant::{Granted, mib_text};
+use crate::agent::model::{ContainerView, GpuProcess, HostPids};
 
 /// Whose processes a region's live slots name.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -126,29 +122,26 @@ pub fn forged(ownership: &Ownership, container: &str) -> Option<String> {
     ))
 }
 
-/// The first device whose cap is above the grant, as a reason.
+/// The first device whose cap is above its grant, as a reason. Only a
+/// decisive grant counts (KAI's limit, or the pod's where KAI wrote none):
+/// the cap is compared to the MiB, with no slack, since KAI's limit is
+/// exactly what libvgpu records.
 pub fn above_grant(
     snapshot: &RegionSnapshot,
-    grant: Grant,
-    device_total: &dyn Fn(&str) -> Option<u64>,
+    granted: &dyn Fn(&str) -> Option<Granted>,
 ) -> Option<String> {
     snapshot.devices.iter().find_map(|d| {
-        let granted = grant.bytes(device_total(&d.uuid))?;
-        (d.limit > 0 && d.limit > allowed_by(granted)).then(|| {
+        let granted = granted(&d.uuid).filter(|g| g.decisive)?;
+        (d.limit > 0 && d.limit > granted.bytes).then(|| {
             format!(
-                "the cap on {} is {}, above the {} the pod was granted: the container set its own limit",
+                "the cap on {} is {}, above the pod's grant of {} ({}): the container set its own limit",
                 d.uuid,
-                human_bytes(d.limit),
-                human_bytes(granted)
+                mib_text(d.limit),
+                mib_text(granted.bytes),
+                granted.basis
             )
         })
     })
-}
-
-fn allowed_by(granted: u64) -> u64 {
-    granted
-        .saturating_add(granted / 100 * GRANT_SLACK_PERCENT)
-        .saturating_add(GRANT_SLACK_BYTES)
 }
 
 /// NVML's usage of the container's own processes ([`Ownership::own`]) on
@@ -194,12 +187,13 @@ pub fn measure(
         let Some((used, pids)) = measured(processes, own, &d.uuid) else {
             continue;
         };
-        let said = |what: &str, cap: u64| {
+        // A cap as a person reads it; a grant to the MiB, the figure of
+        // CUDA_DEVICE_MEMORY_LIMIT.
+        let said = |what: &str, figure: String| {
             format!(
-                "NVML measures {} for PID(s) {pids:?} of this pod on {} against {what} {}",
+                "NVML measures {} for PID(s) {pids:?} of this pod on {} against {what} {figure}",
                 human_bytes(used),
                 d.uuid,
-                human_bytes(cap)
             )
         };
         let over = |cap: u64| cap > 0 && used > cap.saturating_add(margin);
@@ -211,9 +205,9 @@ pub fn measure(
         let bar = grant.map_or(d.limit, |g| g.max(d.limit));
         let beyond_bar = || {
             if bar > d.limit {
-                said("its grant of", bar)
+                said("its grant of", mib_text(bar))
             } else {
-                said("a cap of", d.limit)
+                said("a cap of", human_bytes(d.limit))
             }
         };
         let evidence = match state {
@@ -227,7 +221,9 @@ pub fn measure(
             {
                 Some(beyond_bar())
             }
-            IsolationState::AboveGrant => grant.filter(|&g| over(g)).map(|g| said("a grant of", g)),
+            IsolationState::AboveGrant => grant
+                .filter(|&g| over(g))
+                .map(|g| said("a grant of", mib_text(g))),
             _ => None,
         };
         if matches!(state, IsolationState::Capped | IsolationState::Pending)
@@ -236,7 +232,7 @@ pub fn measure(
         {
             out.hidden_over_cap = Some(format!(
                 "{} while the region accounts {}",
-                said("a cap of", d.limit),
+                said("a cap of", human_bytes(d.limit)),
                 human_bytes(d.used)
             ));
         }
