@@ -26,6 +26,7 @@ import http.server
 from concurrent.futures import ThreadPoolExecutor
 
 import harness
+import migration
 from harness import (CHART, FULL, HERE, NS, RELEASE, ROOT, TENANT, apply, bad, built_library, chart_env, check,
                      container_of, create, eventually, failed, free_port, grpc_tls_files, helm, http_get, kjson,
                      kubectl, load_env, log_tail, new_namespace, procs, prometheus_token, rewrite, run,
@@ -1715,6 +1716,7 @@ def main():
     try:
         part("cluster", cluster_shape)
         part("helm", helm_matrix)
+        part("migration", migration.run)  # a Go chart release moved to this chart and back (migration.py)
         part("release", lambda: (install_release(), start_webhook(), route_service_to_webhook()))
         part("admission", admission)
         part("fail-closed", fail_closed)

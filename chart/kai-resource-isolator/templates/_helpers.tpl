@@ -4,6 +4,51 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{- /*
+This chart's values.yaml, as data (files/values-defaults.yaml is a link to
+it: templates cannot read values.yaml itself).
+*/ -}}
+{{- define "kai.chartDefaults" -}}
+{{- .Files.Get "files/values-defaults.yaml" -}}
+{{- end -}}
+
+{{- /*
+Values that are not this chart's, made whole (issue 43). `helm upgrade
+--reuse-values` renders with the previous release's values in place of
+values.yaml (Helm reuses the old chart's defaults, not the new one's): from a
+Go chart release, every key only this chart has would be missing and the
+templates would stop at the first (`nil pointer evaluating ...
+isolation.nodeGuard`). libraryDelivery and csi exist only in this chart's
+values.yaml; values without both get every key of values.yaml they lack,
+recursively, while their own keys win (false and empty ones too): what
+`helm upgrade -f <Go values file>` renders. Values of this chart are left
+as Helm made them (a key set to null stays removed). Every template includes
+this first; the work is done once per render.
+*/ -}}
+{{- define "kai.values" -}}
+{{- if not (hasKey .Values "_kaiValues") -}}
+{{- $_ := set .Values "_kaiValues" true -}}
+{{- if not (or (hasKey .Values "libraryDelivery") (hasKey .Values "csi")) -}}
+{{- $defaults := include "kai.chartDefaults" . | fromYaml -}}
+{{- if not $defaults.libraryDelivery -}}
+{{- fail "these values are not this chart's (helm upgrade --reuse-values from another chart?) and files/values-defaults.yaml, this chart's defaults, is missing" -}}
+{{- end -}}
+{{- include "kai.fillDefaults" (dict "dst" .Values "src" $defaults) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kai.fillDefaults" -}}
+{{- $dst := .dst -}}
+{{- range $k, $v := .src -}}
+{{- if not (hasKey $dst $k) -}}
+{{- $_ := set $dst $k $v -}}
+{{- else if and (kindIs "map" $v) (kindIs "map" (get $dst $k)) -}}
+{{- include "kai.fillDefaults" (dict "dst" (get $dst $k) "src" $v) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Object name prefix; 40 characters leave room for our suffixes. */}}
 {{- define "kai.fullname" -}}
 {{- if .Values.fullnameOverride -}}
@@ -43,14 +88,24 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
-{{/* Registry precedence as in the Go chart: global.imageRegistry, then image.registry. */}}
+{{/*
+Registry precedence as in the Go chart: global.imageRegistry, then
+image.registry. The Go chart's own image (projecthami/kai-resource-isolator,
+its values.yaml default, so in every Go values file and in what `helm
+upgrade --reuse-values` reuses from a Go release) has none of our binaries:
+its registry, repository and tag give way to this chart's defaults.
+*/}}
 {{- define "kai.image" -}}
-{{- $tag := .Values.image.tag | default .Chart.AppVersion -}}
-{{- $registry := .Values.global.imageRegistry | default .Values.image.registry -}}
+{{- $image := .Values.image -}}
+{{- if hasSuffix "projecthami/kai-resource-isolator" (toString $image.repository) -}}
+{{- $image = (include "kai.chartDefaults" . | fromYaml).image -}}
+{{- end -}}
+{{- $tag := $image.tag | default .Chart.AppVersion -}}
+{{- $registry := .Values.global.imageRegistry | default $image.registry -}}
 {{- if $registry -}}
-{{- printf "%s/%s:%s" (trimSuffix "/" $registry) .Values.image.repository $tag -}}
+{{- printf "%s/%s:%s" (trimSuffix "/" $registry) $image.repository $tag -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- printf "%s:%s" $image.repository $tag -}}
 {{- end -}}
 {{- end -}}
 
@@ -116,8 +171,155 @@ non-negative integer or a percentage; anything else is "" (unusable).
 {{- printf "%s-webhook" (include "kai.fullname" .) -}}
 {{- end -}}
 
+{{- /*
+Taking over a release of the Go chart, and giving it back (issue 43;
+docs/migration.md, "Moving a Go chart release in place"). What both charts
+create under the same name must work for either chart's revision, since
+`helm rollback` restores the other's objects without running any hook:
+
+- workload selectors (immutable): kai.keptSelector keeps the one the object
+  has (the Go chart's component kai-libsync / kai-webhook), so the Go
+  revision's DaemonSet and Deployment apply over ours and ours over theirs;
+- the webhook's Secret: the Go chart's certgen Job made
+  <fullname>-webhook-tls (Opaque; ca, tls.crt, tls.key; no Helm metadata).
+  It is never touched: the Go revision's pods mount it after a rollback.
+  This chart's Secret is then <fullname>-webhook-cert, holding a copy of it;
+- the caBundle: certgen patched it into the Go configuration's entry
+  mutate.kai-resource-isolator.io, outside any manifest. While that entry
+  has the CA of certgen's Secret, this chart names its entry the same and
+  leaves its caBundle out, so neither an upgrade nor a rollback (client-side
+  three-way merge or server-side apply) removes it; both charts' pods serve
+  the certgen certificate, which it verifies. Once the Secret is gone (no
+  rollback wanted), the entries take this chart's names again with its own
+  caBundle: a new value in certgen's entry would be a server-side apply
+  conflict with certgen's field manager, a renamed entry is not;
+- new paths: the Go webhook serves /mutate only. While pods of a webhook
+  that is not ours are in the Deployment's ReplicaSets, the configuration
+  has the /mutate entry alone, for every namespace (kai.webhookTransitional).
+
+lookup finds nothing under `helm template` and client-side dry runs: the
+fresh-install objects are rendered then.
+*/ -}}
+
+{{- /* The object's Helm release annotations name this release. */ -}}
+{{- define "kai.ownedByRelease" -}}
+{{- $a := dig "metadata" "annotations" dict (.obj | default dict) -}}
+{{- if and (eq (toString (get $a "meta.helm.sh/release-name")) .root.Release.Name) (eq (toString (get $a "meta.helm.sh/release-namespace")) .root.Release.Namespace) -}}true{{- end -}}
+{{- end -}}
+
+{{- /*
+The matchLabels a DaemonSet or Deployment <fullname>-<name> already has in
+the cluster, else ours (component `component`); YAML.
+*/ -}}
+{{- define "kai.keptSelector" -}}
+{{- $live := lookup "apps/v1" .kind (include "kai.namespace" .root) (printf "%s-%s" (include "kai.fullname" .root) .name) | default dict -}}
+{{- $kept := dig "spec" "selector" "matchLabels" dict $live -}}
+{{- if and $kept (not (dig "spec" "selector" "matchExpressions" list $live)) -}}
+{{- toYaml $kept -}}
+{{- else -}}
+{{- include "kai.selector" (dict "root" .root "component" .component) -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* The webhook's pods: the Deployment's selector, its Service's, PDB's and NetworkPolicy's. */ -}}
+{{- define "kai.webhookSelector" -}}
+{{- include "kai.keptSelector" (dict "root" . "kind" "Deployment" "name" "webhook" "component" "webhook") -}}
+{{- end -}}
+
+{{- /*
+The webhook's TLS, as JSON: {"secret": name, "crt", "key", "ca": base64,
+"goEntry": the live Go entry's name or "", "keepCaBundle": name the /mutate
+entry goEntry and leave its caBundle out of the manifest}. Computed once per
+render.
+*/ -}}
+{{- define "kai.webhookTls" -}}
+{{- if not (hasKey .Values "_kaiWebhookTls") -}}
+{{- $ns := include "kai.namespace" . -}}
+{{- $full := include "kai.fullname" . -}}
+{{- $plainName := printf "%s-webhook-tls" $full -}}
+{{- $altName := printf "%s-webhook-cert" $full -}}
+{{- $plain := lookup "v1" "Secret" $ns $plainName | default dict -}}
+{{- $alt := lookup "v1" "Secret" $ns $altName | default dict -}}
+{{- $plainOurs := include "kai.ownedByRelease" (dict "root" . "obj" $plain) -}}
+{{- $altOurs := include "kai.ownedByRelease" (dict "root" . "obj" $alt) -}}
+{{- /* Made by someone else: not Helm's (for this release), not cert-manager's: the Go chart's certgen. */ -}}
+{{- $certgen := false -}}
+{{- if and $plain (not $plainOurs) (not (hasKey (dig "metadata" "annotations" dict $plain) "cert-manager.io/certificate-name")) -}}
+{{- $certgen = true -}}
+{{- end -}}
+{{- $name := ternary $altName $plainName (or (eq $altOurs "true") $certgen) -}}
+{{- $own := ternary $alt $plain (eq $name $altName) -}}
+{{- $ownData := dict -}}
+{{- if and (or (and (eq $name $altName) $altOurs) (and (eq $name $plainName) $plainOurs)) $own.data -}}
+{{- if and (hasKey $own.data "tls.crt") (hasKey $own.data "tls.key") (hasKey $own.data "ca.crt") -}}
+{{- $ownData = dict "crt" (index $own.data "tls.crt") "key" (index $own.data "tls.key") "ca" (index $own.data "ca.crt") -}}
+{{- end -}}
+{{- end -}}
+{{- $certgenData := dict -}}
+{{- if and $certgen $plain.data -}}
+{{- if and (hasKey $plain.data "tls.crt") (hasKey $plain.data "tls.key") (hasKey $plain.data "ca") -}}
+{{- $certgenData = dict "crt" (index $plain.data "tls.crt") "key" (index $plain.data "tls.key") "ca" (index $plain.data "ca") -}}
+{{- end -}}
+{{- end -}}
+{{- /* The Go configuration's entry, and the caBundle certgen gave it. */ -}}
+{{- $goEntry := "" -}}{{- $liveCa := "" -}}
+{{- $mwc := lookup "admissionregistration.k8s.io/v1" "MutatingWebhookConfiguration" "" (printf "%s-mutating" $full) | default dict -}}
+{{- range (dig "webhooks" list $mwc) -}}
+{{- if eq (toString .name) "mutate.kai-resource-isolator.io" -}}
+{{- $goEntry = .name -}}
+{{- $liveCa = dig "clientConfig" "caBundle" "" . | toString -}}
+{{- end -}}
+{{- end -}}
+{{- $out := dict "secret" $name "goEntry" $goEntry "keepCaBundle" false -}}
+{{- if and $goEntry $certgenData (eq $liveCa (toString $certgenData.ca)) -}}
+{{- /* Serve the certificate the caBundle certgen wrote verifies, and leave that caBundle alone. */ -}}
+{{- $out = merge (dict "keepCaBundle" true) $certgenData $out -}}
+{{- else if $ownData -}}
+{{- $out = merge $ownData $out -}}
+{{- else if $certgenData -}}
+{{- $out = merge $certgenData $out -}}
+{{- else -}}
+{{- $service := include "kai.webhookService" . -}}
+{{- $dns := list $service (printf "%s.%s" $service $ns) (printf "%s.%s.svc" $service $ns) (printf "%s.%s.svc.cluster.local" $service $ns) -}}
+{{- $genCA := genCA (printf "%s-ca" $service) (int .Values.tls.validityDays) -}}
+{{- $cert := genSignedCert (printf "%s.%s.svc" $service $ns) nil $dns (int .Values.tls.validityDays) $genCA -}}
+{{- $out = merge (dict "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc) "ca" ($genCA.Cert | b64enc)) $out -}}
+{{- end -}}
+{{- $_ := set .Values "_kaiWebhookTls" $out -}}
+{{- end -}}
+{{- toJson (get .Values "_kaiWebhookTls") -}}
+{{- end -}}
+
 {{- define "kai.webhookSecret" -}}
-{{- printf "%s-webhook-tls" (include "kai.fullname" .) -}}
+{{- (include "kai.webhookTls" . | fromJson).secret -}}
+{{- end -}}
+
+{{- /*
+"true" while the webhook Deployment still has pods of a webhook that is not
+this chart's (a ReplicaSet of it with replicas whose `webhook` container does
+not run /bin/kai-webhook: the Go chart's, during the upgrade from it). Those
+serve /mutate only, so the configuration then sends every namespace there,
+opt-out ones included (their pods are capped, not refused or let through);
+the /mutate/allow-opt-out entry comes with the next upgrade after the
+rollout (NOTES say so).
+*/ -}}
+{{- define "kai.webhookTransitional" -}}
+{{- $deployment := printf "%s-webhook" (include "kai.fullname" .) -}}
+{{- $foreign := false -}}
+{{- range (dig "items" list (lookup "apps/v1" "ReplicaSet" (include "kai.namespace" .) "" | default dict)) -}}
+{{- $owned := false -}}
+{{- range (dig "metadata" "ownerReferences" list .) -}}
+{{- if and (eq (toString .kind) "Deployment") (eq (toString .name) $deployment) -}}{{- $owned = true -}}{{- end -}}
+{{- end -}}
+{{- if and $owned (or (gt (int (dig "spec" "replicas" 0 .)) 0) (gt (int (dig "status" "replicas" 0 .)) 0)) -}}
+{{- $ours := false -}}
+{{- range (dig "spec" "template" "spec" "containers" list .) -}}
+{{- if and (eq (toString .name) "webhook") (hasSuffix "kai-webhook" (toString (first (.command | default (list ""))))) -}}{{- $ours = true -}}{{- end -}}
+{{- end -}}
+{{- if not $ours -}}{{- $foreign = true -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $foreign -}}true{{- end -}}
 {{- end -}}
 
 {{/* Hardened container security context; `root` for libsync and the agent. */}}
@@ -150,14 +352,18 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
-{{/* Pod labels of a component plus the user's (webhook/librarySync/monitor .podLabels). */}}
+{{/*
+Pod labels of a component plus the user's (webhook/librarySync/monitor
+.podLabels); `selector` (the workload's, kai.keptSelector) wins, so the pods
+always match the selector their DaemonSet or Deployment has.
+*/}}
 {{- define "kai.podLabels" -}}
-{{- include "kai.labels" .root }}
-app.kubernetes.io/component: {{ .component }}
-kai-resource-isolator.io/webhook: ignore
-{{- with .extra }}
-{{ toYaml . }}
-{{- end }}
+{{- $labels := include "kai.labels" .root | fromYaml -}}
+{{- $_ := set $labels "app.kubernetes.io/component" .component -}}
+{{- $_ := set $labels "kai-resource-isolator.io/webhook" "ignore" -}}
+{{- range $k, $v := .extra | default dict -}}{{- $_ := set $labels $k $v -}}{{- end -}}
+{{- range $k, $v := .selector | default dict -}}{{- $_ := set $labels $k $v -}}{{- end -}}
+{{- toYaml $labels -}}
 {{- end -}}
 
 {{/* The ServiceMonitor API exists (as the Go chart checks, so installs without the Prometheus Operator work). */}}

@@ -647,12 +647,16 @@ def validate_docs(docs):
 
 def go_chart_values_mean_what_they_meant():
     docs = render("go-chart-values.yaml")
-    # image.registry + repository + tag, as the Go chart composes them.
+    # The Go chart's image (its default, so in every Go values file) has none
+    # of our binaries: ours instead, whatever registry and tag came with it.
     for w in (d for d in docs if d["kind"] in ("Deployment", "DaemonSet")):
         for c in pod_spec(w)["containers"]:
             if c["name"] == "csi-registrar":
                 continue  # the CSI project's image, not ours (images())
-            assert c["image"] == "docker.io/projecthami/kai-resource-isolator:latest", c["image"]
+            assert c["image"] == "ghcr.io/kai-resource-isolator/kai-resource-isolator:0.1.0", c["image"]
+    mirrored = render("go-chart-values.yaml", sets("global.imageRegistry=mirror.example.com"))
+    assert containers(one(mirrored, "Deployment", "-webhook"))["webhook"]["image"] == \
+        "mirror.example.com/ghcr.io/kai-resource-isolator/kai-resource-isolator:0.1.0"
     # monitor.enabled: false (the Go default): libsync, the webhook, and the
     # CSI plugin (and its registrar) alone in the node DaemonSet; with the Go chart's hostPath
     # delivery, libsync and the webhook only.
@@ -1574,6 +1578,99 @@ def aggregator_port_survives_reuse_values():
         os.unlink(f.name)
 
 
+def masked(docs):
+    """Objects by kind and name, generated certificates and their checksums masked."""
+    out = {}
+    for d in docs:
+        text = json.dumps(d, sort_keys=True)
+        text = re.sub(r'"(tls\.crt|tls\.key|ca\.crt|caBundle|checksum/[a-z-]+)": "[^"]*"', r'"\1": "X"', text)
+        out[(d["kind"], d["metadata"]["name"])] = json.loads(text)
+    return out
+
+
+def go_release_reuse_values():
+    # `helm upgrade --reuse-values` of a Go chart release renders with the Go
+    # chart's values in place of values.yaml (Helm reuses the old chart's
+    # defaults): simulated with a copy of the chart whose values.yaml is the
+    # Go chart's. Every key only this chart has comes from
+    # files/values-defaults.yaml (a link to values.yaml): the same objects
+    # as `-f <Go values>` on the chart as it is, with our image.
+    assert os.path.islink(os.path.join(CHART, "files", "values-defaults.yaml"))
+    assert os.path.realpath(os.path.join(CHART, "files", "values-defaults.yaml")) == os.path.join(CHART, "values.yaml")
+    with tempfile.TemporaryDirectory() as tmp:
+        # The packaged chart, as a repository serves it: the link's content is in it.
+        r = helm("package", CHART, "-d", tmp)
+        assert r.returncode == 0, r.stderr
+        (tgz,) = [f for f in os.listdir(tmp) if f.endswith(".tgz")]
+        subprocess.run(["tar", "-xzf", os.path.join(tmp, tgz), "-C", tmp], check=True)
+        copy = os.path.join(tmp, "kai-resource-isolator")
+        packaged = os.path.join(copy, "files", "values-defaults.yaml")
+        assert not os.path.islink(packaged) and open(packaged).read() == open(os.path.join(CHART, "values.yaml")).read()
+        with open(os.path.join(CHART, "ci", "go-chart-values.yaml")) as src, open(os.path.join(copy, "values.yaml"), "w") as dst:
+            dst.write(src.read())
+        r = helm("template", RELEASE, copy, "-n", NS)
+        assert r.returncode == 0, r.stderr[-1500:]
+        reused = [d for d in yaml.safe_load_all(r.stdout) if d]
+        r = helm("template", RELEASE, copy, "-n", NS, "--set", "monitor.enabled=true", "--set", "webhook.failurePolicy=Fail")
+        assert r.returncode == 0, r.stderr[-1500:]
+        overridden = [d for d in yaml.safe_load_all(r.stdout) if d]
+    validate_docs(reused)
+    assert masked(reused) == masked(render("go-chart-values.yaml")), "--reuse-values from Go renders otherwise than -f <Go values>"
+    for w in (d for d in reused if d["kind"] in ("Deployment", "DaemonSet")):
+        for c in pod_spec(w)["containers"]:
+            assert c["image"].startswith(("ghcr.io/kai-resource-isolator/", "registry.k8s.io/sig-storage/")), c["image"]
+    # The Go values' own keys keep their meaning (Ignore, monitor off), --set still wins.
+    assert one(reused, "MutatingWebhookConfiguration")["webhooks"][0]["failurePolicy"] == "Ignore"
+    assert not [d for d in reused if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-aggregator")]
+    assert one(overridden, "MutatingWebhookConfiguration")["webhooks"][0]["failurePolicy"] == "Fail"
+    one(overridden, "Deployment", "-aggregator")
+
+
+def webhook_rollout_never_empty():
+    # Without a cluster (lookup finds nothing): this chart's selectors and
+    # Secret. The webhook's Deployment replaces a pod only once the new one
+    # has been Ready 5 s, and its Service, PDB, anti-affinity and
+    # NetworkPolicy select exactly the Deployment's pods.
+    docs = render(extra=sets("webhook.replicaCount=2", "networkPolicy.enabled=true"))
+    dep = one(docs, "Deployment", "-webhook")
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    assert dep["spec"]["minReadySeconds"] == 5
+    sel = dep["spec"]["selector"]["matchLabels"]
+    assert sel == {"app.kubernetes.io/name": "kai-resource-isolator", "app.kubernetes.io/instance": RELEASE,
+                   "app.kubernetes.io/component": "webhook"}, sel
+    assert sel.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert one(docs, "Service", "-webhook")["spec"]["selector"] == sel
+    assert one(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"] == sel
+    anti = pod_spec(dep)["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert anti["podAffinityTerm"]["labelSelector"]["matchLabels"] == sel
+    assert policies(docs)["webhook"]["spec"]["podSelector"]["matchLabels"] == sel
+    ls = one(docs, "DaemonSet", "-libsync")
+    assert ls["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "libsync"
+    assert ls["spec"]["selector"]["matchLabels"].items() <= ls["spec"]["template"]["metadata"]["labels"].items()
+    # A pod label of the user's cannot take the pods out of the selector.
+    docs = render(extra=sets("webhook.podLabels.app\\.kubernetes\\.io/component=mine", "webhook.podLabels.team=gpu"))
+    dep = one(docs, "Deployment", "-webhook")
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items() and labels["team"] == "gpu", labels
+    # Fresh install: this chart's names, Secret and caBundle.
+    docs = render()
+    secret = one(docs, "Secret", "-webhook-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    assert pod_spec(one(docs, "Deployment", "-webhook"))["volumes"][0]["secret"]["secretName"] == secret["metadata"]["name"]
+    mwc = one(docs, "MutatingWebhookConfiguration")
+    assert [w["name"] for w in mwc["webhooks"]] == ["vgpu.lib.kai-resource-isolator.io", "opt-out.vgpu.lib.kai-resource-isolator.io"]
+    assert all(w["clientConfig"]["caBundle"] == secret["data"]["ca.crt"] for w in mwc["webhooks"])
+
+
+def migration_documents_the_move():
+    text = open(MIGRATION).read()
+    section = text.split("\n## Moving a Go chart release in place", 1)[1].split("\n## ", 1)[0]
+    for needed in ("helm upgrade kai-resource-isolator", "--reuse-values", "--reset-then-reuse-values",
+                   "helm rollback kai-resource-isolator", "-webhook-cert", "kai-resource-isolator-webhook-tls",
+                   "rollout status", "scrape", "Do not"):
+        assert needed in section, needed
+
+
 def migration_says_metrics_need_a_token():
     # The Go monitor answered anyone; ours answers 401 without a token by
     # default, so the migration guide must not promise the Go README's curl.
@@ -1593,6 +1690,9 @@ check("kubectl vgpu's selector finds the aggregator Service, and only it, whatev
 check("monitor.metricsPort moves the node agent's port as in the Go chart; nodeMetricsPort wins; aggregator.httpPort moves the aggregator", metrics_port_means_what_it_meant)
 check("helm upgrade --reuse-values from a release without monitor.aggregator.httpPort: the aggregator, its Service and NetworkPolicy stay on 9394", aggregator_port_survives_reuse_values)
 check("docs/migration.md says /metrics needs a token by default and how to restore anonymous reads", migration_says_metrics_need_a_token)
+check("helm upgrade --reuse-values from a Go chart release renders what -f <Go values> renders, with our image (values-defaults.yaml, packaged too)", go_release_reuse_values)
+check("the webhook's rollout keeps a serving pod (maxUnavailable 0, minReadySeconds); Service, PDB, affinity, NetworkPolicy select its pods; fresh install: our Secret and entries", webhook_rollout_never_empty)
+check("docs/migration.md: moving a Go release in place and back (commands, Secrets, rollout, scrape jobs, what not to do)", migration_documents_the_move)
 
 
 # --- the schema rejects bad values ------------------------------------------
