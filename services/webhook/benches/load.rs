@@ -419,7 +419,10 @@ async fn main() -> anyhow::Result<()> {
             sum / count.max(1.0) * 1e6
         );
     }
-    for line in page.lines().filter(|l| l.starts_with("kai_webhook_shed_total")) {
+    for line in page
+        .lines()
+        .filter(|l| l.starts_with("kai_webhook_shed_total"))
+    {
         println!("{line}");
     }
     drop(client);
