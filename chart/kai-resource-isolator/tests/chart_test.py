@@ -273,7 +273,9 @@ def rbac_least_privilege():
     configuration = {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
                      "resourceNames": [f"{RELEASE}-kai-resource-isolator-mutating"], "verbs": ["get", "list", "watch"]}
     namespaces = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
-    assert one(docs, "ClusterRole", "-node")["rules"] == [pods, events, configuration, namespaces]
+    # Its Node's nvidia.com/gpu.memory: KAI's limit for each pod.
+    nodes = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}
+    assert one(docs, "ClusterRole", "-node")["rules"] == [pods, events, configuration, namespaces, nodes]
     role = one(docs, "Role", "-aggregator")
     assert role["rules"] == [pods], role["rules"]
     assert role["metadata"]["namespace"] == NS
