@@ -122,16 +122,16 @@ def dry_run(api, pod, ns):
     return status, obj if status == 201 else obj.get("message", obj)
 
 
-def outcome(api, ns, opt_out=False):
+def outcome(api, ns, opt_out=False, mount=MOUNT):
     """What admission did to a GPU-sharing pod: csi / hostPath (patched that
-    way, as pod_checks.py wants it), untouched, or rejected: <why>."""
+    way at `mount`, as pod_checks.py wants it), untouched, or rejected: <why>."""
     status, got = dry_run(api, gpu_pod("probe", opt_out), ns)
     if status != 201:
         return f"rejected ({status}): {str(got)[:300]}"
     delivery = pod_checks.delivery_of(got)
     if delivery is None:
         return "untouched" if not pod_checks.untouched(got) else f"partly patched: {pod_checks.untouched(got)}"
-    problems = pod_checks.injected(got, "main", MOUNT, delivery)
+    problems = pod_checks.injected(got, "main", mount, delivery)
     return delivery if not problems else f"{delivery}, wrongly: {problems}"
 
 
@@ -289,15 +289,16 @@ class Pods(threading.Thread):
 class Prober(threading.Thread):
     """GPU-sharing pods, dry run, in both namespaces, until stopped."""
 
-    def __init__(self, api):
+    def __init__(self, api, namespaces=(TENANT, OPT_OUT), mount=MOUNT):
         super().__init__(daemon=True)
         self.api, self.halt, self.seen = api, threading.Event(), []
+        self.namespaces, self.mount = namespaces, mount
 
     def run(self):
         while not self.halt.is_set():
-            for ns in (TENANT, OPT_OUT):
+            for ns in self.namespaces:
                 try:
-                    self.seen.append((time.monotonic(), ns, outcome(self.api, ns)))
+                    self.seen.append((time.monotonic(), ns, outcome(self.api, ns, mount=self.mount)))
                 except Exception as e:
                     self.seen.append((time.monotonic(), ns, f"error: {type(e).__name__}: {e}"))
             self.halt.wait(0.2)
@@ -395,6 +396,12 @@ def transition(name, *helm_args):
         time.sleep(0.5)  # a few probes against the final state
     finally:
         seen = prober.stop()
+    all_patched(name, seen)
+    return r
+
+
+def all_patched(name, seen):
+    """The prober's record: every GPU-sharing pod patched (csi or hostPath)."""
     bad = [(round(t - seen[0][0], 2), ns, o) for t, ns, o in seen if o not in ("csi", "hostPath")]
     counts = {}
     for _, _, o in seen:
@@ -402,7 +409,6 @@ def transition(name, *helm_args):
     assert len(seen) >= 10, f"only {len(seen)} probes"
     assert not bad, f"{len(bad)} of {len(seen)} GPU-sharing pods not patched during the change: {bad[:5]}"
     print(f"     {name}: {len(seen)} GPU-sharing pods admitted during the change, patched {counts}", flush=True)
-    return r
 
 
 def admits(ns, want, opt_out=False):

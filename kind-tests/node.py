@@ -32,6 +32,7 @@ import sys
 import time
 
 import harness
+import node_migration
 from harness import (CHART, FULL, HERE, NS, RELEASE, TENANT, built_library, check, create, eventually, failed,
                      grpc_tls_files, helm, http_get, kjson, kubectl, load_env, new_namespace, run, series)
 
@@ -787,6 +788,8 @@ def uninstall():
 def main():
     t0 = time.monotonic()
     check(f"node {NODE}: a real kubelet {ENV['K8S_VERSION']} on containerd registered Ready, the only node", node_ready)
+    if wanted("migration"):  # a Go chart release moved to this chart and back (node_migration.py)
+        node_migration.run_migration(running, exec_)
     if not check("helm install (libraryDelivery=hostPath, host directory under the test's temp dir); "
                  "the webhook's Deployment pod Ready, called by the API server through the chart's Service: "
                  "a gpu-memory pod is mutated", install_release):

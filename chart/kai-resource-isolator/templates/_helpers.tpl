@@ -18,17 +18,23 @@ Values that are not this chart's, made whole (issue 43). `helm upgrade
 values.yaml (Helm reuses the old chart's defaults, not the new one's): from a
 Go chart release, every key only this chart has would be missing and the
 templates would stop at the first (`nil pointer evaluating ...
-isolation.nodeGuard`). libraryDelivery and csi exist only in this chart's
-values.yaml; values without both get every key of values.yaml they lack,
-recursively, while their own keys win (false and empty ones too): what
-`helm upgrade -f <Go values file>` renders. Values of this chart are left
-as Helm made them (a key set to null stays removed). Every template includes
-this first; the work is done once per render.
+isolation.nodeGuard`). Five sections exist only in this chart's values.yaml
+(libraryDelivery, csi, priorityClassQuota, observability, networkPolicy):
+values that lack any of them (`--set` may have given some) get every key of
+values.yaml they lack, recursively, while their own keys win (false and
+empty ones too): what `helm upgrade -f <Go values file>` renders. Values
+with all five are left as Helm made them (a key set to null stays
+removed). Every template includes this first; the work is done once per
+render.
 */ -}}
 {{- define "kai.values" -}}
 {{- if not (hasKey .Values "_kaiValues") -}}
 {{- $_ := set .Values "_kaiValues" true -}}
-{{- if not (or (hasKey .Values "libraryDelivery") (hasKey .Values "csi")) -}}
+{{- $foreign := false -}}
+{{- range list "libraryDelivery" "csi" "priorityClassQuota" "observability" "networkPolicy" -}}
+{{- if not (hasKey $.Values .) -}}{{- $foreign = true -}}{{- end -}}
+{{- end -}}
+{{- if $foreign -}}
 {{- $defaults := include "kai.chartDefaults" . | fromYaml -}}
 {{- if not $defaults.libraryDelivery -}}
 {{- fail "these values are not this chart's (helm upgrade --reuse-values from another chart?) and files/values-defaults.yaml, this chart's defaults, is missing" -}}

@@ -1613,7 +1613,9 @@ def go_release_reuse_values():
         r = helm("template", RELEASE, copy, "-n", NS)
         assert r.returncode == 0, r.stderr[-1500:]
         reused = [d for d in yaml.safe_load_all(r.stdout) if d]
-        r = helm("template", RELEASE, copy, "-n", NS, "--set", "monitor.enabled=true", "--set", "webhook.failurePolicy=Fail")
+        # --set of a key only this chart has still gets the others' defaults.
+        r = helm("template", RELEASE, copy, "-n", NS, "--set", "monitor.enabled=true", "--set", "webhook.failurePolicy=Fail",
+                 "--set", "libraryDelivery=hostPath")
         assert r.returncode == 0, r.stderr[-1500:]
         overridden = [d for d in yaml.safe_load_all(r.stdout) if d]
     validate_docs(reused)
@@ -1626,6 +1628,9 @@ def go_release_reuse_values():
     assert not [d for d in reused if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-aggregator")]
     assert one(overridden, "MutatingWebhookConfiguration")["webhooks"][0]["failurePolicy"] == "Fail"
     one(overridden, "Deployment", "-aggregator")
+    assert {e["name"]: e.get("value") for e in containers(one(overridden, "Deployment", "-webhook"))["webhook"]["env"]}[
+        "LIBRARY_DELIVERY"] == "hostPath"
+    validate_docs(overridden)
 
 
 def webhook_rollout_never_empty():
