@@ -535,7 +535,7 @@ def run():
     env = harness.ENV
     S.update(node_ip=env["NODE_IP"], api_port=int(env["API_PORT"]), pki=harness.PKI)
     if not os.path.isfile(os.path.join(GO_CHART, "Chart.yaml")):
-        raise SystemExit(f"the Go chart is not at {GO_CHART} (../shared/go-chart-1.1.0 beside the checkout, or KAI_GO_CHART)")
+        raise RuntimeError(f"the Go chart is not at {GO_CHART} (../shared/go-chart-1.1.0 beside the checkout, or KAI_GO_CHART)")
     S["api"] = Api()
     new_namespace(TENANT)
     new_namespace(OPT_OUT, OPT_OUT_LABEL)
