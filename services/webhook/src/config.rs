@@ -3,8 +3,10 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use kai_runtime::https::{ServeLimits, Shed};
 use kai_runtime::telemetry::LogArgs;
 use kai_runtime::tls::{Flag, TlsArgs, TlsFlagNames, TlsFlags};
 
@@ -193,6 +195,26 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         defaults()
+    }
+}
+
+impl Limits {
+    /// What kai-runtime's accept loop enforces of these (the webhook's and
+    /// its floor's, `examples/floor.rs`); `on_shed` counts each connection
+    /// refused or closed to make room.
+    pub fn serve(&self, on_shed: Option<Arc<dyn Fn(Shed) + Send + Sync>>) -> ServeLimits {
+        ServeLimits {
+            max_connections: self.max_connections,
+            max_connections_per_client: self.max_connections_per_client,
+            header_read_timeout: self.header_read_timeout,
+            max_concurrent_streams: self.max_concurrent_streams,
+            on_shed,
+            // The body and header read timeouts bound a stalled review.
+            idle_timeout: None,
+            // A connection that carries no review is closed after a while,
+            // and gives way to a new one sooner when the webhook is full.
+            keep_alive_timeout: Some(self.keep_alive_timeout),
+        }
     }
 }
 

@@ -6,10 +6,11 @@
 //! it adds are k8s-openapi's own types. `null` reads as absent, as the API
 //! server's decoder reads it.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::{
     EnvFromSource, EnvVar, ResourceRequirements, Volume, VolumeDevice, VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer};
 
 /// A Pod, as far as the webhook reads it.
@@ -21,8 +22,21 @@ pub struct Pod {
     /// `Pod` when given.
     pub kind: Option<String>,
     #[serde(default)]
-    pub metadata: ObjectMeta,
+    pub metadata: Metadata,
     pub spec: Option<Spec>,
+}
+
+/// `metadata`, as far as the planner and the log read it. The rest is
+/// skipped like the spec's unread fields: the API server's review carries
+/// the pod's `managedFields`, which as k8s-openapi's `ObjectMeta` cost
+/// more to decode than everything the planner reads.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Metadata {
+    pub name: Option<String>,
+    pub generate_name: Option<String>,
+    pub namespace: Option<String>,
+    pub annotations: Option<BTreeMap<String, String>>,
 }
 
 /// `spec`.

@@ -93,21 +93,10 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> Result<Ru
         false => None,
     };
     let limits = settings.limits;
-    let serve_limits = kai_runtime::https::ServeLimits {
-        max_connections: limits.max_connections,
-        max_connections_per_client: limits.max_connections_per_client,
-        header_read_timeout: limits.header_read_timeout,
-        max_concurrent_streams: limits.max_concurrent_streams,
-        on_shed: Some(Arc::new({
-            let metrics = metrics.clone();
-            move |reason: kai_runtime::https::Shed| metrics.record_shed(reason.as_str())
-        })),
-        // The body and header read timeouts bound a stalled review.
-        idle_timeout: None,
-        // A connection that carries no review is closed after a while, and
-        // gives way to a new one sooner when the webhook is full.
-        keep_alive_timeout: Some(limits.keep_alive_timeout),
-    };
+    let serve_limits = limits.serve(Some(Arc::new({
+        let metrics = metrics.clone();
+        move |reason: kai_runtime::https::Shed| metrics.record_shed(reason.as_str())
+    })));
     let state = Arc::new(State {
         inject: settings.inject,
         kube,
@@ -245,8 +234,9 @@ async fn read(
 
 /// Reviews a complete body, counts and logs the outcome. `permit` holds
 /// the body's bytes of the budget; decoding reserves its estimated cost
-/// on top, for as long as it runs.
-#[tracing::instrument(skip_all, fields(uid, namespace, name))]
+/// on top, for as long as it runs. No span: the review's one log line
+/// names its uid, namespace and pod, and a span recording them again cost
+/// each review as much as formatting that line (docs/benchmarks.md).
 fn answer(body: &[u8], mut permit: BytePermit, state: &State, opt_out: OptOut) -> Response {
     let started = Instant::now();
     let cost = decode_cost(body);
@@ -270,10 +260,6 @@ fn answer(body: &[u8], mut permit: BytePermit, state: &State, opt_out: OptOut) -
     match result {
         Ok(reviewed) => {
             state.metrics.record_reviewed(&reviewed, started.elapsed());
-            let span = tracing::Span::current();
-            span.record("uid", reviewed.uid.as_str());
-            span.record("namespace", reviewed.namespace.as_str());
-            span.record("name", reviewed.pod.as_str());
             log_review(&reviewed);
             json(StatusCode::OK, reviewed.body)
         }
