@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
@@ -1633,19 +1634,84 @@ def etcd_revision():
 
 
 # ============================================================================
-# 6. pod-creation latency with and without the webhook
+# 6. pod-creation latency: no webhook, the floor of calling one, ours
 # ============================================================================
 
+LATENCY_LABEL = "kai-test/latency"
+
+
 def latency():
-    rate = float(os.environ.get("KAI_LATENCY_RATE", "50"))
-    seconds = float(os.environ.get("KAI_LATENCY_SECONDS", "30"))
-    ctx = ssl.create_default_context(cafile=f"{PKI}/ca.crt")
-    ctx.load_cert_chain(f"{PKI}/admin.crt", f"{PKI}/admin.key")
+    """Pods created at a steady rate through the API server, the kinds in
+    turn, request by request, so that all see the same machine: in a
+    namespace no webhook serves (none), in one served by the floor of
+    calling a webhook (services/webhook/examples/floor.rs: the webhook's
+    accept path, certificate and exact response, without the review) and
+    in one served by the webhook (ours); with KAI_LATENCY_BEFORE (another
+    kai-webhook binary, e.g. an older build), in a fourth served by that one
+    (before). The servers are fresh processes, the floor and ours from
+    KAI_LATENCY_TARGET (default: TARGET, so CI measures debug builds), with
+    the chart Deployment's arguments and environment, each registered as a
+    copy of the chart's /mutate entry (the chart's Service with a port of
+    its own and an EndpointSlice to this host, its caBundle, rules,
+    matchConditions, timeout, failurePolicy) differing only in its Service
+    port and namespace selector. The API server calls a Service's webhook
+    over TLS and HTTP/1.1 keep-alive (it offers no h2 there: k8s.io/apiserver
+    util/webhook/client.go). Every namespace here carries
+    kai-resource-isolator.io/webhook=ignore, so the chart's own
+    configuration, still registered, calls nobody."""
+    rate = float(os.environ.get("KAI_LATENCY_RATE", "50"))  # pods/s, all kinds together
+    seconds = float(os.environ.get("KAI_LATENCY_SECONDS", "90"))
+    target = os.path.abspath(os.environ.get("KAI_LATENCY_TARGET", TARGET))
+    binaries = {"floor": os.path.join(target, "examples", "floor"), "ours": os.path.join(target, "kai-webhook")}
+    if os.environ.get("KAI_LATENCY_BEFORE"):
+        binaries["before"] = os.path.abspath(os.environ["KAI_LATENCY_BEFORE"])
+    for b in binaries.values():
+        assert os.access(b, os.X_OK), f"{b} is not built (cargo build -p kai-webhook --bins --example floor)"
+    served = tuple(binaries)
+    kinds = ("none", *served)
+    port = {kind: free_port(NODE_IP) for kind in served}
+    svc_name, chart_mwc = f"{FULL}-webhook", f"{FULL}-mutating"
+    svc_ports = kjson("get", "service", svc_name, "-n", NS)["spec"]["ports"]
+
+    c = container_of("deployment", f"{FULL}-webhook", "webhook")
+    tls = write_webhook_tls()
+    ctx = ssl.create_default_context(cafile=os.path.join(tls, "ca.crt"))
+    ctx.check_hostname = False
+    for kind in served:
+        args = rewrite(c["args"], [(r"^--listen=.*", f"--listen={NODE_IP}:{port[kind]}"),
+                                   (r"^--tls-cert-file=.*", f"--tls-cert-file={tls}/tls.crt"),
+                                   (r"^--tls-private-key-file=.*", f"--tls-private-key-file={tls}/tls.key"),
+                                   (r"^--log-format=.*", "--log-format=plain")])
+        env = chart_env(c)
+        if env.get("NODE_GUARD") == "true":  # as start_webhook: the guard's lookups need a token
+            env["KUBECONFIG"] = sa_kubeconfig(f"{FULL}-webhook")
+        start(f"latency-{kind}", [binaries[kind], *args], env=env)
+
+    def healthy(kind):
+        assert procs[f"latency-{kind}"].poll() is None, log_tail(f"latency-{kind}")
+        conn = http.client.HTTPSConnection(NODE_IP, port[kind], context=ctx, timeout=2)
+        conn.request("GET", "/healthz")
+        return conn.getresponse().status == 200
+    for kind in served:
+        eventually(f"the {kind} webhook serving", lambda: healthy(kind), timeout=30)
+
+    def registration(kind):
+        (entry,) = [w for w in kjson("get", "mutatingwebhookconfiguration", chart_mwc)["webhooks"]
+                    if w["clientConfig"]["service"]["path"] == "/mutate"]
+        entry["clientConfig"]["service"]["port"] = port[kind]
+        selector = entry["namespaceSelector"]
+        selector["matchExpressions"] = [{"key": LATENCY_LABEL, "operator": "In", "values": [kind]}] + [
+            e for e in selector.get("matchExpressions", []) if e["key"] != "kai-resource-isolator.io/webhook"]
+        return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                "metadata": {"name": f"kai-latency-{kind}"}, "webhooks": [entry]}
+
+    ctx_api = ssl.create_default_context(cafile=f"{PKI}/ca.crt")
+    ctx_api.load_cert_chain(f"{PKI}/admin.crt", f"{PKI}/admin.key")
     local = threading.local()
 
     def post(ns, body):
         if not hasattr(local, "conn"):
-            local.conn = http.client.HTTPSConnection("127.0.0.1", int(ENV["API_PORT"]), context=ctx, timeout=30)
+            local.conn = http.client.HTTPSConnection("127.0.0.1", int(ENV["API_PORT"]), context=ctx_api, timeout=30)
         t0 = time.perf_counter()
         local.conn.request("POST", f"/api/v1/namespaces/{ns}/pods", body, {"Content-Type": "application/json"})
         r = local.conn.getresponse()
@@ -1653,51 +1719,125 @@ def latency():
         assert r.status == 201, (r.status, body[:300])
         return time.perf_counter() - t0
 
-    def burst(ns, n):
-        new_namespace(ns, exist_ok=False)
+    def burst(prefix, cycles):
+        """`cycles` pods of each kind at `rate` in all, the kinds in turn
+        (their order rotated every cycle); the create times of each kind."""
         bodies = []
-        for i in range(n):
-            p = pod(f"p{i}", {"gpu-memory": "1024"})
+        for i in range(cycles * len(kinds)):
+            cycle, at = divmod(i, len(kinds))
+            kind = kinds[(at + cycle) % len(kinds)]
+            p = pod(f"{prefix}{cycle}", {"gpu-memory": "1024"})
             p["spec"]["schedulerName"] = "not-scheduled"  # measure admission, not binding
-            bodies.append(json.dumps(p))
-        out = []
+            bodies.append((kind, json.dumps(p)))
+        times = {kind: [] for kind in kinds}
         with ThreadPoolExecutor(16) as pool:
             t0 = time.perf_counter()
             futures = []
-            for i, b in enumerate(bodies):
+            for i, (kind, body) in enumerate(bodies):
                 # A steady rate: request i leaves at t0 + i/rate.
                 delay = t0 + i / rate - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
-                futures.append(pool.submit(post, ns, b))
-            out = [f.result() for f in futures]
-        return sorted(out)
+                futures.append((kind, pool.submit(post, f"lat-{kind}", body)))
+            for kind, f in futures:
+                times[kind].append(f.result())
+        return {kind: sorted(xs) for kind, xs in times.items()}
 
     def pct(xs, q):
         return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000
 
-    n = int(rate * seconds)
-    # Warm both paths (connections, caches), then measure the two side by side.
-    burst("lat-warm", 50)
-    mwc = kjson("get", "mutatingwebhookconfiguration", f"{FULL}-mutating")
-    with_hook = burst("lat-with", n)
-    kubectl("delete", "mutatingwebhookconfiguration", f"{FULL}-mutating")
-    without = burst("lat-without", n)
-    for k in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
-        mwc["metadata"].pop(k, None)
-    apply(mwc)
-    p50w, p99w, p50o, p99o = pct(with_hook, .5), pct(with_hook, .99), pct(without, .5), pct(without, .99)
-    line = (f"pod creation at {rate:g}/s for {seconds:g} s ({n} pods each): with the webhook p50 {p50w:.1f} ms p99 {p99w:.1f} ms; "
-            f"without p50 {p50o:.1f} ms p99 {p99o:.1f} ms; ratio p50 {p50w / p50o:.2f} p99 {p99w / p99o:.2f}; "
-            f"added p99 {p99w - p99o:+.1f} ms")
-    print(f"     {line}", flush=True)
-    with open(os.path.join(CLUSTER, "latency.txt"), "w") as f:
-        f.write(line + "\n")
-    injected = kjson("get", "pod", "p0", "-n", "lat-with")
-    pod_checks("injected", injected, "main")
-    pod_checks("untouched", kjson("get", "pod", "p0", "-n", "lat-without"))
-    for ns in ("lat-warm", "lat-with", "lat-without"):
-        kubectl("delete", "namespace", ns, "--wait=false")
+    def cpu_seconds(kind):
+        with open(f"/proc/{procs[f'latency-{kind}'].pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def review_seconds(kind):
+        """A webhook's own histogram of the review (decode, plan, encode): sum and count."""
+        conn = http.client.HTTPSConnection(NODE_IP, port[kind], context=ctx, timeout=5)
+        conn.request("GET", "/metrics")
+        page = conn.getresponse().read().decode()
+        return [float(re.search(rf"^kai_webhook_admission_review_duration_seconds_{k} (\S+)$", page, re.M).group(1))
+                for k in ("sum", "count")]
+
+    try:
+        kubectl("patch", "service", svc_name, "-n", NS, "--type=json", "-p", json.dumps([
+            {"op": "add", "path": "/spec/ports/-",
+             "value": {"name": f"latency-{kind}", "port": port[kind], "targetPort": port[kind], "protocol": "TCP"}}
+            for kind in served]))
+        apply({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"name": f"{FULL}-webhook-latency", "namespace": NS,
+                            "labels": {"kubernetes.io/service-name": svc_name,
+                                       "endpointslice.kubernetes.io/managed-by": "kai-test"}},
+               "addressType": "IPv4",
+               "endpoints": [{"addresses": [NODE_IP], "conditions": {"ready": True}}],
+               "ports": [{"name": f"latency-{kind}", "port": port[kind], "protocol": "TCP"} for kind in served]})
+        for kind in served:
+            apply(registration(kind))
+        for kind in kinds:
+            new_namespace(f"lat-{kind}", "kai-resource-isolator.io/webhook=ignore", f"{LATENCY_LABEL}={kind}",
+                          exist_ok=False)
+
+        def effective():
+            got = {kind: ours_in(create(pod("probe", {"gpu-memory": "1024"}), ns=f"lat-{kind}", dry_run=True))[0]
+                   for kind in kinds}
+            return got == {kind: [] if kind == "none" else [OURS[0]] for kind in kinds}
+        eventually("each webhook is called for its own namespace, none for the first", effective, timeout=60)
+
+        n = int(rate * seconds / len(kinds))
+        burst("w", 20)  # warm every path (connections, caches, the floor's response)
+        # KAI_LATENCY_PERF=DIR: `perf record` of each server through the
+        # measured burst, into DIR/<kind>.perf.data (docs/benchmarks.md).
+        perf_dir = os.environ.get("KAI_LATENCY_PERF")
+        perf = {kind: subprocess.Popen(["perf", "record", "-q", "-F", "4999", "--call-graph", "dwarf,16384",
+                                        "-p", str(procs[f"latency-{kind}"].pid),
+                                        "-o", os.path.join(perf_dir, f"{kind}.perf.data")])
+                for kind in served} if perf_dir else {}
+        webhooks = [kind for kind in served if kind != "floor"]
+        cpu, inside = {kind: cpu_seconds(kind) for kind in served}, {kind: review_seconds(kind) for kind in webhooks}
+        times = burst("p", n)
+        cpu = {kind: cpu_seconds(kind) - cpu[kind] for kind in served}
+        inside = {kind: [after - before for before, after in zip(inside[kind], review_seconds(kind))]
+                  for kind in webhooks}
+        for recording in perf.values():
+            recording.send_signal(signal.SIGINT)
+            recording.wait(60)
+
+        p50 = {kind: pct(times[kind], .5) for kind in kinds}
+        p99 = {kind: pct(times[kind], .99) for kind in kinds}
+
+        def ratio(p, kind):
+            floor, added = p["floor"] - p["none"], p[kind] - p["none"]
+            return f"{added / floor:.2f}" if floor > 0 else "n/a (the floor adds nothing here)"
+        lines = [
+            f"pod creation at {rate:g}/s for {seconds:g} s, {' / '.join(kinds)} in turn ({n} pods each; "
+            f"{os.path.basename(target)} builds of the floor and ours)",
+            f"none p50 {p50['none']:.1f} ms p99 {p99['none']:.1f} ms",
+            *[f"{kind} p50 {p50[kind]:.1f} ms p99 {p99[kind]:.1f} ms, added p50 {p50[kind] - p50['none']:+.1f} ms "
+              f"p99 {p99[kind] - p99['none']:+.1f} ms, CPU {cpu[kind] / n * 1e6:.0f} µs per review" for kind in served],
+            *[f"{kind}-added / floor-added: p50 {ratio(p50, kind)} p99 {ratio(p99, kind)} (goal <= 1.1); "
+              f"its review inside the webhook (its own histogram): mean {inside[kind][0] / max(inside[kind][1], 1) * 1e6:.0f} µs"
+              for kind in webhooks],
+        ]
+        for line in lines:
+            print(f"     {line}", flush=True)
+        with open(os.path.join(CLUSTER, "latency.txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        for kind in kinds:
+            for name in ("p0", f"p{n - 1}"):
+                stored = kjson("get", "pod", name, "-n", f"lat-{kind}")
+                if kind == "none":
+                    pod_checks("untouched", stored)
+                else:
+                    pod_checks("injected", stored, "main")
+    finally:
+        for kind in served:
+            kubectl("delete", "mutatingwebhookconfiguration", f"kai-latency-{kind}", "--ignore-not-found", check=False)
+            stop(f"latency-{kind}")
+        kubectl("delete", "endpointslice", f"{FULL}-webhook-latency", "-n", NS, "--ignore-not-found", check=False)
+        kubectl("patch", "service", svc_name, "-n", NS, "--type=json",
+                "-p", json.dumps([{"op": "replace", "path": "/spec/ports", "value": svc_ports}]), check=False)
+        for kind in kinds:
+            kubectl("delete", "namespace", f"lat-{kind}", "--wait=false", "--ignore-not-found", check=False)
 
 
 # ============================================================================
@@ -1724,7 +1864,7 @@ def main():
         part("components", components)
         part("access", access)
         part("faults", faults)
-        part("latency", lambda: check("pod-creation latency through the API server with and without the webhook (recorded)", latency))
+        part("latency", lambda: check("pod-creation latency through the API server: no webhook, the floor of calling one, ours (recorded)", latency))
     finally:
         stop_all()
         if failed:
