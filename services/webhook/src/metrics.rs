@@ -129,19 +129,18 @@ impl Default for Metrics {
                 ),
                 &["invalid_pod", "no_object", "too_large", "too_complex"],
             ),
-            shed: family(
+            // The connection reasons are kai-runtime's, listed where they
+            // are made.
+            shed: Family::new(
+                &recorder,
                 (
                     "kai_webhook_shed_total",
                     "Requests and connections refused to bound the webhook's memory and time, by reason.",
                     "reason",
                 ),
-                &[
-                    "in_flight_bytes",
-                    "body_timeout",
-                    "connections",
-                    "client_connections",
-                    "idle_connection",
-                ],
+                ["in_flight_bytes", "body_timeout"]
+                    .into_iter()
+                    .chain(kai_runtime::https::Shed::ALL.map(kai_runtime::https::Shed::as_str)),
             ),
             opt_out_ignored: recorder.counter(
                 "kai_webhook_opt_out_ignored_total",
