@@ -358,7 +358,10 @@ def start_webhook(**env):
                                (r"^--tls-cert-file=.*", f"--tls-cert-file={tls}/tls.crt"),
                                (r"^--tls-private-key-file=.*", f"--tls-private-key-file={tls}/tls.key"),
                                (r"^--log-format=.*", "--log-format=plain")])
-    env = {**chart_env(c), **env}
+    # No delay after SIGTERM: this suite stops a webhook only to restart it
+    # or once nothing routes to it; the race the delay is for (a real
+    # kubelet's SIGTERM against the endpoint's removal) is node.sh's.
+    env = {**chart_env(c), "SHUTDOWN_DELAY_SECONDS": "0", **env}
     if env.get("NODE_GUARD") == "true":
         # The node guard looks pods up with the webhook's own ServiceAccount.
         env["KUBECONFIG"] = sa_kubeconfig(f"{FULL}-webhook")
@@ -1682,7 +1685,7 @@ def latency():
                                    (r"^--tls-cert-file=.*", f"--tls-cert-file={tls}/tls.crt"),
                                    (r"^--tls-private-key-file=.*", f"--tls-private-key-file={tls}/tls.key"),
                                    (r"^--log-format=.*", "--log-format=plain")])
-        env = chart_env(c)
+        env = {**chart_env(c), "SHUTDOWN_DELAY_SECONDS": "0"}  # as start_webhook
         if env.get("NODE_GUARD") == "true":  # as start_webhook: the guard's lookups need a token
             env["KUBECONFIG"] = sa_kubeconfig(f"{FULL}-webhook")
         start(f"latency-{kind}", [binaries[kind], *args], env=env)

@@ -214,7 +214,10 @@ class Pods(threading.Thread):
         ours = (c.get("command") or [""])[0].endswith("kai-webhook")
         listen = [f"--listen={S['node_ip']}:{port}", f"--tls-cert-file={tls}/tls.crt",
                   f"--tls-private-key-file={tls}/tls.key", "--log-format=plain"]
-        env = chart_env(c)
+        # No delay after SIGTERM: `retire` removes the endpoint before it
+        # stops the process, the order the delay stands in for on a real
+        # node (node_migration.py runs the chart's delay).
+        env = {**chart_env(c), "SHUTDOWN_DELAY_SECONDS": "0"}
         if env.get("NODE_GUARD") == "true":
             # The node guard looks pods up with the webhook's own ServiceAccount.
             env["KUBECONFIG"] = sa_kubeconfig(f"{FULL}-webhook", ns=NS)

@@ -14,7 +14,9 @@ its place:
   webhook pods run `kai.test/go-standin`, kai.test/debian with kai-webhook
   whose entrypoint runs it with LIBRARY_DELIVERY=hostPath (the Go chart's
   hostPath volumes and env; our binary's layout of them), with the Go
-  Deployment's arguments, probes and the certgen Secret it mounts;
+  Deployment's arguments, probes and the certgen Secret it mounts (it
+  serves on for 5 s after SIGTERM as ours does, where the Go binary exits
+  at once: docs/migration.md, "No window");
 - its certgen Jobs run `kai.test/go-certgen-standin` (a few seconds of
   sleep), while ../shared/go-chart-1.1.0/certgen-sim.sh makes the Secret and
   patches the caBundle as certgen would;

@@ -944,6 +944,22 @@ check("cert-manager ClusterIssuer; tls.patch accepted", cert_manager_cluster_iss
 check("webhook scoping values add to ours, never replace them", webhook_scoping)
 check("opt-out only in admin-labelled namespaces: two webhooks, complementary on the label; none without it", webhook_opt_out_gate)
 check("hostile-tenant settings reach the webhook: tenantEnv and the size/load limits", webhook_hostile_tenant_settings)
+
+
+def webhook_shutdown_delay():
+    def rendered(*extra):
+        d = one(render(extra=extra), "Deployment", "-webhook")
+        env = {e["name"]: e.get("value") for e in containers(d)["webhook"]["env"]}
+        return env["SHUTDOWN_DELAY_SECONDS"], d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    # The delay, then the 15 s drain of reviews in flight, within the grace period.
+    assert rendered() == ("5", 30)
+    assert rendered("--set", "webhook.shutdownDelaySeconds=20") == ("20", 45)
+    assert rendered("--set", "webhook.shutdownDelaySeconds=0") == ("0", 25)
+    # Values stored by a release from before the key (--reuse-values).
+    assert rendered("--set", "webhook.shutdownDelaySeconds=null") == ("5", 30)
+
+
+check("webhook pods go on serving, unready, for shutdownDelaySeconds after SIGTERM, within their grace period", webhook_shutdown_delay)
 check("failurePolicy: Fail where matchConditions scope it to sharing pods, Ignore where the API lacks them, explicit values win", failure_policy)
 check("node guard: a fail-closed validating webhook for the agent's evictions and Events on 1.30+, with the webhook's token and get pods", node_guard)
 check("GKE: host paths, affinity, ResourceQuota for system-node-critical, NVML from the host", gke)

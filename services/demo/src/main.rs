@@ -71,7 +71,11 @@ async fn main() -> anyhow::Result<()> {
             inject: InjectConfig::default(),
             tls_reload_fallback: Duration::from_secs(60),
             node_guard: false,
-            limits: kai_webhook::server::Limits::default(),
+            // One process, no endpoints to move off: Ctrl-C stops it at once.
+            limits: kai_webhook::server::Limits {
+                shutdown_delay: std::time::Duration::ZERO,
+                ..Default::default()
+            },
         },
         shutdown.clone(),
     )

@@ -190,6 +190,13 @@ pub struct Limits {
     /// Concurrent HTTP/2 streams per connection.
     #[arg(long, env = "MAX_CONCURRENT_STREAMS", default_value_t = 32)]
     pub max_concurrent_streams: u32,
+    /// Seconds the webhook goes on serving after SIGTERM, unready, before
+    /// it closes its port: the kubelet's SIGTERM and the removal of the
+    /// pod's endpoint race, and a review routed here meanwhile would fail
+    /// (rejected under failurePolicy Fail, unpatched under Ignore).
+    #[arg(long = "shutdown-delay-seconds", env = "SHUTDOWN_DELAY_SECONDS",
+          value_name = "SHUTDOWN_DELAY_SECONDS", default_value = "5", value_parser = seconds)]
+    pub shutdown_delay: Duration,
 }
 
 impl Default for Limits {
@@ -214,6 +221,7 @@ impl Limits {
             // A connection that carries no review is closed after a while,
             // and gives way to a new one sooner when the webhook is full.
             keep_alive_timeout: Some(self.keep_alive_timeout),
+            shutdown_delay: self.shutdown_delay,
         }
     }
 }
@@ -344,6 +352,7 @@ mod tests {
                 body_read_timeout: Duration::from_secs(10),
                 header_read_timeout: Duration::from_secs(10),
                 max_concurrent_streams: 32,
+                shutdown_delay: Duration::from_secs(5),
             }
         );
         assert_eq!(settings.inject.tenant_env, TenantEnv::Replace);

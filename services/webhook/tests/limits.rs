@@ -106,6 +106,7 @@ fn small() -> Limits {
         body_read_timeout: Duration::from_secs(30),
         header_read_timeout: Duration::from_secs(30),
         max_concurrent_streams: 8,
+        shutdown_delay: Duration::ZERO,
     }
 }
 

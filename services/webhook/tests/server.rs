@@ -225,3 +225,109 @@ async fn certificate_rotation_under_load_fails_no_handshake() {
         Err(_) => panic!("workers still hold the webhook"),
     }
 }
+
+/// One HTTP/1.1 request on `tls`, its response read as far as its
+/// Content-Length: (head, body).
+async fn exchange<S>(tls: &mut S, path: &str, body: &[u8]) -> (String, Vec<u8>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    tls.write_all(head.as_bytes()).await.expect("write head");
+    tls.write_all(body).await.expect("write body");
+    let mut buf = Vec::new();
+    let end = loop {
+        let mut chunk = [0u8; 4096];
+        let n = tls.read(&mut chunk).await.expect("read");
+        assert!(
+            n > 0,
+            "closed before a whole head: {:?}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("a content-length");
+    while buf.len() < end + length {
+        let mut chunk = [0u8; 4096];
+        let n = tls.read(&mut chunk).await.expect("read body");
+        assert!(n > 0, "closed inside the body");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    (head, buf[end..end + length].to_vec())
+}
+
+/// On SIGTERM the kubelet and the endpoint's removal race: the webhook
+/// goes on serving, unready, for `--shutdown-delay-seconds`, so a review
+/// still routed here is answered, not refused; its kept-alive HTTP/1.1
+/// connections end after their next response (`Connection: close`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_signal_reviews_are_still_answered_through_the_delay() {
+    let bundle = generate("test", &names(), 1).expect("cert");
+    let secret = SecretDir::new(&bundle);
+    let shutdown = CancellationToken::new();
+    let limits = kai_webhook::server::Limits {
+        // Longer than any test runs: the runtime's end stops it.
+        shutdown_delay: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let running = support::live::start_with(secret.path(), &shutdown, limits).await;
+    let mut config =
+        kai_runtime::tls::client_config_trusting(bundle.ca_cert_pem.as_bytes()).expect("config");
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(running.addr)
+        .await
+        .expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let mut kept = connector.connect(name, tcp).await.expect("handshake");
+    let (head, _) = exchange(&mut kept, "/mutate", &gpu_review("before")).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(!head.contains("connection: close"), "{head}");
+
+    shutdown.cancel();
+
+    // The kept-alive connection: answered, told it is its last, closed.
+    let (head, body) = exchange(&mut kept, "/mutate", &gpu_review("kept")).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    let review: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+    assert_eq!(review["response"]["uid"], "kept");
+    assert!(review["response"]["patch"].is_string(), "{review}");
+    let mut rest = Vec::new();
+    kept.read_to_end(&mut rest).await.ok();
+    assert!(rest.is_empty(), "nothing after the last response");
+
+    // A new connection (a stale endpoint's) is still accepted and served;
+    // the probes say unready, alive.
+    let mut c = client(&running, &bundle).await;
+    let (status, body) = c
+        .send(Method::POST, "/mutate", gpu_review("new"))
+        .await
+        .expect("a review after the signal is answered");
+    assert_eq!(status, StatusCode::OK);
+    let review: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+    assert_eq!(review["response"]["uid"], "new");
+    let mut c = client(&running, &bundle).await;
+    let (status, _) = c
+        .send(Method::GET, "/readyz", "".into())
+        .await
+        .expect("readyz");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let mut c = client(&running, &bundle).await;
+    let (status, _) = c
+        .send(Method::GET, "/healthz", "".into())
+        .await
+        .expect("healthz");
+    assert_eq!(status, StatusCode::OK);
+}

@@ -1,14 +1,16 @@
 //! What the server wraps around the service for each connection: the
 //! client's certificate put in every request, and every request marked in
 //! flight until its response body is done (so a connection that streams a
-//! long response is busy, not idle).
+//! long response is busy, not idle), and, once the server is draining,
+//! `Connection: close` on HTTP/1.1 responses.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use http::{Request, Response};
+use http::header::{CONNECTION, HeaderValue};
+use http::{Request, Response, Version};
 use hyper::body::Incoming;
 
 use super::slots::{Activity, InFlight};
@@ -26,6 +28,9 @@ pub(crate) struct PerConnection<S> {
     pub(crate) certificate: Option<PeerCertificate>,
     /// The connection's activity, where it has a slot.
     pub(crate) activity: Option<Arc<Activity>>,
+    /// Cancelled when the server starts draining: HTTP/1.1 requests from
+    /// then on are the connection's last.
+    pub(crate) draining: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl<S, B> tower_service::Service<Request<Incoming>> for PerConnection<S>
@@ -44,8 +49,17 @@ where
         if let Some(certificate) = &self.certificate {
             request.extensions_mut().insert(certificate.clone());
         }
+        // HTTP/2 has no such header: its connections get a GOAWAY when
+        // the server stops, which the client answers without losing a
+        // request (streams it did not start are retried elsewhere).
+        let last = request.version() < Version::HTTP_2
+            && self
+                .draining
+                .as_ref()
+                .is_some_and(tokio_util::sync::CancellationToken::is_cancelled);
         Tracked {
             in_flight: self.activity.as_ref().map(|activity| activity.begin()),
+            last,
             inner: self.inner.call(request),
         }
     }
@@ -58,6 +72,8 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: F,
         in_flight: Option<InFlight>,
+        // Answer with `Connection: close` (hyper then closes after it).
+        last: bool,
     }
 }
 
@@ -69,7 +85,12 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let response = ready!(this.inner.poll(cx))?;
+        let mut response = ready!(this.inner.poll(cx))?;
+        if *this.last {
+            response
+                .headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+        }
         let in_flight = this.in_flight.take();
         Poll::Ready(Ok(response.map(|inner| TrackedBody {
             inner,

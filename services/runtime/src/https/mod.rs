@@ -72,6 +72,13 @@ pub struct ServeLimits {
     /// gracefully (none: kept). HTTP/2 keep-alive PINGs do not count as
     /// requests, so an answered PING does not keep an idle connection.
     pub keep_alive_timeout: Option<Duration>,
+    /// After shutdown begins, keep accepting and serving this long while
+    /// telling clients to go elsewhere: each HTTP/1.1 response then says
+    /// `Connection: close`, so a kept-alive connection ends after its
+    /// request instead of being closed under a client about to reuse it.
+    /// Then the listener closes, HTTP/2 connections get a GOAWAY and the
+    /// rest drain ([`crate::shutdown::delayed`] says why).
+    pub shutdown_delay: Duration,
 }
 
 impl std::fmt::Debug for ServeLimits {
@@ -86,6 +93,7 @@ impl std::fmt::Debug for ServeLimits {
             .field("max_concurrent_streams", &self.max_concurrent_streams)
             .field("idle_timeout", &self.idle_timeout)
             .field("keep_alive_timeout", &self.keep_alive_timeout)
+            .field("shutdown_delay", &self.shutdown_delay)
             .finish_non_exhaustive()
     }
 }
@@ -100,6 +108,7 @@ impl Default for ServeLimits {
             on_shed: None,
             idle_timeout: None,
             keep_alive_timeout: None,
+            shutdown_delay: Duration::ZERO,
         }
     }
 }
@@ -107,7 +116,8 @@ impl Default for ServeLimits {
 const PLAIN_HTTP_REPLY: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: 48\r\n\r\nClient sent an HTTP request to an HTTPS server.\n";
 
 /// Serves `service` over TLS on `listener` within `limits` until
-/// `shutdown`, then drains open connections for up to 15 s.
+/// `shutdown` (and its `shutdown_delay`), then drains open connections for
+/// up to 15 s.
 pub async fn serve<S, B>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -141,6 +151,11 @@ pub async fn serve<S, B>(
             on_shed(reason);
         }
     };
+    // Between the two, responses send HTTP/1.1 clients elsewhere.
+    let (draining, shutdown) = (
+        shutdown.clone(),
+        crate::shutdown::delayed(&shutdown, limits.shutdown_delay),
+    );
     loop {
         let Some((stream, peer)) = crate::net::accept(&listener, &shutdown).await else {
             break;
@@ -168,6 +183,7 @@ pub async fn serve<S, B>(
         let service = service.clone();
         let builder = builder.clone();
         let shutdown = shutdown.clone();
+        let draining = draining.clone();
         let keep_alive = limits.keep_alive_timeout;
         let idle_timeout = limits.idle_timeout;
         tracker.spawn(async move {
@@ -193,6 +209,7 @@ pub async fn serve<S, B>(
                 inner: service,
                 certificate,
                 activity: Some(activity.clone()),
+                draining: Some(draining),
             };
             let closing = Closing {
                 shutdown,
@@ -246,6 +263,7 @@ pub async fn serve_plain<S, B>(
             inner: service.clone(),
             certificate: None,
             activity: None,
+            draining: None,
         };
         let closing = Closing {
             shutdown: shutdown.clone(),

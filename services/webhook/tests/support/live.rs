@@ -52,7 +52,12 @@ pub fn names() -> Vec<String> {
 }
 
 pub async fn start(dir: &Path, shutdown: &CancellationToken) -> Running {
-    start_with(dir, shutdown, kai_webhook::server::Limits::default()).await
+    // Stopped at once: the delay after SIGTERM has its own tests.
+    let limits = kai_webhook::server::Limits {
+        shutdown_delay: Duration::ZERO,
+        ..Default::default()
+    };
+    start_with(dir, shutdown, limits).await
 }
 
 /// A webhook with these size and load limits.
