@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 
-from poll import poll
+from kaitest.poll import poll
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -84,7 +84,7 @@ def check(name, fn):
 
 
 def eventually(what, fn, timeout=90, show=None):
-    """Polls fn until it returns something truthy (poll.py): waits on an
+    """Polls fn until it returns something truthy (kaitest/poll.py): waits on an
     event, never on time alone."""
     return poll(what, fn, timeout, EVENTUALLY_ERRORS, show=show)
 

@@ -33,7 +33,7 @@ import threading
 import urllib.parse
 import urllib.request
 
-from poll import poll
+from kaitest.poll import poll
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHART = os.path.join(ROOT, "chart", "kai-resource-isolator")

@@ -1,0 +1,15 @@
+"""What the real-cluster suites and the chart's tests share (issue 42).
+
+One small library, imported by the pytest suites (`pytest.ini` puts
+kind-tests/ on the path) and by the scripts not yet on pytest
+(apiserver.py, node.py run from kind-tests/):
+
+- `poll`: waiting on a condition, never on time alone;
+- `net`: a free loopback port, a plain HTTP GET;
+- `chart`: helm (`$HELM`, else the one .ci/run caches) and `helm template`;
+- `devtools`: headless Chromium over the DevTools protocol on a pipe;
+- `region`: where libvgpu's region fields lie, read from the description
+  the Rust layout checks (services/region/layout.json).
+
+Nothing here does work at import or keeps state between calls.
+"""
