@@ -641,7 +641,10 @@ fn main() {
     // The server's limits register their series (streams open, refusals)
     // on the cluster's recorder: made before the page is rendered, so the
     // page and the scrape below carry the same series.
-    let limits = http::Limits::new(cluster.health(), &kai_aggregator::Limits::default());
+    let limits = http::HttpLimits::new(
+        cluster.health(),
+        &kai_aggregator::AggregatorLimits::default(),
+    );
     // Render: the same text from both, then interleaved timings.
     let now = kai_runtime::unix_ms() / 1000;
     let text: Vec<u8> = MetricsPage::new(cluster.snapshot(), health.clone(), false, now).fold(

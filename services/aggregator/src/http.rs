@@ -33,12 +33,12 @@ pub struct State {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     pub legacy: bool,
     pub synced: watch::Receiver<bool>,
-    pub limits: Limits,
+    pub limits: HttpLimits,
 }
 
 /// What clients of the HTTP port may hold open (docs/security.md).
 #[derive(Clone, Debug)]
-pub struct Limits {
+pub struct HttpLimits {
     /// `/metrics` pages in flight (`--max-concurrent-scrapes`).
     pub scrapes: StreamLimit,
     /// Web view event streams (`--max-event-streams`).
@@ -48,9 +48,9 @@ pub struct Limits {
     pub idle_timeout: Duration,
 }
 
-impl Limits {
+impl HttpLimits {
     /// Limits whose series are on `health`'s recorder.
-    pub fn new(health: &Health, settings: &crate::Limits) -> Self {
+    pub fn new(health: &Health, settings: &crate::config::AggregatorLimits) -> Self {
         Self {
             scrapes: health.stream_limit("metrics", settings.serve.max_concurrent_scrapes),
             events: health.stream_limit("view_events", settings.max_event_streams),

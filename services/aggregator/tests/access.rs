@@ -122,7 +122,10 @@ async fn serve_with(tls: Option<Arc<rustls::ServerConfig>>) -> Server {
         tls,
         legacy: false,
         synced: tokio::sync::watch::channel(true).1,
-        limits: http::Limits::new(cluster.health(), &kai_aggregator::Limits::default()),
+        limits: http::HttpLimits::new(
+            cluster.health(),
+            &kai_aggregator::AggregatorLimits::default(),
+        ),
     };
     tokio::spawn(http::serve(listener, state, shutdown.clone()));
     let (listener, grpc) = kai_runtime::net::bind("127.0.0.1:0".parse().expect("addr"))

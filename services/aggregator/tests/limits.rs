@@ -23,7 +23,7 @@ const PATIENCE: Duration = Duration::from_secs(15);
 struct Server {
     addr: SocketAddr,
     cluster: Arc<Cluster>,
-    limits: http::Limits,
+    limits: http::HttpLimits,
     shutdown: CancellationToken,
 }
 
@@ -33,13 +33,13 @@ impl Drop for Server {
     }
 }
 
-async fn serve(cluster: Cluster, limits: kai_aggregator::Limits) -> Server {
+async fn serve(cluster: Cluster, limits: kai_aggregator::AggregatorLimits) -> Server {
     let cluster = Arc::new(cluster);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let limits = http::Limits::new(cluster.health(), &limits);
+    let limits = http::HttpLimits::new(cluster.health(), &limits);
     let state = http::State {
         cluster: cluster.clone(),
         access: kai_access::Access::open(),
@@ -128,9 +128,9 @@ async fn events(addr: SocketAddr) -> (String, BufReader<TcpStream>) {
 async fn event_streams_past_the_limit_get_503_until_one_closes() {
     let server = serve(
         Cluster::default(),
-        kai_aggregator::Limits {
+        kai_aggregator::AggregatorLimits {
             max_event_streams: 2,
-            ..kai_aggregator::Limits::default()
+            ..kai_aggregator::AggregatorLimits::default()
         },
     )
     .await;
@@ -221,12 +221,12 @@ fn large_cluster() -> Cluster {
 async fn a_scraper_that_stops_reading_is_cut_off_and_its_place_given_back() {
     let server = serve(
         large_cluster(),
-        kai_aggregator::Limits {
+        kai_aggregator::AggregatorLimits {
             serve: kai_runtime::limit::ServeBounds {
                 http_idle_timeout: Duration::from_millis(300),
                 ..kai_runtime::limit::ServeBounds::with_scrapes(1)
             },
-            ..kai_aggregator::Limits::default()
+            ..kai_aggregator::AggregatorLimits::default()
         },
     )
     .await;

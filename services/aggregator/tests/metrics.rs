@@ -221,7 +221,10 @@ async fn serve(cluster: Arc<Cluster>, legacy: bool, shutdown: CancellationToken)
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let state = http::State {
-        limits: http::Limits::new(cluster.health(), &kai_aggregator::Limits::default()),
+        limits: http::HttpLimits::new(
+            cluster.health(),
+            &kai_aggregator::AggregatorLimits::default(),
+        ),
         cluster,
         access: kai_access::Access::open(),
         metrics_access: kai_access::Access::open(),

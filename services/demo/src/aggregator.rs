@@ -28,7 +28,7 @@ pub async fn start(
                 ..subscriber::Settings::default()
             },
             legacy_metrics: false,
-            limits: kai_aggregator::Limits::default(),
+            limits: kai_aggregator::AggregatorLimits::default(),
             auth: kai_aggregator::Auth::Open,
             http_tls: None,
         },

@@ -72,7 +72,7 @@ async fn main() -> anyhow::Result<()> {
             tls_reload_fallback: Duration::from_secs(60),
             node_guard: false,
             // One process, no endpoints to move off: Ctrl-C stops it at once.
-            limits: kai_webhook::server::Limits {
+            limits: kai_webhook::server::WebhookLimits {
                 shutdown_delay: std::time::Duration::ZERO,
                 ..Default::default()
             },

@@ -164,7 +164,7 @@ async fn aggregator(agents: &[SocketAddr], shutdown: CancellationToken) -> kai_a
                 tls: None,
             },
             legacy_metrics: true,
-            limits: kai_aggregator::Limits::default(),
+            limits: kai_aggregator::AggregatorLimits::default(),
             auth: kai_aggregator::Auth::Open,
             http_tls: None,
         },

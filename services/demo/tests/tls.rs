@@ -33,7 +33,7 @@ async fn aggregator(
                 ..Settings::default()
             },
             legacy_metrics: false,
-            limits: kai_aggregator::Limits::default(),
+            limits: kai_aggregator::AggregatorLimits::default(),
             auth: kai_aggregator::Auth::Open,
             http_tls: None,
         },

@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use kai_node::agent::{self, Config, Limits, PodsConfig};
+use kai_node::agent::{self, AgentLimits, Config, PodsConfig};
 use kai_proto::v1 as pb;
 use kai_proto::v1::vgpu_node_client::VgpuNodeClient;
 use kai_runtime::limit::ServeBounds;
@@ -32,7 +32,7 @@ impl Drop for Agent {
     }
 }
 
-async fn start(limits: Limits) -> Agent {
+async fn start(limits: AgentLimits) -> Agent {
     let root = tempfile::tempdir().expect("tempdir");
     let containers = root.path().join("containers");
     std::fs::create_dir_all(&containers).expect("mkdir");
@@ -93,9 +93,9 @@ async fn watch(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_streams_past_the_limit_are_refused_until_one_closes() {
-    let agent = start(Limits {
+    let agent = start(AgentLimits {
         max_watch_streams: 2,
-        ..Limits::default()
+        ..AgentLimits::default()
     })
     .await;
     assert_eq!(
@@ -158,9 +158,9 @@ async fn watch_streams_past_the_limit_are_refused_until_one_closes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scrape_past_the_limit_gets_503_with_retry_after_and_is_counted() {
-    let agent = start(Limits {
+    let agent = start(AgentLimits {
         serve: ServeBounds::with_scrapes(1),
-        ..Limits::default()
+        ..AgentLimits::default()
     })
     .await;
     // A scrape in flight: its permit, held here.
@@ -194,12 +194,12 @@ async fn a_scrape_past_the_limit_gets_503_with_retry_after_and_is_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_that_stops_reading_is_closed_after_the_idle_timeout() {
-    let agent = start(Limits {
+    let agent = start(AgentLimits {
         serve: ServeBounds {
             http_idle_timeout: Duration::from_millis(200),
             ..ServeBounds::with_scrapes(1)
         },
-        ..Limits::default()
+        ..AgentLimits::default()
     })
     .await;
     // A keep-alive request, then nothing: the client neither reads nor

@@ -293,7 +293,7 @@ async fn main() -> anyhow::Result<()> {
             inject: inject.clone(),
             tls_reload_fallback: Duration::from_secs(3600),
             node_guard: false,
-            limits: kai_webhook::server::Limits::default(),
+            limits: kai_webhook::server::WebhookLimits::default(),
         },
         shutdown.clone(),
     )

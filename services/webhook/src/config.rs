@@ -1,5 +1,5 @@
 //! The flags/env the webhook reads, in groups that are its settings:
-//! what it injects ([`InjectConfig`]) and the bounds on clients ([`Limits`]).
+//! what it injects ([`InjectConfig`]) and the bounds on clients ([`WebhookLimits`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -157,7 +157,7 @@ pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 // chart's 192 MiB memory limit holds that twice over); the API server keeps
 // a few connections per replica, and its own webhook timeout is 10 s.
 #[derive(Clone, Debug, PartialEq, Eq, clap::Args)]
-pub struct Limits {
+pub struct WebhookLimits {
     /// Largest AdmissionReview reviewed; a larger one is denied by its uid.
     #[arg(long, env = "MAX_BODY_BYTES", default_value_t = MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
@@ -199,13 +199,13 @@ pub struct Limits {
     pub shutdown_delay: Duration,
 }
 
-impl Default for Limits {
+impl Default for WebhookLimits {
     fn default() -> Self {
         defaults()
     }
 }
 
-impl Limits {
+impl WebhookLimits {
     /// What kai-runtime's accept loop enforces of these (the webhook's and
     /// its floor's, `examples/floor.rs`); `on_shed` counts each connection
     /// refused or closed to make room.
@@ -283,7 +283,7 @@ pub struct Settings {
     /// Serve the node guard (`POST /validate-node-agent`, guard.rs).
     pub node_guard: bool,
     /// Bounds on memory and time per request and in all.
-    pub limits: Limits,
+    pub limits: WebhookLimits,
 }
 
 /// Command line of `kai-webhook`.
@@ -307,7 +307,7 @@ pub struct Args {
     #[arg(long, env = "NODE_GUARD", default_value_t = false, action = clap::ArgAction::Set)]
     pub node_guard: bool,
     #[command(flatten)]
-    pub limits: Limits,
+    pub limits: WebhookLimits,
     #[command(flatten)]
     pub log: LogArgs,
 }
@@ -339,11 +339,12 @@ mod tests {
 
     #[test]
     fn flags_default_to_the_servers_defaults() {
+        // Each against literals: `Default` is itself an empty parse, so
+        // comparing the two could not fail.
         let settings = parse(&[]).expect("valid defaults").settings();
-        assert_eq!(settings.limits, crate::server::Limits::default());
         assert_eq!(
             settings.limits,
-            Limits {
+            WebhookLimits {
                 max_body_bytes: 32 * 1024 * 1024,
                 max_in_flight_bytes: 48 * 1024 * 1024,
                 max_connections: 256,
@@ -355,10 +356,34 @@ mod tests {
                 shutdown_delay: Duration::from_secs(5),
             }
         );
-        assert_eq!(settings.inject.tenant_env, TenantEnv::Replace);
-        assert_eq!(settings.inject.delivery, Delivery::Csi);
-        assert_eq!(settings.inject.csi_driver, "vgpu.kai-resource-isolator.io");
-        assert_eq!(settings.inject, InjectConfig::default());
+        assert_eq!(
+            settings.inject,
+            InjectConfig {
+                vgpu_mount: "/usr/local/vgpu".into(),
+                host_vgpu_dir: None,
+                share_resources: vec![
+                    "nvidia.com/gpu".into(),
+                    "nvidia.com/gpumem".into(),
+                    "nvidia.com/gpucores".into()
+                ],
+                memory_limit_fallback: true,
+                tenant_env: TenantEnv::Replace,
+                delivery: Delivery::Csi,
+                csi_driver: "vgpu.kai-resource-isolator.io".into(),
+            }
+        );
+        assert_eq!(
+            (
+                settings.listen,
+                settings.tls_reload_fallback,
+                settings.node_guard
+            ),
+            (
+                "0.0.0.0:8443".parse().expect("addr"),
+                Duration::from_secs(60),
+                false
+            )
+        );
         let settings = parse(&["--tenant-env", "deny", "--max-body-bytes", "1048576"])
             .expect("valid")
             .settings();

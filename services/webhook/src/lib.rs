@@ -15,5 +15,5 @@ pub mod pod;
 pub mod review;
 pub mod server;
 
-pub use config::{Args, Delivery, InjectConfig, Limits, TenantEnv};
+pub use config::{Args, Delivery, InjectConfig, TenantEnv, WebhookLimits};
 pub use server::{Running, Settings, StartError, start};

@@ -21,7 +21,7 @@ use warp::reply::{Reply, Response};
 use warp::{Filter, Rejection};
 
 use crate::config::InjectConfig;
-pub use crate::config::{Limits, Settings};
+pub use crate::config::{Settings, WebhookLimits};
 use crate::inject::OptOut;
 use crate::metrics;
 use crate::outcome::Outcome;
@@ -62,7 +62,7 @@ struct State {
     shutdown: CancellationToken,
     /// How each request body is read.
     body: BodyLimits,
-    /// [`Limits::max_in_flight_bytes`], shared by every request.
+    /// [`WebhookLimits::max_in_flight_bytes`], shared by every request.
     budget: ByteBudget,
 }
 
@@ -196,7 +196,7 @@ fn routes(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = Rejec
         .unify()
 }
 
-/// Reads a request body within [`Limits`] (kai-runtime's
+/// Reads a request body within [`WebhookLimits`] (kai-runtime's
 /// [`kai_runtime::https::body::read`]); a body not read whole gets its
 /// answer here.
 async fn read(

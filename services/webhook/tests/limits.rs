@@ -12,7 +12,7 @@ use http::{Method, StatusCode};
 use kai_runtime::https::Client;
 use kai_runtime::tls::{SelfSigned, generate};
 use kai_webhook::Running;
-use kai_webhook::server::Limits;
+use kai_webhook::server::WebhookLimits;
 use serde_json::{Value, json};
 use support::live::{SecretDir, client, gpu_review, names, sample, scrape, start_with};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -29,7 +29,7 @@ struct Server {
 }
 
 impl Server {
-    async fn start(limits: Limits) -> Self {
+    async fn start(limits: WebhookLimits) -> Self {
         let bundle = generate("test", &names(), 1).expect("cert");
         let secret = SecretDir::new(&bundle);
         let shutdown = CancellationToken::new();
@@ -96,8 +96,8 @@ impl Server {
     }
 }
 
-fn small() -> Limits {
-    Limits {
+fn small() -> WebhookLimits {
+    WebhookLimits {
         max_body_bytes: 64 * 1024,
         max_in_flight_bytes: 256 * 1024,
         max_connections: 64,
@@ -217,7 +217,7 @@ async fn a_review_too_costly_to_decode_is_denied() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_that_stalls_gets_408() {
-    let server = Server::start(Limits {
+    let server = Server::start(WebhookLimits {
         body_read_timeout: Duration::from_millis(200),
         ..small()
     })
@@ -251,7 +251,7 @@ async fn a_body_that_stalls_gets_408() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headers_that_never_end_close_the_connection() {
-    let server = Server::start(Limits {
+    let server = Server::start(WebhookLimits {
         header_read_timeout: Duration::from_millis(200),
         ..small()
     })
@@ -399,7 +399,7 @@ impl BusyObserver {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_every_connection_is_busy_a_new_one_is_closed_at_once() {
-    let server = Server::start(Limits {
+    let server = Server::start(WebhookLimits {
         max_connections: 2,
         ..small()
     })
@@ -455,7 +455,7 @@ async fn when_every_connection_is_busy_a_new_one_is_closed_at_once() {
 /// on kept-alive ones, while the attacker keeps reconnecting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_connections_cannot_starve_admission() {
-    let server = Server::start(Limits {
+    let server = Server::start(WebhookLimits {
         max_connections: 16,
         max_connections_per_client: 8,
         ..small()
@@ -542,7 +542,7 @@ async fn silent_connections_cannot_starve_admission() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_address_holds_at_most_its_bound() {
-    let server = Server::start(Limits {
+    let server = Server::start(WebhookLimits {
         max_connections: 64,
         max_connections_per_client: 4,
         ..small()
@@ -603,7 +603,7 @@ async fn one_address_holds_at_most_its_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_without_requests_is_closed_after_the_keep_alive_timeout() {
-    let server = Server::start(Limits {
+    let server = Server::start(WebhookLimits {
         keep_alive_timeout: Duration::from_millis(300),
         ..small()
     })
@@ -629,7 +629,7 @@ async fn a_connection_without_requests_is_closed_after_the_keep_alive_timeout() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_beyond_the_in_flight_byte_budget_get_503() {
-    let server = Server::start(Limits {
+    let server = Server::start(WebhookLimits {
         max_in_flight_bytes: 96 * 1024,
         ..small()
     })
@@ -703,7 +703,7 @@ async fn requests_beyond_the_in_flight_byte_budget_get_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_clients_are_told_the_stream_limit() {
-    let server = Server::start(Limits {
+    let server = Server::start(WebhookLimits {
         max_concurrent_streams: 3,
         ..small()
     })

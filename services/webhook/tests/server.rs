@@ -276,7 +276,7 @@ async fn after_the_signal_reviews_are_still_answered_through_the_delay() {
     let bundle = generate("test", &names(), 1).expect("cert");
     let secret = SecretDir::new(&bundle);
     let shutdown = CancellationToken::new();
-    let limits = kai_webhook::server::Limits {
+    let limits = kai_webhook::server::WebhookLimits {
         // Longer than any test runs: the runtime's end stops it.
         shutdown_delay: Duration::from_secs(3600),
         ..Default::default()

@@ -118,14 +118,14 @@ pub struct Args {
 
 /// Bounds on what clients may hold open (docs/security.md).
 #[derive(Clone, Copy, Debug)]
-pub struct Limits {
+pub struct AgentLimits {
     /// `WatchContainers` streams open at once.
     pub max_watch_streams: usize,
     /// `/metrics` pages, idle connections, gRPC streams per connection.
     pub serve: ServeBounds,
 }
 
-impl Default for Limits {
+impl Default for AgentLimits {
     fn default() -> Self {
         Self {
             max_watch_streams: 64,
@@ -204,7 +204,7 @@ pub struct Config {
     /// namespace served, nobody opts out.
     pub webhook_configuration: Option<String>,
     pub reclaim_stale_slots: bool,
-    pub limits: Limits,
+    pub limits: AgentLimits,
     pub metrics_auth: MetricsAuth,
     /// Where this node's `nvidia.com/gpu.memory` label comes from: KAI
     /// computes every sharing pod's limit from it.
@@ -290,7 +290,7 @@ impl Config {
             enforce: enforce::Policy::None,
             webhook_configuration: None,
             reclaim_stale_slots: false,
-            limits: Limits::default(),
+            limits: AgentLimits::default(),
             metrics_auth: MetricsAuth::Open,
             // No Node to read: as a node without the label, where KAI
             // writes no limit and the pods' own grants hold.
@@ -365,7 +365,7 @@ impl Args {
             webhook_configuration: Some(self.webhook_configuration.clone())
                 .filter(|name| !name.is_empty()),
             reclaim_stale_slots: self.reclaim_stale_slots,
-            limits: Limits {
+            limits: AgentLimits {
                 // The range is checked by clap, far below usize::MAX.
                 max_watch_streams: self.max_watch_streams as usize,
                 serve: self.serve.bounds(),

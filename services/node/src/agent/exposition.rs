@@ -7,7 +7,7 @@ use super::model::PodSourceStatus;
 use super::preload_path::PreloadPath;
 use kai_runtime::limit::StreamLimit;
 
-use super::config::Limits;
+use super::config::AgentLimits;
 
 use super::enforce;
 
@@ -117,12 +117,12 @@ impl View {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self::new(&Limits::default())
+        Self::new(&AgentLimits::default())
     }
 }
 
 impl Metrics {
-    pub fn new(limits: &Limits) -> Self {
+    pub fn new(limits: &AgentLimits) -> Self {
         // Counters and gauges only: nothing to configure, nothing to upkeep.
         let recorder = Recorder::default();
         let enforce = enforce::Counts::register(&recorder);

@@ -207,7 +207,7 @@ pub(crate) mod tests {
     }
 
     fn service(state: tokio::sync::watch::Receiver<Arc<NodeState>>) -> Service {
-        let limits = crate::agent::config::Limits::default();
+        let limits = crate::agent::config::AgentLimits::default();
         Service {
             state,
             devices: Arc::new(Devices::unavailable("test".to_owned())),

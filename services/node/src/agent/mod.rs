@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub use self::config::{Args, Config, GrpcTls, LabelSource, Limits, MetricsAuth, PodsConfig};
+pub use self::config::{AgentLimits, Args, Config, GrpcTls, LabelSource, MetricsAuth, PodsConfig};
 pub use self::error::AgentError;
 use self::model::GpuMemoryLabel;
 use self::node::NodeLabels;

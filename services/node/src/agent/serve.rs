@@ -70,7 +70,7 @@ pub async fn serve_state(
     watch_interval: Duration,
     shutdown: CancellationToken,
 ) -> Result<(), AgentError> {
-    let limits = super::config::Limits::default();
+    let limits = super::config::AgentLimits::default();
     let service = grpc::Service {
         state,
         devices: Arc::new(Devices::unavailable("simulated".to_owned())),

@@ -53,7 +53,7 @@ pub fn names() -> Vec<String> {
 
 pub async fn start(dir: &Path, shutdown: &CancellationToken) -> Running {
     // Stopped at once: the delay after SIGTERM has its own tests.
-    let limits = kai_webhook::server::Limits {
+    let limits = kai_webhook::server::WebhookLimits {
         shutdown_delay: Duration::ZERO,
         ..Default::default()
     };
@@ -64,7 +64,7 @@ pub async fn start(dir: &Path, shutdown: &CancellationToken) -> Running {
 pub async fn start_with(
     dir: &Path,
     shutdown: &CancellationToken,
-    limits: kai_webhook::server::Limits,
+    limits: kai_webhook::server::WebhookLimits,
 ) -> Running {
     kai_runtime::install_crypto_provider();
     kai_webhook::start(
