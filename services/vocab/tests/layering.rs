@@ -158,6 +158,52 @@ fn the_rule_rejects_every_kind_of_service_to_service_edge() {
     assert_eq!(found, forbidden);
 }
 
+/// Each internal crate's path, and each version two crates share, is
+/// written once, in the root's `[workspace.dependencies]`: a member names
+/// them with `workspace = true`, so one edit moves every user.
+#[test]
+fn dependencies_are_declared_once_in_the_workspace() {
+    let meta = metadata();
+    let mut own: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for p in meta["packages"].as_array().into_iter().flatten() {
+        let manifest = p["manifest_path"].as_str().expect("manifest path");
+        let text = std::fs::read_to_string(manifest).expect("manifest reads");
+        let mut in_dependencies = false;
+        for line in text.lines().map(str::trim) {
+            if line.starts_with('[') {
+                in_dependencies = line.trim_matches(['[', ']']).ends_with("dependencies");
+                continue;
+            }
+            let Some((name, value)) = line.split_once('=') else {
+                continue;
+            };
+            let name = name.trim().trim_end_matches(".workspace");
+            if !in_dependencies || line.starts_with('#') || value.contains("workspace = true") {
+                continue;
+            }
+            if line.contains(".workspace") {
+                continue;
+            }
+            assert!(
+                !value.contains("path ="),
+                "{manifest}: {name} by path; name it in [workspace.dependencies]"
+            );
+            own.entry(name.to_owned())
+                .or_default()
+                .push(manifest.to_owned());
+        }
+    }
+    let shared: Vec<_> = own.iter().filter(|(_, users)| users.len() > 1).collect();
+    assert!(
+        shared.is_empty(),
+        "versions kept in several manifests; move them to [workspace.dependencies]: {shared:?}"
+    );
+    assert!(
+        own.contains_key("memmap2"),
+        "a crate's own dependency is seen: {own:?}"
+    );
+}
+
 #[test]
 fn every_crate_takes_the_workspace_lints() {
     let meta = metadata();
