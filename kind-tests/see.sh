@@ -31,7 +31,7 @@ promtool check rules chart/kai-resource-isolator/files/alerts.yaml
 (cd chart/kai-resource-isolator/files && promtool test rules alerts_test.yaml)
 
 echo "--- chart: dashboard ConfigMap and PrometheusRule templates"
-python3 chart/kai-resource-isolator/tests/observability_test.py "$HELM"
+HELM="$HELM" python3 -m pytest chart/kai-resource-isolator/tests/observability_test.py
 
 echo "--- demo stack: web view in Chromium, kubectl-vgpu, Prometheus"
 cargo build --locked -q -p kai-demo -p kubectl-vgpu -p kai-fake-nvml

@@ -1,12 +1,16 @@
-# The chart tests (lint, render, assertions) with nixpkgs' helm. Offline
-# schema validation needs PyPI's kubernetes-validate, which nixpkgs lacks,
-# so it is left to .ci/run here.
+# The chart tests (lint, render, assertions) under pytest with nixpkgs' helm,
+# kind-tests/kaitest (what the suites share) and pytest.ini beside the chart.
+# Offline schema validation needs PyPI's kubernetes-validate, which nixpkgs
+# lacks, so it is left to .ci/run here.
 { pkgs, src }:
 pkgs.runCommand "chart-check" {
-  nativeBuildInputs = [ pkgs.kubernetes-helm (pkgs.python3.withPackages (p: [ p.pyyaml ])) ];
+  nativeBuildInputs = [ pkgs.kubernetes-helm (pkgs.python3.withPackages (p: [ p.pyyaml p.pytest ])) ];
   CHART_TEST_SKIP_SCHEMA_VALIDATION = "1";
+  HELM = "helm";
 } ''
   cp -r ${src + "/chart"} chart && chmod -R u+w chart
-  python3 chart/kai-resource-isolator/tests/chart_test.py helm
+  mkdir kind-tests && cp -r ${src + "/kind-tests/kaitest"} kind-tests/kaitest
+  cp ${src + "/pytest.ini"} pytest.ini
+  python3 -m pytest chart/kai-resource-isolator/tests/chart_test.py
   touch $out
 ''

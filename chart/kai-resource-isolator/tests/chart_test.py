@@ -1,9 +1,10 @@
-#!/usr/bin/env python3
 """Renders the chart for every scenario in ci/, validates each object
 against the Kubernetes OpenAPI schemas offline (kubernetes-validate), and
-asserts on the rendered objects. Prints 'N passed, N failed'.
+asserts on the rendered objects: one pytest test per check, named as the
+check.
 
-Usage: chart_test.py HELM_BINARY
+Usage: pytest chart/kai-resource-isolator/tests/chart_test.py [-k WORDS]
+(helm: $HELM, else the one .ci/run caches; see kind-tests/kaitest/chart.py)
 """
 import base64
 import hashlib
@@ -13,14 +14,17 @@ import re
 import socket
 import ssl
 import subprocess
-import sys
 import tempfile
 import threading
 
+import pytest
 import yaml
 
+from kaitest.chart import helm, template
+
+pytestmark = pytest.mark.chart
+
 CHART = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HELM = sys.argv[1] if len(sys.argv) > 1 else "helm"
 NS = "kai-system"
 RELEASE = "kai"
 K8S = "1.33.0"
@@ -28,31 +32,19 @@ CRDS = {"ServiceMonitor", "Issuer", "ClusterIssuer", "Certificate"}
 # The API a cluster with the Prometheus Operator advertises.
 PROM_API = ("--api-versions", "monitoring.coreos.com/v1/ServiceMonitor")
 
-passed, failed = 0, []
+
+def scenarios():
+    """The scenario values files under ci/."""
+    return sorted(f for f in os.listdir(os.path.join(CHART, "ci")) if f.endswith("-values.yaml"))
 
 
-def check(name, fn):
-    global passed
-    try:
-        fn()
-        passed += 1
-        print(f"ok   {name}")
-    except AssertionError as e:
-        failed.append(name)
-        print(f"FAIL {name}: {e}")
-
-
-def helm(*args):
-    return subprocess.run([HELM, *args], capture_output=True, text=True)
+def skip_schema():
+    """The Nix check has no kubernetes-validate: it sets CHART_TEST_SKIP_SCHEMA_VALIDATION=1."""
+    return os.environ.get("CHART_TEST_SKIP_SCHEMA_VALIDATION") == "1"
 
 
 def render(values_file=None, extra=()):
-    args = ["template", RELEASE, CHART, "-n", NS, *extra]
-    if values_file:
-        args += ["-f", os.path.join(CHART, "ci", values_file)]
-    r = helm(*args)
-    assert r.returncode == 0, r.stderr
-    return [d for d in yaml.safe_load_all(r.stdout) if d]
+    return template(*extra, *(["-f", os.path.join(CHART, "ci", values_file)] if values_file else []))
 
 
 def one(docs, kind, name_suffix=""):
@@ -84,9 +76,6 @@ def sets(*pairs):
     return tuple(x for p in pairs for x in ("--set", p))
 
 
-SCENARIOS = sorted(f for f in os.listdir(os.path.join(CHART, "ci")) if f.endswith("-values.yaml"))
-
-
 # --- lint, render and validate every scenario ----------------------------
 
 def lint(scenario):
@@ -105,14 +94,6 @@ def validates(scenario, extra=()):
         os.unlink(f.name)
         assert r.returncode == 0, (r.stdout + r.stderr)[:2000]
     return t
-
-
-SKIP_SCHEMA = os.environ.get("CHART_TEST_SKIP_SCHEMA_VALIDATION") == "1"
-for s in SCENARIOS:
-    check(f"lint --strict {s}", lint(s))
-    if not SKIP_SCHEMA:  # the Nix check has no kubernetes-validate
-        check(f"objects valid against Kubernetes {K8S} ({s})", validates(s))
-        check(f"objects valid against Kubernetes {K8S} with the Prometheus Operator API ({s})", validates(s, PROM_API))
 
 
 # --- the webhook selects what it should ----------------------------------
@@ -182,11 +163,6 @@ def cert_manager_injects_the_ca():
     assert one(custom, "Certificate")["spec"]["issuerRef"] == {"name": "cluster-ca", "kind": "ClusterIssuer"}
 
 
-check("webhook selects GPU pods' CREATE, never kube-system, the release namespace or our pods", webhook_selection)
-check("default TLS: caBundle is the CA of the mounted Secret", ca_bundle_matches_secret)
-check("cert-manager: Certificate, Issuer and CA injection", cert_manager_injects_the_ca)
-
-
 # --- paths agree across webhook, libsync and agent -------------------------
 
 def paths_agree(scenario, mount, host=None, agent_extra=()):
@@ -246,12 +222,6 @@ def paths_agree(scenario, mount, host=None, agent_extra=()):
     return t
 
 
-check("paths agree: default mount", paths_agree(None, "/usr/local/vgpu"))
-check("paths agree: paths.containerVgpuMount=/opt/hami/vgpu", paths_agree("custom-mount-values.yaml", "/opt/hami/vgpu"))
-check("paths agree: split host /var/lib/kai/vgpu, container /opt/hami/vgpu", paths_agree("split-paths-values.yaml", "/opt/hami/vgpu", "/var/lib/kai/vgpu"))
-check("paths agree: the Go chart's defaults (hostInstallBase /usr/local)", paths_agree("go-chart-values.yaml", "/usr/local/vgpu"))
-
-
 # --- RBAC grants nothing beyond what each binary uses ----------------------
 
 def rbac_least_privilege():
@@ -292,10 +262,6 @@ def rbac_least_privilege():
     assert one(off, "ServiceAccount", "-webhook")["automountServiceAccountToken"] is False
 
 
-check("RBAC: pods list/watch (+ Events create/patch, its webhook configuration and namespaces for the agent, get for the node guard) only",
-      rbac_least_privilege)
-
-
 # --- every container runs with least privilege ----------------------------
 
 def hardened(scenario):
@@ -328,10 +294,6 @@ def hardened(scenario):
                     assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0, who
                 assert c.get("readinessProbe") and c.get("livenessProbe"), who
     return t
-
-
-for s in SCENARIOS:
-    check(f"containers hardened ({s})", hardened(s))
 
 
 # --- toggles ----------------------------------------------------------------
@@ -412,9 +374,6 @@ def aggregator_malloc_tuned():
     assert env["MALLOC_ARENA_MAX"] == "2" and env["MALLOC_MMAP_THRESHOLD_"] == "1048576", env
 
 
-check("aggregator: glibc malloc tuned so scrape buffers are returned (soak-measured)", aggregator_malloc_tuned)
-
-
 def aggregator_finds_agents():
     docs = render()
     ds = one(docs, "DaemonSet", "-node")
@@ -440,13 +399,6 @@ def images():
         assert pod_spec(w)["imagePullSecrets"] == [{"name": "regcred"}]
     default = one(render(), "Deployment", "-webhook")
     assert containers(default)["webhook"]["image"].endswith(":0.1.0"), "tag defaults to appVersion"
-
-
-check("replicaCount > 1: PDB and anti-affinity; failurePolicy/timeout from values", ha_webhook)
-check("monitor.enabled=false: libsync only, no RBAC, every node", monitor_disabled)
-check("ServiceMonitor, runtimeClassName and --legacy-metrics", service_monitor_and_flags)
-check("aggregator discovers the DaemonSet's agent pods on their port", aggregator_finds_agents)
-check("global.imageRegistry, image.tag and pullSecrets", images)
 
 
 def grpc_tls_material(docs):
@@ -555,9 +507,6 @@ def grpc_mutual_tls():
     assert not [d for d in render("monitor-disabled-values.yaml") if "grpc-tls" in d["metadata"]["name"]]
 
 
-check("monitor.grpcTls (default on): agents serve kai-node-agent and accept only the aggregator's CA, the aggregator trusts only the agents' CA; a checksum rolls both", grpc_mutual_tls)
-
-
 def isolation_settings():
     ds = one(render(), "DaemonSet", "-node")
     agent = containers(ds)["agent"]
@@ -585,9 +534,6 @@ def isolation_settings():
     assert all("events.k8s.io" not in r["apiGroups"] for r in rules), "no Events, no Events RBAC"
 
 
-check("monitor.isolation: host /proc read-only, Events RBAC and thresholds follow the values", isolation_settings)
-
-
 def agent_extra_env():
     base = containers(one(render(), "DaemonSet", "-node"))["agent"]["env"]
     ds = one(render(extra=("--set", "monitor.agent.extraEnv[0].name=HTTPS_PROXY",
@@ -602,9 +548,6 @@ def agent_extra_env():
                                {"name": "FROM_FIELD", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}], env
     assert all("HTTPS_PROXY" not in {e["name"] for e in c.get("env", [])}
                for name, c in containers(ds).items() if name != "agent")
-
-
-check("monitor.agent.extraEnv: appended to the agent container's env after the chart's own", agent_extra_env)
 
 
 def agent_reads_the_webhook_configuration():
@@ -630,14 +573,10 @@ def agent_reads_the_webhook_configuration():
     assert check_release(render(extra=("--set", "fullnameOverride=gpu-iso"))) == "gpu-iso-mutating"
 
 
-check("the agent reads the chart's MutatingWebhookConfiguration (flag, RBAC for that one object) and namespaces",
-      agent_reads_the_webhook_configuration)
-
-
 # --- drop-in for the Go chart's users -----------------------------------------
 
 def validate_docs(docs):
-    if SKIP_SCHEMA:
+    if skip_schema():
         return
     docs = [d for d in docs if d["kind"] not in CRDS]
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
@@ -858,7 +797,6 @@ def webhook_hostile_tenant_settings():
     assert only["clientConfig"]["service"]["path"] == "/mutate"
 
 
-
 def failure_policy():
     def webhook(*extra):
         w = one(render(extra=extra), "MutatingWebhookConfiguration")["webhooks"][0]
@@ -936,16 +874,6 @@ def priority_quota_only_where_needed():
     assert both["spec"]["scopeSelector"]["matchExpressions"][0]["values"] == ["system-cluster-critical", "system-node-critical"]
 
 
-check("Go chart defaults: accepted, with their meaning (image, libsync, Service, quota, monitor on 9394)", go_chart_values_mean_what_they_meant)
-check("seed install: --set monitor.enabled=true --set monitor.serviceMonitor.enabled=true, with and without the Prometheus Operator", seed_install_commands)
-check("Go keys: name/namespace overrides, pull secrets, registry precedence, rbac.create=false, service, podLabels", go_overrides)
-check("webhook PDB: maxUnavailable, then minAvailable, then 1 (Go precedence)", pdb_precedence)
-check("cert-manager ClusterIssuer; tls.patch accepted", cert_manager_cluster_issuer)
-check("webhook scoping values add to ours, never replace them", webhook_scoping)
-check("opt-out only in admin-labelled namespaces: two webhooks, complementary on the label; none without it", webhook_opt_out_gate)
-check("hostile-tenant settings reach the webhook: tenantEnv and the size/load limits", webhook_hostile_tenant_settings)
-
-
 def webhook_shutdown_delay():
     def rendered(*extra):
         d = one(render(extra=extra), "Deployment", "-webhook")
@@ -959,11 +887,6 @@ def webhook_shutdown_delay():
     assert rendered("--set", "webhook.shutdownDelaySeconds=null") == ("5", 30)
 
 
-check("webhook pods go on serving, unready, for shutdownDelaySeconds after SIGTERM, within their grace period", webhook_shutdown_delay)
-check("failurePolicy: Fail where matchConditions scope it to sharing pods, Ignore where the API lacks them, explicit values win", failure_policy)
-check("node guard: a fail-closed validating webhook for the agent's evictions and Events on 1.30+, with the webhook's token and get pods", node_guard)
-check("GKE: host paths, affinity, ResourceQuota for system-node-critical, NVML from the host", gke)
-check("priority-class ResourceQuota only outside kube-system and only for critical classes", priority_quota_only_where_needed)
 def enforcement():
     docs = render()
     agent = containers(one(docs, "DaemonSet", "-node"))["agent"]
@@ -983,9 +906,6 @@ def enforcement():
             assert evict == [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}], rules
         else:
             assert evict == [], "dry-run evicts nothing and gets no eviction RBAC"
-
-
-check("monitor.isolation.enforce: flag follows the value, eviction RBAC only with evict", enforcement)
 
 
 def stream_limits():
@@ -1018,9 +938,6 @@ def stream_limits():
     assert (arg(agg, "--max-event-streams"), arg(agg, "--max-concurrent-scrapes"),
             arg(agg, "--http-idle-timeout-seconds"), arg(agg, "--grpc-max-concurrent-streams")) \
         == ("16", "3", "90", "4"), agg["args"]
-
-
-check("stream and connection limits render as the agent's and aggregator's flags", stream_limits)
 
 
 # --- library delivery ---------------------------------------------------------
@@ -1131,12 +1048,6 @@ def notes_name_the_delivery():
         assert r.returncode == 0, r.stderr
         notes = r.stdout.split("NOTES:", 1)[-1]
         assert f"Library delivery: {delivery}." in notes and says in notes, notes[:1200]
-
-
-check("libraryDelivery=csi (default): CSIDriver, the node DaemonSet's privileged csi container, its mounts and probes, the webhook's env", csi_delivery_by_default)
-check("csi.kubeletDir, healthPort and logLevel reach the plugin's mounts and flags", csi_kubelet_dir)
-check("libraryDelivery=hostPath: no CSIDriver, no csi container, nothing privileged, the webhook told so", host_path_delivery)
-check("NOTES name the delivery and the Pod Security level it needs", notes_name_the_delivery)
 
 
 # --- access control: who may see what (#27) ----------------------------------
@@ -1338,14 +1249,6 @@ def notes_say_how_to_authenticate():
     assert "Access control is off" in off
 
 
-check("access control by default: --auth=kubernetes, /metrics by RBAC on agents and aggregator, system:auth-delegator for both, vgpu-view aggregated into view/edit/admin, metrics-reader", access_defaults)
-check("service proxy: every authenticated user may GET the aggregator's HTTP port through the API server (it checks tokens itself); not with mode none", access_service_proxy)
-check("auth modes: none / metrics none / agent metrics none render their flags and drop the review rights; audiences and cache settings follow the values", access_modes)
-check("rbac.aggregateToDefaultRoles=false keeps an unaggregated vgpu-view; monitor.metricsReaders bind metrics-reader", access_roles_and_readers)
-check("ServiceMonitors send Prometheus' token (bearerTokenFile, or monitor.serviceMonitor.authorization) exactly where the target checks it", service_monitor_sends_tokens)
-check("NOTES show the token on every curl while access control is on, none when off", notes_say_how_to_authenticate)
-
-
 # --- NetworkPolicies (opt-in) --------------------------------------------------
 
 def policies(docs):
@@ -1357,7 +1260,7 @@ def selects(policy, workload):
 
 
 def network_policies_default():
-    for s in SCENARIOS:
+    for s in scenarios():
         if s != "network-policy-values.yaml":
             assert not policies(render(s)), f"{s}: NetworkPolicies are opt-in"
     docs = render(extra=sets("networkPolicy.enabled=true"))
@@ -1417,10 +1320,6 @@ def network_policies_narrowed():
     nps = policies(off)
     assert set(nps) == {"webhook", "node"} and nps["node"]["spec"]["ingress"] == []
     assert set(policies(render("monitor-disabled-values.yaml", sets("networkPolicy.enabled=true", "libraryDelivery=hostPath")))) == {"webhook"}
-
-
-check("networkPolicy.enabled: ingress-only policies selecting the webhook, the agents (gRPC from the aggregator only, metrics from Prometheus) and the aggregator (open by default); none unless enabled", network_policies_default)
-check("networkPolicy from-lists narrow each port (ci/network-policy-values.yaml); ports follow the values; without the monitor only what runs", network_policies_narrowed)
 
 
 # --- docs and kubectl vgpu agree with what the chart renders ------------------
@@ -1708,16 +1607,6 @@ def migration_says_metrics_need_a_token():
         assert needed in intro, needed
 
 
-check("rbac.create=false: docs/migration.md names every rule rbac.create=true grants, per ServiceAccount (and the proxy's group)", rbac_false_documented)
-check("kubectl vgpu's selector finds the aggregator Service, and only it, whatever nameOverride/fullnameOverride", kubectl_vgpu_finds_the_aggregator)
-check("monitor.metricsPort moves the node agent's port as in the Go chart; nodeMetricsPort wins; aggregator.httpPort moves the aggregator", metrics_port_means_what_it_meant)
-check("helm upgrade --reuse-values from a release without monitor.aggregator.httpPort: the aggregator, its Service and NetworkPolicy stay on 9394", aggregator_port_survives_reuse_values)
-check("docs/migration.md says /metrics needs a token by default and how to restore anonymous reads", migration_says_metrics_need_a_token)
-check("helm upgrade --reuse-values from a Go chart release renders what -f <Go values> renders, with our image (values-defaults.yaml, packaged too)", go_release_reuse_values)
-check("the webhook's rollout keeps a serving pod (maxUnavailable 0, minReadySeconds); Service, PDB, affinity, NetworkPolicy select its pods; fresh install: our Secret and entries", webhook_rollout_never_empty)
-check("docs/migration.md: moving a Go release in place and back (commands, Secrets, rollout, scrape jobs, what not to do)", migration_documents_the_move)
-
-
 # --- the schema rejects bad values ------------------------------------------
 
 def rejects(*sets):
@@ -1728,38 +1617,6 @@ def rejects(*sets):
     return t
 
 
-check("schema rejects an unknown top-level key", rejects("replicas=2"))
-check("schema rejects a wrong type", rejects("webhook.replicaCount=two"))
-check("schema rejects an unknown failurePolicy", rejects("webhook.failurePolicy=Maybe"))
-check("schema rejects keeping the tenant's env", rejects("webhook.tenantEnv=keep"))
-check("schema rejects an opt-out label that is no key=value", rejects("webhook.optOutNamespaceLabel=allow-opt-out"))
-check("schema rejects a body limit under 1 MiB", rejects("webhook.limits.maxBodyBytes=1024"))
-check("schema rejects an unknown key under webhook.limits", rejects("webhook.limits.maxBody=1"))
-check("schema rejects a relative containerVgpuMount", rejects("paths.containerVgpuMount=usr/local/vgpu"))
-check("schema rejects an unknown key under monitor", rejects("monitor.enable=true"))
-check("schema rejects an unknown monitor.isolation.enforce mode", rejects("monitor.isolation.enforce=kill"))
-check("schema rejects a near-cap percent over 100", rejects("monitor.isolation.nearCapPercent=150"))
-check("NOTES warn when Go's unread hostInstallBase default would put libsync on /usr/local", go_gke_paths_warn)
-check("schema rejects an unknown key under librarySync", rejects("librarySync.nodeSelectr.a=b"))
-check("schema rejects an unknown key under monitor.service", rejects("monitor.service.prt=1"))
-check("schema rejects an unknown key under tls.patch", rejects("tls.patch.enable=true"))
-check("schema rejects a relative hostInstallBase", rejects("paths.hostInstallBase=home/kubernetes"))
-check("schema rejects an updateInterval that is no duration", rejects("monitor.updateInterval=often"))
-check("schema rejects a watch-stream limit of 0", rejects("monitor.agent.limits.maxWatchStreams=0"))
-check("schema rejects an unknown key under monitor.aggregator.limits", rejects("monitor.aggregator.limits.maxStreams=1"))
-check("schema rejects an unknown libraryDelivery", rejects("libraryDelivery=emptyDir"))
-check("schema rejects libraryDelivery spelled otherwise than the webhook's flag", rejects("libraryDelivery=hostpath"))
-check("schema rejects a relative csi.kubeletDir", rejects("csi.kubeletDir=var/lib/kubelet"))
-check("schema rejects an unknown key under csi", rejects("csi.kubeletdir=/var/lib/kubelet"))
-check("schema rejects an unknown auth mode", rejects("monitor.aggregator.auth.mode=oidc"))
-check("schema rejects an unknown aggregator metrics auth", rejects("monitor.aggregator.auth.metrics=open"))
-check("schema rejects an unknown agent metrics auth", rejects("monitor.agent.auth.metrics=anonymous"))
-check("schema rejects an unknown key under monitor.aggregator.auth", rejects("monitor.aggregator.auth.ttl=5"))
-check("schema rejects a cache of 0 entries", rejects("monitor.aggregator.auth.cacheEntries=0"))
-check("schema rejects a cache TTL over an hour", rejects("monitor.aggregator.auth.cacheTTLSeconds=3601"))
-check("schema rejects an audience with a comma (the flag's separator)", rejects("monitor.aggregator.auth.audiences[0]=a\\,b"))
-check("schema rejects a ServiceAccount metrics reader without a namespace", rejects("monitor.metricsReaders[0].kind=ServiceAccount", "monitor.metricsReaders[0].name=prometheus"))
-check("schema rejects a metrics reader of an unknown kind", rejects("monitor.metricsReaders[0].kind=Robot", "monitor.metricsReaders[0].name=r2"))
 def rejects_json(key, value):
     def t():
         r = helm("template", RELEASE, CHART, "--set-json", f"{key}={value}")
@@ -1768,9 +1625,120 @@ def rejects_json(key, value):
     return t
 
 
-check("schema rejects an empty networkPolicy.prometheus.from (every source: [{namespaceSelector: {}}])", rejects_json("networkPolicy.prometheus.from", "[]"))
-check("schema rejects an unknown key under networkPolicy", rejects("networkPolicy.enable=true"))
-check("schema rejects a NetworkPolicy peer that is none", rejects("networkPolicy.webhook.from[0].pods.a=b"))
+# --- the cases, in the order they ran as a script --------------------------
 
-print(f"\n{passed} passed, {len(failed)} failed")
-sys.exit(1 if failed else 0)
+def cases():
+    """(name, function) of every check: pytest's ids, in the old output's order."""
+    found = []
+
+    def check(name, fn):
+        found.append((name, fn))
+
+    for s in scenarios():
+        check(f"lint --strict {s}", lint(s))
+        if not skip_schema():  # the Nix check has no kubernetes-validate
+            check(f"objects valid against Kubernetes {K8S} ({s})", validates(s))
+            check(f"objects valid against Kubernetes {K8S} with the Prometheus Operator API ({s})", validates(s, PROM_API))
+    check("webhook selects GPU pods' CREATE, never kube-system, the release namespace or our pods", webhook_selection)
+    check("default TLS: caBundle is the CA of the mounted Secret", ca_bundle_matches_secret)
+    check("cert-manager: Certificate, Issuer and CA injection", cert_manager_injects_the_ca)
+    check("paths agree: default mount", paths_agree(None, "/usr/local/vgpu"))
+    check("paths agree: paths.containerVgpuMount=/opt/hami/vgpu", paths_agree("custom-mount-values.yaml", "/opt/hami/vgpu"))
+    check("paths agree: split host /var/lib/kai/vgpu, container /opt/hami/vgpu", paths_agree("split-paths-values.yaml", "/opt/hami/vgpu", "/var/lib/kai/vgpu"))
+    check("paths agree: the Go chart's defaults (hostInstallBase /usr/local)", paths_agree("go-chart-values.yaml", "/usr/local/vgpu"))
+    check("RBAC: pods list/watch (+ Events create/patch, its webhook configuration and namespaces for the agent, get for the node guard) only",
+          rbac_least_privilege)
+    for s in scenarios():
+        check(f"containers hardened ({s})", hardened(s))
+    check("aggregator: glibc malloc tuned so scrape buffers are returned (soak-measured)", aggregator_malloc_tuned)
+    check("replicaCount > 1: PDB and anti-affinity; failurePolicy/timeout from values", ha_webhook)
+    check("monitor.enabled=false: libsync only, no RBAC, every node", monitor_disabled)
+    check("ServiceMonitor, runtimeClassName and --legacy-metrics", service_monitor_and_flags)
+    check("aggregator discovers the DaemonSet's agent pods on their port", aggregator_finds_agents)
+    check("global.imageRegistry, image.tag and pullSecrets", images)
+    check("monitor.grpcTls (default on): agents serve kai-node-agent and accept only the aggregator's CA, the aggregator trusts only the agents' CA; a checksum rolls both", grpc_mutual_tls)
+    check("monitor.isolation: host /proc read-only, Events RBAC and thresholds follow the values", isolation_settings)
+    check("monitor.agent.extraEnv: appended to the agent container's env after the chart's own", agent_extra_env)
+    check("the agent reads the chart's MutatingWebhookConfiguration (flag, RBAC for that one object) and namespaces",
+          agent_reads_the_webhook_configuration)
+    check("Go chart defaults: accepted, with their meaning (image, libsync, Service, quota, monitor on 9394)", go_chart_values_mean_what_they_meant)
+    check("seed install: --set monitor.enabled=true --set monitor.serviceMonitor.enabled=true, with and without the Prometheus Operator", seed_install_commands)
+    check("Go keys: name/namespace overrides, pull secrets, registry precedence, rbac.create=false, service, podLabels", go_overrides)
+    check("webhook PDB: maxUnavailable, then minAvailable, then 1 (Go precedence)", pdb_precedence)
+    check("cert-manager ClusterIssuer; tls.patch accepted", cert_manager_cluster_issuer)
+    check("webhook scoping values add to ours, never replace them", webhook_scoping)
+    check("opt-out only in admin-labelled namespaces: two webhooks, complementary on the label; none without it", webhook_opt_out_gate)
+    check("hostile-tenant settings reach the webhook: tenantEnv and the size/load limits", webhook_hostile_tenant_settings)
+    check("webhook pods go on serving, unready, for shutdownDelaySeconds after SIGTERM, within their grace period", webhook_shutdown_delay)
+    check("failurePolicy: Fail where matchConditions scope it to sharing pods, Ignore where the API lacks them, explicit values win", failure_policy)
+    check("node guard: a fail-closed validating webhook for the agent's evictions and Events on 1.30+, with the webhook's token and get pods", node_guard)
+    check("GKE: host paths, affinity, ResourceQuota for system-node-critical, NVML from the host", gke)
+    check("priority-class ResourceQuota only outside kube-system and only for critical classes", priority_quota_only_where_needed)
+    check("monitor.isolation.enforce: flag follows the value, eviction RBAC only with evict", enforcement)
+    check("stream and connection limits render as the agent's and aggregator's flags", stream_limits)
+    check("libraryDelivery=csi (default): CSIDriver, the node DaemonSet's privileged csi container, its mounts and probes, the webhook's env", csi_delivery_by_default)
+    check("csi.kubeletDir, healthPort and logLevel reach the plugin's mounts and flags", csi_kubelet_dir)
+    check("libraryDelivery=hostPath: no CSIDriver, no csi container, nothing privileged, the webhook told so", host_path_delivery)
+    check("NOTES name the delivery and the Pod Security level it needs", notes_name_the_delivery)
+    check("access control by default: --auth=kubernetes, /metrics by RBAC on agents and aggregator, system:auth-delegator for both, vgpu-view aggregated into view/edit/admin, metrics-reader", access_defaults)
+    check("service proxy: every authenticated user may GET the aggregator's HTTP port through the API server (it checks tokens itself); not with mode none", access_service_proxy)
+    check("auth modes: none / metrics none / agent metrics none render their flags and drop the review rights; audiences and cache settings follow the values", access_modes)
+    check("rbac.aggregateToDefaultRoles=false keeps an unaggregated vgpu-view; monitor.metricsReaders bind metrics-reader", access_roles_and_readers)
+    check("ServiceMonitors send Prometheus' token (bearerTokenFile, or monitor.serviceMonitor.authorization) exactly where the target checks it", service_monitor_sends_tokens)
+    check("NOTES show the token on every curl while access control is on, none when off", notes_say_how_to_authenticate)
+    check("networkPolicy.enabled: ingress-only policies selecting the webhook, the agents (gRPC from the aggregator only, metrics from Prometheus) and the aggregator (open by default); none unless enabled", network_policies_default)
+    check("networkPolicy from-lists narrow each port (ci/network-policy-values.yaml); ports follow the values; without the monitor only what runs", network_policies_narrowed)
+    check("rbac.create=false: docs/migration.md names every rule rbac.create=true grants, per ServiceAccount (and the proxy's group)", rbac_false_documented)
+    check("kubectl vgpu's selector finds the aggregator Service, and only it, whatever nameOverride/fullnameOverride", kubectl_vgpu_finds_the_aggregator)
+    check("monitor.metricsPort moves the node agent's port as in the Go chart; nodeMetricsPort wins; aggregator.httpPort moves the aggregator", metrics_port_means_what_it_meant)
+    check("helm upgrade --reuse-values from a release without monitor.aggregator.httpPort: the aggregator, its Service and NetworkPolicy stay on 9394", aggregator_port_survives_reuse_values)
+    check("docs/migration.md says /metrics needs a token by default and how to restore anonymous reads", migration_says_metrics_need_a_token)
+    check("helm upgrade --reuse-values from a Go chart release renders what -f <Go values> renders, with our image (values-defaults.yaml, packaged too)", go_release_reuse_values)
+    check("the webhook's rollout keeps a serving pod (maxUnavailable 0, minReadySeconds); Service, PDB, affinity, NetworkPolicy select its pods; fresh install: our Secret and entries", webhook_rollout_never_empty)
+    check("docs/migration.md: moving a Go release in place and back (commands, Secrets, rollout, scrape jobs, what not to do)", migration_documents_the_move)
+    check("schema rejects an unknown top-level key", rejects("replicas=2"))
+    check("schema rejects a wrong type", rejects("webhook.replicaCount=two"))
+    check("schema rejects an unknown failurePolicy", rejects("webhook.failurePolicy=Maybe"))
+    check("schema rejects keeping the tenant's env", rejects("webhook.tenantEnv=keep"))
+    check("schema rejects an opt-out label that is no key=value", rejects("webhook.optOutNamespaceLabel=allow-opt-out"))
+    check("schema rejects a body limit under 1 MiB", rejects("webhook.limits.maxBodyBytes=1024"))
+    check("schema rejects an unknown key under webhook.limits", rejects("webhook.limits.maxBody=1"))
+    check("schema rejects a relative containerVgpuMount", rejects("paths.containerVgpuMount=usr/local/vgpu"))
+    check("schema rejects an unknown key under monitor", rejects("monitor.enable=true"))
+    check("schema rejects an unknown monitor.isolation.enforce mode", rejects("monitor.isolation.enforce=kill"))
+    check("schema rejects a near-cap percent over 100", rejects("monitor.isolation.nearCapPercent=150"))
+    check("NOTES warn when Go's unread hostInstallBase default would put libsync on /usr/local", go_gke_paths_warn)
+    check("schema rejects an unknown key under librarySync", rejects("librarySync.nodeSelectr.a=b"))
+    check("schema rejects an unknown key under monitor.service", rejects("monitor.service.prt=1"))
+    check("schema rejects an unknown key under tls.patch", rejects("tls.patch.enable=true"))
+    check("schema rejects a relative hostInstallBase", rejects("paths.hostInstallBase=home/kubernetes"))
+    check("schema rejects an updateInterval that is no duration", rejects("monitor.updateInterval=often"))
+    check("schema rejects a watch-stream limit of 0", rejects("monitor.agent.limits.maxWatchStreams=0"))
+    check("schema rejects an unknown key under monitor.aggregator.limits", rejects("monitor.aggregator.limits.maxStreams=1"))
+    check("schema rejects an unknown libraryDelivery", rejects("libraryDelivery=emptyDir"))
+    check("schema rejects libraryDelivery spelled otherwise than the webhook's flag", rejects("libraryDelivery=hostpath"))
+    check("schema rejects a relative csi.kubeletDir", rejects("csi.kubeletDir=var/lib/kubelet"))
+    check("schema rejects an unknown key under csi", rejects("csi.kubeletdir=/var/lib/kubelet"))
+    check("schema rejects an unknown auth mode", rejects("monitor.aggregator.auth.mode=oidc"))
+    check("schema rejects an unknown aggregator metrics auth", rejects("monitor.aggregator.auth.metrics=open"))
+    check("schema rejects an unknown agent metrics auth", rejects("monitor.agent.auth.metrics=anonymous"))
+    check("schema rejects an unknown key under monitor.aggregator.auth", rejects("monitor.aggregator.auth.ttl=5"))
+    check("schema rejects a cache of 0 entries", rejects("monitor.aggregator.auth.cacheEntries=0"))
+    check("schema rejects a cache TTL over an hour", rejects("monitor.aggregator.auth.cacheTTLSeconds=3601"))
+    check("schema rejects an audience with a comma (the flag's separator)", rejects("monitor.aggregator.auth.audiences[0]=a\\,b"))
+    check("schema rejects a ServiceAccount metrics reader without a namespace", rejects("monitor.metricsReaders[0].kind=ServiceAccount", "monitor.metricsReaders[0].name=prometheus"))
+    check("schema rejects a metrics reader of an unknown kind", rejects("monitor.metricsReaders[0].kind=Robot", "monitor.metricsReaders[0].name=r2"))
+    check("schema rejects an empty networkPolicy.prometheus.from (every source: [{namespaceSelector: {}}])", rejects_json("networkPolicy.prometheus.from", "[]"))
+    check("schema rejects an unknown key under networkPolicy", rejects("networkPolicy.enable=true"))
+    check("schema rejects a NetworkPolicy peer that is none", rejects("networkPolicy.webhook.from[0].pods.a=b"))
+    return found
+
+
+def pytest_generate_tests(metafunc):
+    if "case" in metafunc.fixturenames:
+        found = cases()
+        metafunc.parametrize("case", [fn for _, fn in found], ids=[name for name, _ in found])
+
+
+def test(case):
+    case()

@@ -1,44 +1,29 @@
-#!/usr/bin/env python3
 """The chart's Grafana dashboard ConfigMap and PrometheusRule: rendered only
 when asked (dashboard) or when the cluster serves the CRD (rule), carrying
 files/dashboard.json and files/alerts.yaml unchanged; every alert has a
 summary, a description and a runbook anchor that docs/isolation.md has.
 
-Usage: observability_test.py HELM_BINARY
+Usage: pytest chart/kai-resource-isolator/tests/observability_test.py [-k WORDS]
+(helm: $HELM, else the one .ci/run caches; see kind-tests/kaitest/chart.py)
 """
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 
+import pytest
 import yaml
+
+from kaitest.chart import helm_binary, template as render
+
+pytestmark = pytest.mark.chart
 
 CHART = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(CHART, "..", "..", "docs", "isolation.md")
-HELM = sys.argv[1] if len(sys.argv) > 1 else "helm"
 RULE_API = "monitoring.coreos.com/v1/PrometheusRule"
 MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
-passed, failed = 0, []
-
-
-def check(name, fn):
-    global passed
-    try:
-        fn()
-        passed += 1
-        print(f"ok   {name}")
-    except AssertionError as e:
-        failed.append(name)
-        print(f"FAIL {name}: {e}")
-
-
-def render(*extra):
-    r = subprocess.run([HELM, "template", "kai", CHART, "-n", "kai-system", *extra], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return [d for d in yaml.safe_load_all(r.stdout) if d]
 
 
 def named(docs, kind):
@@ -174,18 +159,36 @@ def units_match_the_series():
 
 
 def schema_rejects_unknown():
-    r = subprocess.run([HELM, "template", "kai", CHART, "--set", "observability.grafanaDashbord.enabled=true"],
+    r = subprocess.run([helm_binary(), "template", "kai", CHART, "--set", "observability.grafanaDashbord.enabled=true"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "schema" in r.stderr.lower(), r.stderr[:300]
 
 
-check("observability: nothing rendered by default", off_by_default)
-check("observability: dashboard ConfigMap for the Grafana sidecar, files/dashboard.json verbatim", dashboard_configmap)
-check("observability: PrometheusRule only with the CRD, files/alerts.yaml verbatim", rule_with_crd)
-check("observability: with the aggregator's ServiceMonitor, KaiAggregatorTargetMissing on its target (promtool)",
-      target_missing_rule)
-check("observability: every alert has a summary, description and runbook anchor in docs/isolation.md", alerts_documented)
-check("observability: dashboard units match the series (utilization in percent 0-100)", units_match_the_series)
-check("observability: schema rejects a misspelt key", schema_rejects_unknown)
-print(f"\n{passed} passed, {len(failed)} failed")
-sys.exit(1 if failed else 0)
+# --- the cases, in the order they ran as a script --------------------------
+
+def cases():
+    """(name, function) of every check: pytest's ids, in the old output's order."""
+    found = []
+
+    def check(name, fn):
+        found.append((name, fn))
+
+    check("observability: nothing rendered by default", off_by_default)
+    check("observability: dashboard ConfigMap for the Grafana sidecar, files/dashboard.json verbatim", dashboard_configmap)
+    check("observability: PrometheusRule only with the CRD, files/alerts.yaml verbatim", rule_with_crd)
+    check("observability: with the aggregator's ServiceMonitor, KaiAggregatorTargetMissing on its target (promtool)",
+          target_missing_rule)
+    check("observability: every alert has a summary, description and runbook anchor in docs/isolation.md", alerts_documented)
+    check("observability: dashboard units match the series (utilization in percent 0-100)", units_match_the_series)
+    check("observability: schema rejects a misspelt key", schema_rejects_unknown)
+    return found
+
+
+def pytest_generate_tests(metafunc):
+    if "case" in metafunc.fixturenames:
+        found = cases()
+        metafunc.parametrize("case", [fn for _, fn in found], ids=[name for name, _ in found])
+
+
+def test(case):
+    case()
