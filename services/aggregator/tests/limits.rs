@@ -5,7 +5,6 @@
 //! stream makes room; a scraper that stops reading is cut off after
 //! `--http-idle-timeout-seconds` and its page's place given back.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,8 +16,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-/// Generous bound on anything awaited here; it only fails a stuck test.
-const PATIENCE: Duration = Duration::from_secs(15);
+use kai_runtime::test_support::{PATIENCE, series_value, until};
 
 struct Server {
     addr: SocketAddr,
@@ -64,23 +62,8 @@ async fn serve(cluster: Cluster, limits: kai_aggregator::AggregatorLimits) -> Se
 fn refusals(server: &Server, stream: &str) -> f64 {
     let mut out = String::new();
     kai_aggregator::metrics::render(&[], server.cluster.health(), &mut out);
-    let prefix = format!("kai_aggregator_stream_refusals_total{{stream=\"{stream}\"}} ");
-    out.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .unwrap_or_else(|| panic!("{prefix} in\n{out}"))
-        .parse()
-        .expect("a number")
-}
-
-/// Waits (bounded) until `check` holds.
-async fn until<F: Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
-    tokio::time::timeout(PATIENCE, async {
-        while !check().await {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+    let series = format!("kai_aggregator_stream_refusals_total{{stream=\"{stream}\"}}");
+    series_value(&out, &series).unwrap_or_else(|| panic!("{series} in\n{out}"))
 }
 
 /// A whole response to `GET path` on a fresh connection.

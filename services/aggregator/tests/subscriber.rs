@@ -11,6 +11,7 @@ use kai_aggregator::cluster::{Cluster, Link, NodeEntry};
 use kai_aggregator::subscriber::{self, Settings};
 use kai_proto::v1 as pb;
 use kai_proto::v1::vgpu_node_server::{VgpuNode, VgpuNodeServer};
+use kai_runtime::test_support::until_watched;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -129,26 +130,15 @@ impl Subscribed {
     }
 
     /// Waits (on the cluster's change counter, not on time) until `done`
-    /// holds for the node; a generous bound keeps a broken build from
-    /// hanging.
+    /// holds for the node.
     async fn until(&self, done: impl Fn(&NodeEntry) -> bool) {
-        let mut changes = self.cluster.subscribe();
-        let reached = async {
-            loop {
-                if self
-                    .cluster
-                    .snapshot()
-                    .iter()
-                    .any(|n| n.endpoint == self.endpoint && done(n))
-                {
-                    return;
-                }
-                changes.changed().await.expect("cluster alive");
-            }
+        let reached = |_: &u64| {
+            self.cluster
+                .snapshot()
+                .iter()
+                .any(|n| n.endpoint == self.endpoint && done(n))
         };
-        tokio::time::timeout(Duration::from_secs(60), reached)
-            .await
-            .expect("the node reached the state");
+        until_watched(&mut self.cluster.subscribe(), "the node's state", reached).await;
     }
 
     fn node(&self) -> NodeEntry {

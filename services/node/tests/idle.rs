@@ -54,10 +54,9 @@ async fn start(containers: &Path, scan_interval: Duration) -> (agent::Running, C
 }
 
 fn scans_in_metrics(text: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix("kai_node_agent_scans_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("kai_node_agent_scans_total exported")
+    let scans = kai_runtime::test_support::series_value(text, "kai_node_agent_scans_total");
+    // A counter's value: a whole number, far below 2^53.
+    scans.expect("kai_node_agent_scans_total exported") as u64
 }
 
 #[tokio::test]

@@ -5,13 +5,12 @@
 
 use std::ffi::OsStr;
 use std::path::Path;
-use std::time::Duration;
 
-use futures_util::StreamExt;
 use kai_fake_nvml::{Config, Device, Process};
 use kai_proto::v1 as pb;
 use kai_proto::v1::vgpu_node_client::VgpuNodeClient;
 use kai_region::writer::{RegionBuilder, UsageSpec};
+use kai_runtime::test_support::until_next;
 use pb::IsolationState as State;
 
 mod support;
@@ -59,17 +58,10 @@ async fn until(
     what: &str,
     done: impl Fn(&pb::ContainersUpdate) -> bool,
 ) -> pb::ContainersUpdate {
-    tokio::time::timeout(Duration::from_secs(20), async {
-        while let Some(update) = stream.next().await {
-            let update = update.expect("update");
-            if done(&update) {
-                return update;
-            }
-        }
-        panic!("stream ended before: {what}");
-    })
-    .await
-    .unwrap_or_else(|_| panic!("timed out waiting for: {what}"))
+    let update = until_next(stream, what, |update| {
+        update.as_ref().map_or(true, |update| done(update))
+    });
+    update.await.expect("update")
 }
 
 fn state_of(update: &pb::ContainersUpdate, uid: &str) -> Option<State> {

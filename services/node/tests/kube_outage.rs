@@ -5,7 +5,6 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
@@ -13,6 +12,7 @@ use kai_node::agent::model::PodSourceStatus;
 use kai_node::agent::state::NodeState;
 use kai_node::agent::{self, Config, PodsConfig};
 use kai_region::writer::{RegionBuilder, UsageSpec};
+use kai_runtime::test_support::until_watched;
 use kube::client::Body;
 use serde_json::json;
 use tokio::sync::watch;
@@ -90,17 +90,6 @@ fn scripted_api(script: Script) -> (kube::Client, tokio::task::JoinHandle<()>) {
     (kube::Client::new(service, "default"), server)
 }
 
-async fn until(
-    state: &mut watch::Receiver<Arc<NodeState>>,
-    what: &str,
-    f: impl Fn(&NodeState) -> bool,
-) {
-    tokio::time::timeout(Duration::from_secs(30), state.wait_for(|s| f(s)))
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for: {what}"))
-        .expect("agent running");
-}
-
 fn named(state: &NodeState) -> bool {
     state
         .containers
@@ -143,7 +132,7 @@ async fn the_agent_serves_through_api_server_outages_and_recovers() {
     let mut state = running.state.clone();
 
     // Down at start: regions are served, unnamed, and the join is not ready.
-    until(&mut state, "a scan while the API server is down", |s| {
+    until_watched(&mut state, "a scan while the API server is down", |s| {
         s.scanned && s.containers.len() == 1
     })
     .await;
@@ -159,14 +148,14 @@ async fn the_agent_serves_through_api_server_outages_and_recovers() {
     );
 
     up_tx.send_replace(true);
-    until(&mut state, "the pod list", |s| {
+    until_watched(&mut state, "the pod list", |s| {
         s.kube_status == PodSourceStatus::Ready && named(s)
     })
     .await;
 
     // Mid-run outage: what was known is kept; the join says so.
     outage_tx.send_replace(true);
-    until(&mut state, "the outage noticed", |s| {
+    until_watched(&mut state, "the outage noticed", |s| {
         s.kube_status == PodSourceStatus::Reconnecting
     })
     .await;
@@ -192,7 +181,7 @@ async fn the_agent_serves_through_api_server_outages_and_recovers() {
     }
 
     recover_tx.send_replace(true);
-    until(&mut state, "recovery", |s| {
+    until_watched(&mut state, "recovery", |s| {
         s.kube_status == PodSourceStatus::Ready && named(s)
     })
     .await;

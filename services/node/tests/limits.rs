@@ -4,7 +4,6 @@
 //! each refusal counted; a closed stream makes room; an HTTP connection
 //! that makes no progress is closed after `--http-idle-timeout-seconds`.
 
-use std::future::Future;
 use std::time::Duration;
 
 use kai_node::agent::{self, AgentLimits, Config, PodsConfig};
@@ -15,10 +14,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 mod support;
+use kai_runtime::test_support::{PATIENCE, series_value, until};
 use support::http_get;
-
-/// Generous bound on anything awaited here; it only fails a stuck test.
-const PATIENCE: Duration = Duration::from_secs(15);
 
 struct Agent {
     _root: tempfile::TempDir,
@@ -56,24 +53,8 @@ async fn start(limits: AgentLimits) -> Agent {
 /// The value of the series `name{stream="…"}` on the agent's page.
 async fn series(agent: &Agent, name: &str, stream: &str) -> f64 {
     let page = http_get(agent.running.metrics_addr, "/metrics").await;
-    let prefix = format!("{name}{{stream=\"{stream}\"}} ");
-    page.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .unwrap_or_else(|| panic!("{prefix} on\n{page}"))
-        .parse()
-        .expect("a number")
-}
-
-/// Waits (bounded) until `check` holds, re-checking after each event loop
-/// turn; the agent's task ends a stream as soon as it sees the reset.
-async fn until<F: Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
-    tokio::time::timeout(PATIENCE, async {
-        while !check().await {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+    let series = format!("{name}{{stream=\"{stream}\"}}");
+    series_value(&page, &series).unwrap_or_else(|| panic!("{series} on\n{page}"))
 }
 
 async fn watch(

@@ -15,6 +15,8 @@ pub mod net;
 pub mod procstat;
 pub mod shutdown;
 pub mod telemetry;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 pub mod tls;
 pub mod watch;
 

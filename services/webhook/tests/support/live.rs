@@ -102,13 +102,7 @@ pub fn gpu_review(uid: &str) -> Bytes {
 
 /// Value of one series in Prometheus text (0 when absent).
 pub fn sample(metrics: &str, series: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix(series)
-                .and_then(|rest| rest.trim().parse().ok())
-        })
-        .unwrap_or(0.0)
+    kai_runtime::test_support::series_value(metrics, series).unwrap_or(0.0)
 }
 
 pub async fn scrape(client: &mut Client) -> String {
