@@ -7,3 +7,15 @@ def named(name):
     printed before pytest: `-k` selects on its words. The test takes a
     `check` argument (the name)."""
     return pytest.mark.parametrize("check", [name], ids=[name])
+
+
+def generate(cases):
+    """A module's `pytest_generate_tests` hook for a table of checks:
+    `cases(check)` calls `check(name, function)` for each, in order; every
+    test taking a `case` argument runs once per check, its id the name."""
+    def pytest_generate_tests(metafunc):
+        if "case" in metafunc.fixturenames:
+            found = []
+            cases(lambda name, fn: found.append((name, fn)))
+            metafunc.parametrize("case", [fn for _, fn in found], ids=[name for name, _ in found])
+    return pytest_generate_tests

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from kaitest.chart import helm, template
+from kaitest.checks import generate
 
 pytestmark = pytest.mark.chart
 
@@ -1627,13 +1628,8 @@ def rejects_json(key, value):
 
 # --- the cases, in the order they ran as a script --------------------------
 
-def cases():
-    """(name, function) of every check: pytest's ids, in the old output's order."""
-    found = []
-
-    def check(name, fn):
-        found.append((name, fn))
-
+def cases(check):
+    """check(name, function) of every check, in the order they ran as a script."""
     for s in scenarios():
         check(f"lint --strict {s}", lint(s))
         if not skip_schema():  # the Nix check has no kubernetes-validate
@@ -1731,13 +1727,9 @@ def cases():
     check("schema rejects an empty networkPolicy.prometheus.from (every source: [{namespaceSelector: {}}])", rejects_json("networkPolicy.prometheus.from", "[]"))
     check("schema rejects an unknown key under networkPolicy", rejects("networkPolicy.enable=true"))
     check("schema rejects a NetworkPolicy peer that is none", rejects("networkPolicy.webhook.from[0].pods.a=b"))
-    return found
 
 
-def pytest_generate_tests(metafunc):
-    if "case" in metafunc.fixturenames:
-        found = cases()
-        metafunc.parametrize("case", [fn for _, fn in found], ids=[name for name, _ in found])
+pytest_generate_tests = generate(cases)
 
 
 def test(case):

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from kaitest.chart import helm_binary, template as render
+from kaitest.checks import generate
 
 pytestmark = pytest.mark.chart
 
@@ -114,7 +115,7 @@ def target_missing_rule():
 
     # It fires once the target has been gone for 10 minutes, not while it is
     # there, down or not (KaiAggregatorDown's case). promtool comes with
-    # Debian's prometheus (kind-tests/see.sh installs it).
+    # Debian's prometheus (kind-tests/test_see.py installs it; .ci/run runs it first).
     promtool = shutil.which("promtool")
     assert promtool, "promtool not found (Debian package prometheus)"
     with tempfile.TemporaryDirectory() as tmp:
@@ -166,13 +167,8 @@ def schema_rejects_unknown():
 
 # --- the cases, in the order they ran as a script --------------------------
 
-def cases():
-    """(name, function) of every check: pytest's ids, in the old output's order."""
-    found = []
-
-    def check(name, fn):
-        found.append((name, fn))
-
+def cases(check):
+    """check(name, function) of every check, in the order they ran as a script."""
     check("observability: nothing rendered by default", off_by_default)
     check("observability: dashboard ConfigMap for the Grafana sidecar, files/dashboard.json verbatim", dashboard_configmap)
     check("observability: PrometheusRule only with the CRD, files/alerts.yaml verbatim", rule_with_crd)
@@ -181,13 +177,9 @@ def cases():
     check("observability: every alert has a summary, description and runbook anchor in docs/isolation.md", alerts_documented)
     check("observability: dashboard units match the series (utilization in percent 0-100)", units_match_the_series)
     check("observability: schema rejects a misspelt key", schema_rejects_unknown)
-    return found
 
 
-def pytest_generate_tests(metafunc):
-    if "case" in metafunc.fixturenames:
-        found = cases()
-        metafunc.parametrize("case", [fn for _, fn in found], ids=[name for name, _ in found])
+pytest_generate_tests = generate(cases)
 
 
 def test(case):
