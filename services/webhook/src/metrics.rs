@@ -7,10 +7,11 @@
 use std::time::Duration;
 
 use kai_exposition::{Counter, Gauge, Histogram, Recorder, Unit};
+use strum::IntoEnumIterator;
 use tokio_util::sync::CancellationToken;
 
 use crate::outcome::Outcome;
-use crate::review::{BadRequest, Reviewed};
+use crate::review::{BadRequest, BadRequestKind, Reviewed};
 
 const REVIEW_DURATION: &str = "kai_webhook_admission_review_duration_seconds";
 
@@ -81,10 +82,7 @@ impl Default for Metrics {
                     "Admission reviews answered, by decision.",
                     "decision",
                 ),
-                Outcome::ALL
-                    .map(Outcome::label)
-                    .into_iter()
-                    .chain(["bad_request"]),
+                Outcome::iter().map(Outcome::label).chain(["bad_request"]),
             ),
             bad_requests: family(
                 (
@@ -92,7 +90,7 @@ impl Default for Metrics {
                     "Malformed admission requests answered with HTTP 400, by reason.",
                     "reason",
                 ),
-                &BadRequest::LABELS,
+                &BadRequestKind::iter().map(<&str>::from).collect::<Vec<_>>(),
             ),
             duration: recorder.histogram(
                 REVIEW_DURATION,
@@ -140,7 +138,7 @@ impl Default for Metrics {
                 ),
                 ["in_flight_bytes", "body_timeout"]
                     .into_iter()
-                    .chain(kai_runtime::https::Shed::ALL.map(kai_runtime::https::Shed::as_str)),
+                    .chain(kai_runtime::https::Shed::iter().map(kai_runtime::https::Shed::as_str)),
             ),
             opt_out_ignored: recorder.counter(
                 "kai_webhook_opt_out_ignored_total",
@@ -273,7 +271,7 @@ mod tests {
     fn every_connection_shed_has_its_series() {
         let m = Metrics::default();
         let page = m.render();
-        for reason in kai_runtime::https::Shed::ALL {
+        for reason in kai_runtime::https::Shed::iter() {
             let line = format!(
                 "kai_webhook_shed_total{{reason=\"{}\"}} 0\n",
                 reason.as_str()
@@ -285,12 +283,12 @@ mod tests {
     #[test]
     fn decisions_follow_the_outcomes() {
         let m = Metrics::default();
-        for outcome in Outcome::ALL {
+        for outcome in Outcome::iter() {
             m.record(outcome, Duration::ZERO);
         }
         m.record_guard(true);
         let page = m.render();
-        for decision in Outcome::ALL.map(Outcome::label) {
+        for decision in Outcome::iter().map(Outcome::label) {
             let line =
                 format!("kai_webhook_admission_reviews_total{{decision=\"{decision}\"}} 1\n");
             assert!(page.contains(&line), "{line} in\n{page}");

@@ -1,10 +1,11 @@
 //! How a review ended, as one closed set: the `decision` label of
 //! `kai_webhook_admission_reviews_total` and of the review log line.
 
-/// How a review ended. [`Outcome::ALL`] is the list the metrics register
-/// up front, so a new outcome cannot be counted under a label nobody
-/// registered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How a review ended. Its variants are the list the metrics register up
+/// front (`Outcome::iter()`), so a new outcome cannot be counted under a
+/// label nobody registered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::EnumIter, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum Outcome {
     Injected,
     AlreadyInjected,
@@ -17,43 +18,34 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// Every outcome, in the order of their discriminants.
-    pub const ALL: [Self; 7] = [
-        Self::Injected,
-        Self::AlreadyInjected,
-        Self::NotGpuSharing,
-        Self::OptedOut,
-        Self::NoContainers,
-        Self::Denied,
-        Self::PassThrough,
-    ];
-
-    /// Stable label for metrics and logs.
-    pub const fn label(self) -> &'static str {
-        match self {
-            Self::Injected => "injected",
-            Self::AlreadyInjected => "already_injected",
-            Self::NotGpuSharing => "not_gpu_sharing",
-            Self::OptedOut => "opted_out",
-            Self::NoContainers => "no_containers",
-            Self::Denied => "denied",
-            Self::PassThrough => "pass_through",
-        }
+    /// Stable label for metrics and logs: the variant in snake case.
+    pub fn label(self) -> &'static str {
+        self.into()
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use strum::IntoEnumIterator;
+
     use super::Outcome;
 
+    /// The labels are what dashboards and alerts select on: a renamed
+    /// variant must not rename its series unnoticed.
     #[test]
-    fn all_lists_each_outcome_at_its_discriminant() {
-        for (i, outcome) in Outcome::ALL.into_iter().enumerate() {
-            assert_eq!(outcome as usize, i, "{}", outcome.label());
-        }
-        let mut labels: Vec<_> = Outcome::ALL.map(Outcome::label).to_vec();
-        labels.sort_unstable();
-        labels.dedup();
-        assert_eq!(labels.len(), Outcome::ALL.len(), "labels must be distinct");
+    fn the_decision_labels_stay_what_dashboards_select() {
+        let labels: Vec<_> = Outcome::iter().map(Outcome::label).collect();
+        assert_eq!(
+            labels,
+            [
+                "injected",
+                "already_injected",
+                "not_gpu_sharing",
+                "opted_out",
+                "no_containers",
+                "denied",
+                "pass_through"
+            ]
+        );
     }
 }

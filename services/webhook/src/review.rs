@@ -21,8 +21,14 @@ use crate::pod::Pod;
 /// How far into a body [`uid_in_prefix`] looks.
 pub const UID_PREFIX_BYTES: usize = 4096;
 
-/// Why a body could not be reviewed.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+/// Why a body could not be reviewed. `BadRequestKind` is the same without
+/// the details: the label set of the metrics.
+#[derive(Debug, thiserror::Error, PartialEq, Eq, strum::EnumDiscriminants)]
+#[strum_discriminants(
+    name(BadRequestKind),
+    derive(strum::EnumIter, strum::IntoStaticStr),
+    strum(serialize_all = "snake_case")
+)]
 pub enum BadRequest {
     #[error("request body exceeds the webhook's limit")]
     TooLarge,
@@ -43,28 +49,10 @@ pub enum BadRequest {
 }
 
 impl BadRequest {
-    /// Every [`label`](Self::label), the `reason` values the metrics list.
-    pub const LABELS: [&'static str; 7] = [
-        "too_large",
-        "not_json",
-        "wrong_kind",
-        "no_request",
-        "not_a_pod",
-        "no_object",
-        "invalid_pod",
-    ];
-
-    /// Stable label for metrics.
+    /// Stable label for metrics: the variant in snake case. Every label,
+    /// the `reason` values the metrics list, is `BadRequestKind::iter()`.
     pub fn label(&self) -> &'static str {
-        match self {
-            Self::TooLarge => "too_large",
-            Self::NotJson(_) => "not_json",
-            Self::WrongKind { .. } => "wrong_kind",
-            Self::NoRequest => "no_request",
-            Self::NotAPod(_) => "not_a_pod",
-            Self::NoObject => "no_object",
-            Self::InvalidPod(_) => "invalid_pod",
-        }
+        BadRequestKind::from(self).into()
     }
 }
 
@@ -199,7 +187,7 @@ pub fn review_with(
             && !matches!(decision, Decision::NotSharing { .. });
         match decision {
             Decision::Inject { target, patch } => {
-                if !patch.remove_env.is_empty() {
+                if patch.removes_tenant_env() {
                     reviewed.tenant_env = Some("replaced");
                 }
                 response = response.with_patch(patch.operations(&target, cfg)?)?;

@@ -27,7 +27,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Why a new connection was not let in, or what was done to let it in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::EnumIter, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum Shed {
     /// Every connection is busy: the new one is closed at once.
     Connections,
@@ -38,20 +39,10 @@ pub enum Shed {
 }
 
 impl Shed {
-    /// Every reason, for services that list their metric labels up front.
-    pub const ALL: [Shed; 3] = [
-        Shed::Connections,
-        Shed::ClientConnections,
-        Shed::IdleConnection,
-    ];
-
-    /// The metric label value for this reason.
+    /// The metric label value for this reason (the variant in snake case;
+    /// services list every one up front with `Shed::iter()`).
     pub fn as_str(self) -> &'static str {
-        match self {
-            Shed::Connections => "connections",
-            Shed::ClientConnections => "client_connections",
-            Shed::IdleConnection => "idle_connection",
-        }
+        self.into()
     }
 }
 
@@ -245,7 +236,19 @@ impl Slots {
 
 #[cfg(test)]
 mod tests {
+    use strum::IntoEnumIterator;
+
     use super::*;
+
+    /// The `reason` values of the services' `shed_total` series.
+    #[test]
+    fn shed_labels_stay_what_dashboards_select() {
+        let labels: Vec<_> = Shed::iter().map(Shed::as_str).collect();
+        assert_eq!(
+            labels,
+            ["connections", "client_connections", "idle_connection"]
+        );
+    }
 
     fn ip(last: u8) -> IpAddr {
         IpAddr::from([10, 0, 0, last])

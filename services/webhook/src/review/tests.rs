@@ -55,7 +55,23 @@ fn every_label_is_listed() {
         BadRequest::NoObject,
         BadRequest::InvalidPod(String::new()),
     ];
-    assert_eq!(every.map(|e| e.label()), BadRequest::LABELS);
+    let listed: Vec<&str> = <super::BadRequestKind as strum::IntoEnumIterator>::iter()
+        .map(<&str>::from)
+        .collect();
+    assert_eq!(every.map(|e| e.label()).to_vec(), listed);
+    // What dashboards and alerts select on.
+    assert_eq!(
+        listed,
+        [
+            "too_large",
+            "not_json",
+            "wrong_kind",
+            "no_request",
+            "not_a_pod",
+            "no_object",
+            "invalid_pod"
+        ]
+    );
 }
 
 #[test]
