@@ -3,10 +3,10 @@
 //! checked, TLS, and the bounds on what clients may hold.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use kai_runtime::limit::ServeBounds;
-use kai_runtime::tls::{Flag, TlsArgs, TlsFlagNames, TlsFlags};
 
 use crate::{AggregatorError, subscriber};
 
@@ -69,10 +69,10 @@ pub struct Args {
     #[command(flatten)]
     pub access: kai_access::AccessArgs,
     #[command(flatten)]
-    pub agent_tls: TlsArgs<AgentTlsFlags>,
+    pub agent_tls: AgentTlsArgs,
     /// HTTPS on the HTTP port, and client certificates as identities.
     #[command(flatten)]
-    pub http_tls: TlsArgs<HttpTlsFlags>,
+    pub http_tls: HttpTlsArgs,
     #[command(flatten)]
     pub log: kai_runtime::telemetry::LogArgs,
 }
@@ -131,71 +131,76 @@ impl Default for AggregatorLimits {
     }
 }
 
-/// TLS towards the agents (`--agent-tls-*`).
-#[derive(Clone, Copy, Debug)]
-pub struct AgentTlsFlags;
-
-impl TlsFlagNames for AgentTlsFlags {
-    const FLAGS: TlsFlags = TlsFlags {
-        cert: Flag {
-            long: "agent-tls-cert-file",
-            env: "AGENT_TLS_CERT_FILE",
-            help: "Client certificate for agents that require one (mutual TLS).",
-            default: None,
-        },
-        key: Flag {
-            long: "agent-tls-key-file",
-            env: "AGENT_TLS_KEY_FILE",
-            help: "Private key of the client certificate.",
-            default: None,
-        },
-        ca: Some(Flag {
-            long: "agent-tls-ca-file",
-            env: "AGENT_TLS_CA_FILE",
-            help: "CA bundle of the agents' gRPC certificates: connect with TLS.",
-            default: None,
-        }),
-        reload_fallback_seconds: None,
-        server_name: Some(Flag {
-            long: "agent-tls-server-name",
-            env: "AGENT_TLS_SERVER_NAME",
-            help: "Name verified in the agents' certificates.",
-            default: Some("kai-node-agent"),
-        }),
-        client: true,
-    };
+/// TLS towards the agents (`--agent-tls-*`); ids spelled as the flags,
+/// so `requires` names them.
+#[derive(Clone, Debug, clap::Args)]
+pub struct AgentTlsArgs {
+    /// Client certificate for agents that require one (mutual TLS).
+    #[arg(long, env = "AGENT_TLS_CERT_FILE", value_name = "AGENT_TLS_CERT_FILE",
+          requires_all = ["agent_tls_key_file", "agent_tls_ca_file"])]
+    pub agent_tls_cert_file: Option<PathBuf>,
+    /// Private key of the client certificate.
+    #[arg(
+        long,
+        env = "AGENT_TLS_KEY_FILE",
+        value_name = "AGENT_TLS_KEY_FILE",
+        requires = "agent_tls_cert_file"
+    )]
+    pub agent_tls_key_file: Option<PathBuf>,
+    /// CA bundle of the agents' gRPC certificates: connect with TLS.
+    #[arg(long, env = "AGENT_TLS_CA_FILE", value_name = "AGENT_TLS_CA_FILE")]
+    pub agent_tls_ca_file: Option<PathBuf>,
+    /// Name verified in the agents' certificates.
+    #[arg(
+        long,
+        env = "AGENT_TLS_SERVER_NAME",
+        value_name = "AGENT_TLS_SERVER_NAME",
+        default_value = "kai-node-agent"
+    )]
+    pub agent_tls_server_name: String,
 }
 
-/// TLS on the HTTP port (`--tls-*`, `--client-ca-file`).
-#[derive(Clone, Copy, Debug)]
-pub struct HttpTlsFlags;
+/// TLS on the HTTP port (`--tls-*`, `--client-ca-file`); ids spelled as
+/// the flags, so `requires` names them.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct HttpTlsArgs {
+    /// Serve the HTTP port (API, web view, /metrics) over HTTPS with this certificate.
+    #[arg(
+        long,
+        env = "TLS_CERT_FILE",
+        value_name = "TLS_CERT_FILE",
+        requires = "tls_private_key_file"
+    )]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Private key of --tls-cert-file.
+    #[arg(
+        long,
+        env = "TLS_PRIVATE_KEY_FILE",
+        value_name = "TLS_PRIVATE_KEY_FILE",
+        requires = "tls_cert_file"
+    )]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// With --tls-cert-file: client certificates issued by this CA (e.g. the cluster's,
+    /// kube-root-ca.crt) name their caller as the API server does (CN user, O groups);
+    /// optional, callers without one send a token.
+    #[arg(
+        long,
+        env = "CLIENT_CA_FILE",
+        value_name = "CLIENT_CA_FILE",
+        requires = "tls_cert_file"
+    )]
+    pub client_ca_file: Option<PathBuf>,
+}
 
-impl TlsFlagNames for HttpTlsFlags {
-    const FLAGS: TlsFlags = TlsFlags {
-        cert: Flag {
-            long: "tls-cert-file",
-            env: "TLS_CERT_FILE",
-            help: "Serve the HTTP port (API, web view, /metrics) over HTTPS with this certificate.",
-            default: None,
-        },
-        key: Flag {
-            long: "tls-private-key-file",
-            env: "TLS_PRIVATE_KEY_FILE",
-            help: "Private key of --tls-cert-file.",
-            default: None,
-        },
-        ca: Some(Flag {
-            long: "client-ca-file",
-            env: "CLIENT_CA_FILE",
-            help: "With --tls-cert-file: client certificates issued by this CA (e.g. the cluster's, \
-                   kube-root-ca.crt) name their caller as the API server does (CN user, O groups); \
-                   optional, callers without one send a token.",
-            default: None,
-        }),
-        reload_fallback_seconds: None,
-        server_name: None,
-        client: false,
-    };
+impl HttpTlsArgs {
+    /// HTTPS, when a certificate is given (clap requires the key with it).
+    pub fn tls(&self) -> Option<HttpTls> {
+        Some(HttpTls {
+            cert: self.tls_cert_file.clone()?,
+            key: self.tls_private_key_file.clone()?,
+            client_ca: self.client_ca_file.clone(),
+        })
+    }
 }
 
 /// HTTPS on the HTTP port.
@@ -264,14 +269,15 @@ impl Args {
                 source,
             })
         };
-        let tls = match &self.agent_tls.ca_file {
+        let agent = &self.agent_tls;
+        let tls = match &agent.agent_tls_ca_file {
             Some(ca) => Some(subscriber::AgentTls {
                 ca_pem: read(ca)?,
-                identity: match self.agent_tls.cert_and_key() {
-                    Some((cert, key)) => Some((read(cert)?, read(key)?)),
-                    None => None,
+                identity: match (&agent.agent_tls_cert_file, &agent.agent_tls_key_file) {
+                    (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+                    _ => None,
                 },
-                server_name: self.agent_tls.server_name.clone().unwrap_or_default(),
+                server_name: agent.agent_tls_server_name.clone(),
             }),
             None => None,
         };
@@ -336,11 +342,60 @@ impl Args {
                 serve: self.serve.bounds(),
             },
             auth,
-            http_tls: self.http_tls.cert_and_key().map(|(cert, key)| HttpTls {
-                cert: cert.to_owned(),
-                key: key.to_owned(),
-                client_ca: self.http_tls.ca_file.clone(),
-            }),
+            http_tls: self.http_tls.tls(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn parse(argv: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("kai-aggregator").chain(argv.iter().copied()))
+    }
+
+    #[test]
+    fn a_client_certificate_for_the_agents_needs_their_ca() {
+        let args = parse(&["--agent-tls-ca-file=/ca"]).expect("parses");
+        assert_eq!(args.agent_tls.agent_tls_server_name, "kai-node-agent");
+        assert_eq!(args.agent_tls.agent_tls_cert_file, None);
+        assert!(parse(&["--agent-tls-cert-file=/c", "--agent-tls-key-file=/k"]).is_err());
+        assert!(parse(&["--agent-tls-key-file=/k", "--agent-tls-ca-file=/ca"]).is_err());
+        let mutual = parse(&[
+            "--agent-tls-cert-file=/c",
+            "--agent-tls-key-file=/k",
+            "--agent-tls-ca-file=/ca",
+            "--agent-tls-server-name=agent.example",
+        ])
+        .expect("parses");
+        assert_eq!(mutual.agent_tls.agent_tls_server_name, "agent.example");
+    }
+
+    #[test]
+    fn https_flags_come_whole() {
+        let https = parse(&[
+            "--tls-cert-file=/c",
+            "--tls-private-key-file=/k",
+            "--client-ca-file=/ca",
+        ])
+        .expect("parses")
+        .http_tls
+        .tls()
+        .expect("HTTPS");
+        assert_eq!(
+            (https.cert, https.key, https.client_ca),
+            ("/c".into(), "/k".into(), Some("/ca".into()))
+        );
+        assert!(parse(&[]).expect("plain HTTP").http_tls.tls().is_none());
+        for half in [
+            &["--tls-cert-file=/c"][..],
+            &["--tls-private-key-file=/k"],
+            &["--client-ca-file=/ca"],
+        ] {
+            assert!(parse(half).is_err(), "{half:?}");
         }
     }
 }

@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::Cluster;
 pub use crate::config::{
-    AgentTlsFlags, AggregatorLimits, Args, Auth, AuthMode, Config, Discovery, HttpTls, HttpTlsFlags,
+    AgentTlsArgs, AggregatorLimits, Args, Auth, AuthMode, Config, Discovery, HttpTls, HttpTlsArgs,
 };
 
 /// Failures before serving.

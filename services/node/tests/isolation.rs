@@ -59,7 +59,8 @@ async fn until(
     done: impl Fn(&pb::ContainersUpdate) -> bool,
 ) -> pb::ContainersUpdate {
     let update = until_next(stream, what, |update| {
-        update.as_ref().map_or(true, |update| done(update))
+        // An error ends the wait too, to fail below by its message.
+        update.as_ref().map_or(true, &done)
     });
     update.await.expect("update")
 }

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use kai_runtime::https::{ServeLimits, Shed};
 use kai_runtime::telemetry::LogArgs;
-use kai_runtime::tls::{Flag, TlsArgs, TlsFlagNames, TlsFlags};
 
 /// Default host and container directory that holds libvgpu.so.
 pub const DEFAULT_VGPU_MOUNT: &str = "/usr/local/vgpu";
@@ -241,34 +240,30 @@ fn defaults<T: clap::Args>() -> T {
         .expect("the flags' defaults parse")
 }
 
-/// The serving certificate's flags (`--tls-*`).
-#[derive(Clone, Copy, Debug)]
-pub struct WebhookTlsFlags;
-
-impl TlsFlagNames for WebhookTlsFlags {
-    const FLAGS: TlsFlags = TlsFlags {
-        cert: Flag {
-            long: "tls-cert-file",
-            env: "TLS_CERT_FILE",
-            help: "PEM certificate chain; reloaded when it changes.",
-            default: Some("/etc/tls/tls.crt"),
-        },
-        key: Flag {
-            long: "tls-private-key-file",
-            env: "TLS_PRIVATE_KEY_FILE",
-            help: "PEM private key; reloaded when it changes.",
-            default: Some("/etc/tls/tls.key"),
-        },
-        ca: None,
-        reload_fallback_seconds: Some(Flag {
-            long: "tls-reload-fallback-seconds",
-            env: "TLS_RELOAD_FALLBACK_SECONDS",
-            help: "Seconds between certificate re-reads when no file event arrives.",
-            default: Some("60"),
-        }),
-        server_name: None,
-        client: false,
-    };
+/// The serving certificate (`--tls-*`), as the chart mounts its Secret.
+#[derive(Clone, Debug, clap::Args)]
+pub struct WebhookTls {
+    /// PEM certificate chain; reloaded when it changes.
+    #[arg(
+        long = "tls-cert-file",
+        env = "TLS_CERT_FILE",
+        value_name = "TLS_CERT_FILE",
+        default_value = "/etc/tls/tls.crt"
+    )]
+    pub cert_file: PathBuf,
+    /// PEM private key; reloaded when it changes.
+    #[arg(
+        long = "tls-private-key-file",
+        env = "TLS_PRIVATE_KEY_FILE",
+        value_name = "TLS_PRIVATE_KEY_FILE",
+        default_value = "/etc/tls/tls.key"
+    )]
+    pub key_file: PathBuf,
+    /// Seconds between certificate re-reads when no file event arrives.
+    #[arg(long = "tls-reload-fallback-seconds", env = "TLS_RELOAD_FALLBACK_SECONDS",
+          value_name = "TLS_RELOAD_FALLBACK_SECONDS", default_value = "60",
+          value_parser = kai_runtime::tls::reload_seconds)]
+    pub reload_fallback: Duration,
 }
 
 /// Everything needed to start the webhook.
@@ -298,7 +293,7 @@ pub struct Args {
     #[arg(long, env = "WEBHOOK_LISTEN", default_value = "0.0.0.0:8443")]
     pub listen: SocketAddr,
     #[command(flatten)]
-    pub tls: TlsArgs<WebhookTlsFlags>,
+    pub tls: WebhookTls,
     #[command(flatten)]
     pub inject: InjectConfig,
     /// Serve `POST /validate-node-agent`: the node agent may evict, and
@@ -317,8 +312,8 @@ impl Args {
     pub fn settings(&self) -> Settings {
         Settings {
             listen: self.listen,
-            tls_cert_file: self.tls.cert_file.clone().unwrap_or_default(),
-            tls_private_key_file: self.tls.key_file.clone().unwrap_or_default(),
+            tls_cert_file: self.tls.cert_file.clone(),
+            tls_private_key_file: self.tls.key_file.clone(),
             inject: self.inject.clone(),
             tls_reload_fallback: self.tls.reload_fallback,
             node_guard: self.node_guard,
@@ -384,6 +379,26 @@ mod tests {
                 false
             )
         );
+        assert_eq!(
+            (
+                settings.tls_cert_file.to_str(),
+                settings.tls_private_key_file.to_str()
+            ),
+            (Some("/etc/tls/tls.crt"), Some("/etc/tls/tls.key"))
+        );
+        // Either file alone (the mounted Secret's other stays); a zero
+        // re-read period would spin.
+        let tls = parse(&["--tls-cert-file=/c", "--tls-reload-fallback-seconds=0"])
+            .expect("valid")
+            .settings();
+        assert_eq!(
+            (
+                tls.tls_cert_file.to_str(),
+                tls.tls_private_key_file.to_str()
+            ),
+            (Some("/c"), Some("/etc/tls/tls.key"))
+        );
+        assert_eq!(tls.tls_reload_fallback, Duration::from_secs(1));
         let settings = parse(&["--tenant-env", "deny", "--max-body-bytes", "1048576"])
             .expect("valid")
             .settings();

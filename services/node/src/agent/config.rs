@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use kai_runtime::limit::ServeBounds;
-use kai_runtime::tls::{Flag, TlsArgs, TlsFlagNames, TlsFlags};
 
 use super::error::AgentError;
 use super::model::GpuMemoryLabel;
@@ -57,7 +56,7 @@ pub struct Args {
     #[arg(long, env = "LEGACY_METRICS")]
     pub legacy_metrics: bool,
     #[command(flatten)]
-    pub grpc_tls: TlsArgs<GrpcTlsFlags>,
+    pub grpc_tls: GrpcTlsArgs,
     /// Without --grpc-tls-*, serve gRPC in plaintext and unauthenticated on
     /// a non-loopback --grpc-listen: anyone who reaches the port reads every
     /// container on this node. Without it the agent refuses to start so.
@@ -134,34 +133,46 @@ impl Default for AgentLimits {
     }
 }
 
-/// The gRPC port's TLS flags (`--grpc-tls-*`).
-#[derive(Clone, Copy, Debug)]
-pub struct GrpcTlsFlags;
+/// The gRPC port's TLS flags (`--grpc-tls-*`); ids spelled as the flags,
+/// so `requires` names them.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct GrpcTlsArgs {
+    /// PEM certificate for the gRPC port: serves TLS (reloaded on change).
+    #[arg(
+        long,
+        env = "GRPC_TLS_CERT_FILE",
+        value_name = "GRPC_TLS_CERT_FILE",
+        requires = "grpc_tls_key_file"
+    )]
+    pub grpc_tls_cert_file: Option<PathBuf>,
+    /// PEM private key for the gRPC port.
+    #[arg(
+        long,
+        env = "GRPC_TLS_KEY_FILE",
+        value_name = "GRPC_TLS_KEY_FILE",
+        requires = "grpc_tls_cert_file"
+    )]
+    pub grpc_tls_key_file: Option<PathBuf>,
+    /// CA bundle: require client certificates issued by it (mutual TLS).
+    #[arg(
+        long,
+        env = "GRPC_TLS_CLIENT_CA_FILE",
+        value_name = "GRPC_TLS_CLIENT_CA_FILE",
+        requires = "grpc_tls_cert_file"
+    )]
+    pub grpc_tls_client_ca_file: Option<PathBuf>,
+}
 
-impl TlsFlagNames for GrpcTlsFlags {
-    const FLAGS: TlsFlags = TlsFlags {
-        cert: Flag {
-            long: "grpc-tls-cert-file",
-            env: "GRPC_TLS_CERT_FILE",
-            help: "PEM certificate for the gRPC port: serves TLS (reloaded on change).",
-            default: None,
-        },
-        key: Flag {
-            long: "grpc-tls-key-file",
-            env: "GRPC_TLS_KEY_FILE",
-            help: "PEM private key for the gRPC port.",
-            default: None,
-        },
-        ca: Some(Flag {
-            long: "grpc-tls-client-ca-file",
-            env: "GRPC_TLS_CLIENT_CA_FILE",
-            help: "CA bundle: require client certificates issued by it (mutual TLS).",
-            default: None,
-        }),
-        reload_fallback_seconds: None,
-        server_name: None,
-        client: false,
-    };
+impl GrpcTlsArgs {
+    /// TLS for the port, when a certificate is given (clap requires the
+    /// key with it).
+    pub fn tls(&self) -> Option<GrpcTls> {
+        Some(GrpcTls {
+            cert: self.grpc_tls_cert_file.clone()?,
+            key: self.grpc_tls_key_file.clone()?,
+            client_ca: self.grpc_tls_client_ca_file.clone(),
+        })
+    }
 }
 
 /// TLS for the gRPC port.
@@ -370,11 +381,7 @@ impl Args {
                 max_watch_streams: self.max_watch_streams as usize,
                 serve: self.serve.bounds(),
             },
-            grpc_tls: self.grpc_tls.cert_and_key().map(|(cert, key)| GrpcTls {
-                cert: cert.to_owned(),
-                key: key.to_owned(),
-                client_ca: self.grpc_tls.ca_file.clone(),
-            }),
+            grpc_tls: self.grpc_tls.tls(),
             grpc_insecure: self.grpc_insecure,
         })
     }
@@ -424,6 +431,37 @@ async fn client() -> Result<kube::Client, kube::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grpc_tls_flags_come_whole() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            tls: GrpcTlsArgs,
+        }
+        let parse = |argv: &[&str]| {
+            clap::Parser::try_parse_from(std::iter::once("x").chain(argv.iter().copied()))
+                .map(|cli: Cli| cli.tls.tls())
+        };
+        let whole = parse(&[
+            "--grpc-tls-cert-file=/c",
+            "--grpc-tls-key-file=/k",
+            "--grpc-tls-client-ca-file=/ca",
+        ]);
+        let whole = whole.expect("parses").expect("TLS");
+        assert_eq!(
+            (whole.cert, whole.key, whole.client_ca),
+            ("/c".into(), "/k".into(), Some("/ca".into()))
+        );
+        assert!(parse(&[]).expect("TLS is optional").is_none());
+        for half in [
+            &["--grpc-tls-cert-file=/c"][..],
+            &["--grpc-tls-key-file=/k"],
+            &["--grpc-tls-client-ca-file=/ca"],
+        ] {
+            assert!(parse(half).is_err(), "{half:?}");
+        }
+    }
 
     #[test]
     fn only_loopback_addresses_are_loopback() {

@@ -9,7 +9,7 @@ mod reload;
 #[cfg(feature = "test-support")]
 mod selfsigned;
 
-pub use args::{DEFAULT_RELOAD_FALLBACK, Flag, TlsArgs, TlsFlagNames, TlsFlags};
+pub use args::{DEFAULT_RELOAD_FALLBACK, reload_seconds};
 pub use incoming::incoming;
 
 pub use pem::PemPair;
