@@ -29,9 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 import harness
 import migration
 from harness import (CHART, FULL, HERE, NS, RELEASE, ROOT, TENANT, apply, bad, built_library, chart_env, check,
-                     container_of, create, eventually, failed, free_port, grpc_tls_files, helm, http_get, kjson,
+                     container_of, create, eventually, failed, grpc_tls_files, helm, http_get, kjson,
                      kubectl, load_env, log_tail, new_namespace, procs, prometheus_token, rewrite, run,
                      sa_kubeconfig, series, start, stop, stop_all, write_kubeconfig)
+from kaitest.net import free_port
 
 CORPUS = os.path.join(ROOT, "services", "webhook", "tests", "pods")
 RBAC_DIR = os.path.join(HERE, "rbac")
@@ -1845,9 +1846,22 @@ def latency():
 
 # ============================================================================
 
+# The parts a part builds on (the release they install, the webhook, agent,
+# aggregator and pods they start and create): `--only NAME` runs them first,
+# so a part run alone has what it needs.
+NEEDS = {"admission": ("release",), "fail-closed": ("release",), "rbac": ("release",), "components": ("release",),
+         "access": ("release", "components"), "faults": ("release", "components"), "latency": ("release",)}
+
+
 def main():
+    only = set(ONLY or ())
+    for name in ONLY or ():
+        only.update(NEEDS.get(name, ()))
+    if ONLY and only != ONLY:
+        print(f"--only {','.join(sorted(ONLY))}: also {', '.join(sorted(only - ONLY))}, which they build on", flush=True)
+
     def part(name, fn):
-        if ONLY and name not in ONLY:
+        if ONLY and name not in only:
             return
         t0 = time.monotonic()
         try:

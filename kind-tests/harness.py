@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 
 from kaitest.poll import poll
@@ -130,14 +129,6 @@ def create(obj, ns=TENANT, dry_run=False, check=True):
 
 def helm(*args, check=True):
     return run(HELM, "--kubeconfig", ADMIN, *args, check=check, timeout=300)
-
-
-def free_port(host="127.0.0.1"):
-    s = socket.socket()
-    s.bind((host, 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def http_get(url, timeout=5, token=None, header="Authorization", stream=False):

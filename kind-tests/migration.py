@@ -53,8 +53,9 @@ import yaml
 
 import harness
 import pod_checks
-from harness import (CHART, ROOT, apply, chart_env, check, eventually, free_port, helm, kjson, kubectl, new_namespace,
+from harness import (CHART, ROOT, apply, chart_env, check, eventually, helm, kjson, kubectl, new_namespace,
                      sa_kubeconfig, start, stop)
+from kaitest.net import free_port
 
 GO_CHART_DIR = os.environ.get("KAI_GO_CHART") or os.path.join(os.path.dirname(ROOT), "shared", "go-chart-1.1.0")
 GO_CHART = os.path.join(GO_CHART_DIR, "kai-resource-isolator")
