@@ -9,7 +9,11 @@ kind-tests/ on the path) and by the scripts not yet on pytest
 - `chart`: helm (`$HELM`, else the one .ci/run caches) and `helm template`;
 - `devtools`: headless Chromium over the DevTools protocol on a pipe;
 - `region`: where libvgpu's region fields lie, read from the description
-  the Rust layout checks (services/region/layout.json).
+  the Rust layout checks (services/region/layout.json);
+- `checks`: pytest ids that are the checks' old `ok NAME` lines, and the
+  hook that turns a module's table of checks into tests.
+
+The fixtures (built binaries, Debian tools) are kind-tests/conftest.py's.
 
 Nothing here does work at import or keeps state between calls.
 """
