@@ -16,7 +16,7 @@ escaped process, and:
      return series, the liveness ones only once the stack is stopped.
 
 Each test asks for what it needs (`demo`, `browser`, `changed`,
-`prometheus`), so any one runs alone: `pytest kind-tests -m see -k why`.
+`prometheus`), so any one runs alone: `pytest -c kind-tests/pytest.ini -m see -k why`.
 Output (screenshots, logs) goes to $KAI_SEE_OUT, else target/see. Needs the
 built kai-demo, kubectl-vgpu and libkai_fake_nvml.so (built when missing)
 and Debian's prometheus and chromium (installed when missing and root).

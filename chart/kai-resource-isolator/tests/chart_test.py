@@ -3,7 +3,7 @@ against the Kubernetes OpenAPI schemas offline (kubernetes-validate), and
 asserts on the rendered objects: one pytest test per check, named as the
 check.
 
-Usage: pytest chart/kai-resource-isolator/tests/chart_test.py [-k WORDS]
+Usage: pytest -c kind-tests/pytest.ini chart/kai-resource-isolator/tests/chart_test.py [-k WORDS]
 (helm: $HELM, else the one .ci/run caches; see kind-tests/kaitest/chart.py)
 """
 import base64

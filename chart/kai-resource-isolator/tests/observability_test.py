@@ -3,7 +3,7 @@ when asked (dashboard) or when the cluster serves the CRD (rule), carrying
 files/dashboard.json and files/alerts.yaml unchanged; every alert has a
 summary, a description and a runbook anchor that docs/isolation.md has.
 
-Usage: pytest chart/kai-resource-isolator/tests/observability_test.py [-k WORDS]
+Usage: pytest -c kind-tests/pytest.ini chart/kai-resource-isolator/tests/observability_test.py [-k WORDS]
 (helm: $HELM, else the one .ci/run caches; see kind-tests/kaitest/chart.py)
 """
 import json
