@@ -374,6 +374,37 @@ fn corpus_patches_are_the_recorded_ones() {
     }
 }
 
+/// Each corpus pod stored with today's patch is the pod stored with its
+/// recorded one: the recorded patches pin the form, this the document
+/// (the JSON the API server would store), so a change of form (issue 42
+/// rewrote the planner) is checked against what the patches did before
+/// they are recorded anew. A pod with no recorded patch gets none.
+#[test]
+fn corpus_patches_store_what_the_recorded_ones_store() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/patches");
+    for (delivery, cfg) in [("hostPath", host_path()), ("csi", csi())] {
+        for (name, _, pod) in support::corpus() {
+            let path = dir.join(delivery).join(&name);
+            let recorded: Option<json_patch::Patch> = std::fs::read(&path).ok().map(|bytes| {
+                serde_json::from_slice(&bytes)
+                    .unwrap_or_else(|e| panic!("{delivery}/{name}: not a JSON patch: {e}"))
+            });
+            let Some(recorded) = recorded else {
+                let (response, _) = reviewed(&pod, &format!("uid-{name}"), &cfg);
+                assert!(
+                    support::patch_of(&response).is_none(),
+                    "{delivery}/{name}: patched, with no patch recorded"
+                );
+                continue;
+            };
+            let mut before = pod.clone();
+            json_patch::patch(&mut before, &recorded)
+                .unwrap_or_else(|e| panic!("{delivery}/{name}: the recorded patch fails: {e}"));
+            assert_eq!(mutated(&name, &pod, &cfg), before, "{delivery}/{name}");
+        }
+    }
+}
+
 #[test]
 fn corpus_under_csi_delivery() {
     for (name, expect, pod) in support::corpus() {

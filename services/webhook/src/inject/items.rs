@@ -1,13 +1,24 @@
-//! Our volumes, mounts and env vars: the fixed tables both the plan and the
-//! patch builder walk. The volumes and mounts come in one [`Layout`] per
-//! [`Delivery`]; the env is the same for both.
+//! Our volumes and mounts, one [`Layout`] per [`Delivery`], and the
+//! objects we write for them (and for our env): the tables the plan
+//! compares the pod with and the patch writes from. The env vars are
+//! [`super::vars`].
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    CSIVolumeSource, EnvVar, EnvVarSource, HostPathVolumeSource, ObjectFieldSelector, Volume,
+    VolumeMount,
+};
+
+use super::paths::clean;
+use super::vars::OurEnv;
 use super::{
-    CSI_VGPULOCK_SUBPATH, ENV_CONTAINER_NAME, ENV_POD_UID, ENV_VGPU_MOUNT, HOST_VGPULOCK_SUBDIR,
-    LD_SO_PRELOAD_PATH, LD_SO_PRELOAD_SUBPATH, VGPULOCK_PATH, VOLUME_CONTAINERS, VOLUME_VGPU,
-    VOLUME_VGPULOCK,
+    CSI_ATTR_CONTAINER, CSI_ATTR_RUN_AS_GROUP, CSI_ATTR_RUN_AS_USER, CSI_VGPULOCK_SUBPATH,
+    HOST_VGPULOCK_SUBDIR, LD_SO_PRELOAD_PATH, LD_SO_PRELOAD_SUBPATH, VGPULOCK_PATH,
+    VOLUME_CONTAINERS, VOLUME_VGPU, VOLUME_VGPULOCK,
 };
 use crate::config::{Delivery, InjectConfig};
+use crate::pod::RunAs;
 
 /// One delivery's volumes and the mounts of the target that use them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,92 +138,6 @@ pub fn layout(delivery: Delivery) -> &'static Layout {
     }
 }
 
-/// Our env vars (their values: [`super::env_value`]).
-pub const ENV_NAMES: [&str; 3] = [ENV_POD_UID, ENV_CONTAINER_NAME, ENV_VGPU_MOUNT];
-
-/// libvgpu's per-device memory caps, `CUDA_DEVICE_MEMORY_LIMIT_<i>` for
-/// each of HAMi-core's 16 device slots (`CUDA_DEVICE_MAX_COUNT`). A set one
-/// wins over `CUDA_DEVICE_MEMORY_LIMIT` for its device, so a tenant's would
-/// lift the cap; an empty one reads as unset.
-pub const DEVICE_MEMORY_LIMITS: [&str; 16] = [
-    "CUDA_DEVICE_MEMORY_LIMIT_0",
-    "CUDA_DEVICE_MEMORY_LIMIT_1",
-    "CUDA_DEVICE_MEMORY_LIMIT_2",
-    "CUDA_DEVICE_MEMORY_LIMIT_3",
-    "CUDA_DEVICE_MEMORY_LIMIT_4",
-    "CUDA_DEVICE_MEMORY_LIMIT_5",
-    "CUDA_DEVICE_MEMORY_LIMIT_6",
-    "CUDA_DEVICE_MEMORY_LIMIT_7",
-    "CUDA_DEVICE_MEMORY_LIMIT_8",
-    "CUDA_DEVICE_MEMORY_LIMIT_9",
-    "CUDA_DEVICE_MEMORY_LIMIT_10",
-    "CUDA_DEVICE_MEMORY_LIMIT_11",
-    "CUDA_DEVICE_MEMORY_LIMIT_12",
-    "CUDA_DEVICE_MEMORY_LIMIT_13",
-    "CUDA_DEVICE_MEMORY_LIMIT_14",
-    "CUDA_DEVICE_MEMORY_LIMIT_15",
-];
-
-/// libvgpu's per-device SM limits, as [`DEVICE_MEMORY_LIMITS`].
-pub const DEVICE_SM_LIMITS: [&str; 16] = [
-    "CUDA_DEVICE_SM_LIMIT_0",
-    "CUDA_DEVICE_SM_LIMIT_1",
-    "CUDA_DEVICE_SM_LIMIT_2",
-    "CUDA_DEVICE_SM_LIMIT_3",
-    "CUDA_DEVICE_SM_LIMIT_4",
-    "CUDA_DEVICE_SM_LIMIT_5",
-    "CUDA_DEVICE_SM_LIMIT_6",
-    "CUDA_DEVICE_SM_LIMIT_7",
-    "CUDA_DEVICE_SM_LIMIT_8",
-    "CUDA_DEVICE_SM_LIMIT_9",
-    "CUDA_DEVICE_SM_LIMIT_10",
-    "CUDA_DEVICE_SM_LIMIT_11",
-    "CUDA_DEVICE_SM_LIMIT_12",
-    "CUDA_DEVICE_SM_LIMIT_13",
-    "CUDA_DEVICE_SM_LIMIT_14",
-    "CUDA_DEVICE_SM_LIMIT_15",
-];
-
-/// Variables a tenant may never set on a sharing container and that we
-/// never set either: each weakens the cap or hides the container's usage
-/// (docs/webhook.md, "Hostile tenants").
-///
-/// - `CUDA_DEVICE_MEMORY_SHARED_CACHE`: moves the region out of
-///   `<mount>/containers`, so the node agent never sees the container;
-/// - `CUDA_REDIRECT`: the library libvgpu's `dlsym` hook resolves CUDA
-///   symbols from, i.e. a way around the hooks;
-/// - `GPU_CORE_UTILIZATION_POLICY`: `DISABLE` turns the SM limiter off;
-/// - `CUDA_DISABLE_CONTROL`: not read by HAMi-core 02279deb, named by
-///   builds that skip limiting when it is set; removing it costs nothing.
-pub const FORBIDDEN_ENV: [&str; 4] = [
-    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-    "CUDA_REDIRECT",
-    "GPU_CORE_UTILIZATION_POLICY",
-    "CUDA_DISABLE_CONTROL",
-];
-
-/// Of [`FORBIDDEN_ENV`], those whose empty value libvgpu reads as unset,
-/// so an explicit empty entry masks what `envFrom` might set. An empty
-/// `CUDA_DEVICE_MEMORY_SHARED_CACHE` makes libvgpu exit at `cuInit`, and
-/// `CUDA_DISABLE_CONTROL` may count as set when empty: neither is pinned.
-pub const PINNED_EMPTY: [&str; 2] = ["CUDA_REDIRECT", "GPU_CORE_UTILIZATION_POLICY"];
-
-/// How many variables get an empty entry when the target has `envFrom`:
-/// the per-device limits and [`PINNED_EMPTY`].
-pub const PIN_COUNT: usize =
-    DEVICE_MEMORY_LIMITS.len() + DEVICE_SM_LIMITS.len() + PINNED_EMPTY.len();
-
-/// The `i`th variable pinned empty (`i < PIN_COUNT`).
-pub fn pin_name(i: usize) -> &'static str {
-    let sm = DEVICE_MEMORY_LIMITS.len();
-    let other = sm + DEVICE_SM_LIMITS.len();
-    match i {
-        i if i < sm => DEVICE_MEMORY_LIMITS[i],
-        i if i < other => DEVICE_SM_LIMITS[i - sm],
-        i => PINNED_EMPTY[(i - other) % PINNED_EMPTY.len()],
-    }
-}
-
 /// A mount we add.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MountSpec {
@@ -249,5 +174,122 @@ impl Dir {
             Self::HostVgpuLock => format!("{}/{HOST_VGPULOCK_SUBDIR}", cfg.host_dir()),
             Self::Fixed(fixed) => fixed.to_owned(),
         }
+    }
+}
+
+impl VolumeSpec {
+    /// The volume as we add it (and as the API server then stores it).
+    pub fn volume(&self, cfg: &InjectConfig, container: &str, run_as: RunAs) -> Volume {
+        let mut volume = Volume {
+            name: self.name.to_owned(),
+            ..Volume::default()
+        };
+        match self.source {
+            Source::HostPath(dir) => {
+                volume.host_path = Some(HostPathVolumeSource {
+                    path: dir.resolve(cfg),
+                    type_: Some("DirectoryOrCreate".to_owned()),
+                });
+            }
+            Source::Csi => {
+                volume.csi = Some(CSIVolumeSource {
+                    driver: cfg.csi_driver.clone(),
+                    // Written although false is the default: kubelet would
+                    // make every mount of a read-only CSI volume read-only,
+                    // and the region and lock directories must stay
+                    // writable (the plugin makes the library read-only
+                    // itself).
+                    read_only: Some(false),
+                    volume_attributes: Some(csi_attributes(container, run_as)),
+                    ..CSIVolumeSource::default()
+                });
+            }
+        }
+        volume
+    }
+}
+
+/// The CSI volume's attributes for `container` running as `run_as`: the
+/// container's name always, its user and group when they are known.
+pub fn csi_attributes(container: &str, run_as: RunAs) -> BTreeMap<String, String> {
+    [
+        (CSI_ATTR_CONTAINER, Some(container.to_owned())),
+        (
+            CSI_ATTR_RUN_AS_USER,
+            run_as.run_as_user.map(|id| id.to_string()),
+        ),
+        (
+            CSI_ATTR_RUN_AS_GROUP,
+            run_as.run_as_group.map(|id| id.to_string()),
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(key, value)| Some((key.to_owned(), value?)))
+    .collect()
+}
+
+impl MountSpec {
+    /// The mount as we add it.
+    pub fn mount(&self, cfg: &InjectConfig) -> VolumeMount {
+        VolumeMount {
+            name: self.volume.to_owned(),
+            mount_path: self.path.resolve(cfg),
+            sub_path: self.sub_path.map(str::to_owned),
+            // Written only when true, as the API server stores it.
+            read_only: self.read_only.then_some(true),
+            ..VolumeMount::default()
+        }
+    }
+
+    /// Whether `have` is this mount: volume, path and subPath agree and
+    /// nothing changes what it shows. Kubelet expands a `subPathExpr`
+    /// where `subPath` is empty (our library mount showing the lock
+    /// directory instead), and a recursive read-only `<mount>` would make
+    /// the region directory beneath it read-only. `readOnly` counts only
+    /// where we want the mount writable (`<mount>/containers`,
+    /// `/tmp/vgpulock`): a read-only copy there makes libvgpu's mkdir
+    /// fail, and it falls back to a private cache the node agent never
+    /// sees. On our read-only mounts it is not compared: older releases
+    /// mounted `<mount>` read-write, and under CSI the plugin binds the
+    /// library read-only whatever the mount says.
+    pub fn is(&self, have: &VolumeMount, cfg: &InjectConfig) -> bool {
+        have.name == self.volume
+            && clean(&have.mount_path) == clean(&self.path.resolve(cfg))
+            && have.sub_path.as_deref().unwrap_or("") == self.sub_path.unwrap_or("")
+            && have.sub_path_expr.as_deref().unwrap_or("").is_empty()
+            && have
+                .recursive_read_only
+                .as_deref()
+                .is_none_or(|r| r == "Disabled")
+            && (self.read_only || have.read_only != Some(true))
+    }
+}
+
+impl OurEnv {
+    /// The entry as we add it for `container` under `cfg`.
+    pub fn entry(self, container: &str, cfg: &InjectConfig) -> EnvVar {
+        match self.value(container, cfg) {
+            Some(value) => literal(self.name(), value),
+            None => EnvVar {
+                name: self.name().to_owned(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        api_version: Some("v1".to_owned()),
+                        field_path: "metadata.uid".to_owned(),
+                    }),
+                    ..EnvVarSource::default()
+                }),
+                ..EnvVar::default()
+            },
+        }
+    }
+}
+
+/// A literal entry `name=value`.
+pub fn literal(name: impl Into<String>, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..EnvVar::default()
     }
 }

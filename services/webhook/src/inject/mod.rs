@@ -5,19 +5,40 @@
 //! compared with what is already there so a reinvocation (or a pod that was
 //! already mutated) gets an empty patch instead of duplicates the API server
 //! would reject.
+//!
+//! One job per module, in the order [`plan`] runs them:
+//!
+//! - [`ask`]: what the annotations ask for (a share, opting out, limits);
+//! - [`target`]: which container gets libvgpu;
+//! - [`defences`]: what the pod may not declare (volumes only we declare,
+//!   mounts and devices over ours, propagation), as [`denial`]s;
+//! - [`env`]: the target's env read (ours, KAI's, the tenant's), by the
+//!   names of [`vars`];
+//! - [`plan`](mod@plan): the steps, ending in the [`patch`]'s list of
+//!   [`Op`]s, which it turns into RFC 6902 at the edge;
+//! - [`items`]: our volumes and mounts per delivery and the objects we
+//!   write; [`paths`]: paths compared as the runtime cleans them.
 
 use crate::outcome::Outcome;
 
+mod ask;
+mod defences;
+mod denial;
+mod env;
 mod items;
 mod patch;
+mod paths;
 mod plan;
+mod target;
+mod vars;
 
+pub use self::ask::{OptOut, asks_to_opt_out};
 pub use self::items::{
-    CSI, DEVICE_MEMORY_LIMITS, DEVICE_SM_LIMITS, Dir, ENV_NAMES, FORBIDDEN_ENV, HOST_PATH, Layout,
-    MountSpec, PIN_COUNT, PINNED_EMPTY, Source, VolumeSpec, layout, pin_name,
+    CSI, Dir, HOST_PATH, Layout, MountSpec, Source, VolumeSpec, csi_attributes, layout,
 };
-pub use self::patch::{Insert, Limits, Missing, Patch, csi_attributes, env_value};
-pub use self::plan::{OptOut, asks_to_opt_out, plan};
+pub use self::patch::{Op, Patch};
+pub use self::plan::plan;
+pub use self::vars::{DEVICES, Hook, Limit, Masked, OurEnv};
 
 // Shared with the node agent, which recognises the same pods.
 pub use kai_vocab::annotations::{
