@@ -187,7 +187,7 @@ pub fn review_with(
             && !matches!(decision, Decision::NotSharing { .. });
         match decision {
             Decision::Inject { target, patch } => {
-                if !patch.remove_env.is_empty() {
+                if patch.removes_tenant_env() {
                     reviewed.tenant_env = Some("replaced");
                 }
                 response = response.with_patch(patch.operations(&target, cfg)?)?;
