@@ -11,10 +11,14 @@
 //! library binds in the host's mount table, which kubelet never unpublishes
 //! for a publish it saw fail.
 
+use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
+use procfs::ProcError;
+use procfs::process::{MountInfo, MountInfos, Process};
 use rustix::fs::{AtFlags, CWD, FileType, Gid, Mode, OFlags, Uid};
 use rustix::mount::{MountFlags, UnmountFlags};
 
@@ -420,18 +424,31 @@ pub fn mounted_under(target: &Path) -> Result<Vec<PathBuf>, MountError> {
     Ok(points_under(&read_mountinfo()?, target))
 }
 
-fn points_under(mountinfo: &str, target: &Path) -> Vec<PathBuf> {
-    mount_points(mountinfo)
+fn points_under(mountinfo: &MountInfos, target: &Path) -> Vec<PathBuf> {
+    mountinfo
+        .iter()
+        .map(mount_point)
         .filter(|p| p.starts_with(target))
         .collect()
 }
 
-fn read_mountinfo() -> Result<String, MountError> {
-    std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| MountError::Io {
-        what: "cannot read",
-        path: "/proc/self/mountinfo".into(),
-        source,
-    })
+/// The plugin's mount table, split into fields by procfs (a line not in
+/// the kernel's format fails the read, an `Internal` answer to kubelet).
+fn read_mountinfo() -> Result<MountInfos, MountError> {
+    Process::myself()
+        .and_then(|own| own.mountinfo())
+        .map_err(|e| MountError::Io {
+            what: "cannot read",
+            path: "/proc/self/mountinfo".into(),
+            source: match e {
+                ProcError::Io(source, _) => source,
+                ProcError::NotFound(_) => io::Error::new(io::ErrorKind::NotFound, e),
+                ProcError::PermissionDenied(_) => {
+                    io::Error::new(io::ErrorKind::PermissionDenied, e)
+                }
+                _ => io::Error::new(io::ErrorKind::InvalidData, e),
+            },
+        })
 }
 
 /// Volumes of one pod published at most. The webhook adds one; a tenant can
@@ -446,7 +463,7 @@ pub const MAX_VOLUMES_PER_POD: usize = 8;
 /// `volumes/kubernetes.io~csi/<volume>/<leaf>`) under the pod's own
 /// directory of kubelet's, which `target` (checked to be at that place:
 /// `request::target_pod`) is in.
-fn volumes_of_pod(mountinfo: &str, target: &Path, pod_uid: &str) -> usize {
+fn volumes_of_pod(mountinfo: &MountInfos, target: &Path, pod_uid: &str) -> usize {
     let Some(pod_dir) = target
         .ancestors()
         .nth(4)
@@ -459,33 +476,21 @@ fn volumes_of_pod(mountinfo: &str, target: &Path, pod_uid: &str) -> usize {
             .is_ok_and(|rel| rel.starts_with(KUBELET_CSI_VOLUMES) && rel.components().count() == 4)
     };
     mountinfo
-        .lines()
-        .filter(|line| {
-            line.split_once(" - ").is_some_and(|(_, fs)| {
-                let mut fs = fs.split(' ');
-                fs.next() == Some("tmpfs") && fs.next() == Some(TMPFS_SOURCE)
-            })
-        })
-        .filter_map(mount_point)
+        .iter()
+        .filter(|m| m.fs_type == "tmpfs" && m.mount_source.as_deref() == Some(TMPFS_SOURCE))
+        .map(mount_point)
         .filter(|p| volume_root(p))
         .count()
 }
 
-/// The mount point of each line of a mountinfo text (field 5, with the
-/// kernel's octal escapes of space, tab, newline and backslash undone).
-fn mount_points(mountinfo: &str) -> impl Iterator<Item = PathBuf> + '_ {
-    mountinfo.lines().filter_map(mount_point)
+/// The mount point of a mount, with the kernel's octal escapes of space,
+/// tab, newline and backslash (`\040`, `\011`, `\012`, `\134`) undone:
+/// procfs 0.18 hands the field over as the kernel wrote it.
+fn mount_point(mount: &MountInfo) -> PathBuf {
+    PathBuf::from(unescape(mount.mount_point.as_os_str().as_bytes()))
 }
 
-/// The mount point of one mountinfo line.
-fn mount_point(line: &str) -> Option<PathBuf> {
-    line.split(' ')
-        .nth(4)
-        .map(|field| PathBuf::from(unescape(field)))
-}
-
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
+fn unescape(bytes: &[u8]) -> OsString {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
@@ -503,7 +508,7 @@ fn unescape(field: &str) -> String {
             }
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    OsString::from_vec(out)
 }
 
 /// Unmounts every mount at or under `target`, deepest first (a mount point
@@ -522,14 +527,21 @@ fn unmount_all(target: &Path) -> Result<(), MountError> {
 
 #[cfg(test)]
 mod tests {
+    use procfs::FromRead;
+
     use super::*;
+
+    /// A mountinfo text as procfs reads it.
+    fn mountinfo(text: &str) -> MountInfos {
+        MountInfos::from_read(text.as_bytes()).expect("mountinfo")
+    }
 
     #[test]
     fn mountinfo_points_are_unescaped() {
         let text = "36 35 98:0 /mnt1 /mnt/with\\040space rw,noatime master:1 - ext3 /dev/root rw\n\
                     37 36 0:5 / /var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/v/mount ro - tmpfs kai-vgpu ro\n\
                     38 36 0:5 / /back\\134slash rw - tmpfs x rw\n";
-        let points: Vec<_> = mount_points(text).collect();
+        let points: Vec<_> = mountinfo(text).iter().map(mount_point).collect();
         assert_eq!(
             points,
             [
@@ -565,8 +577,24 @@ mod tests {
             "tmpfs kai-vgpu",
         );
         let target = PathBuf::from(format!("{csi}/v9/mount"));
+        let text = mountinfo(&text);
         assert_eq!(volumes_of_pod(&text, &target, UID), 3);
         assert_eq!(volumes_of_pod(&text, Path::new("/elsewhere/mount"), UID), 0);
+    }
+
+    /// Whether this test may mount: as root; otherwise only with
+    /// `KAI_CSI_MOUNT_TESTS=skip`, and it says it skipped.
+    fn may_mount() -> bool {
+        if rustix::process::geteuid().is_root() {
+            return true;
+        }
+        assert_eq!(
+            std::env::var("KAI_CSI_MOUNT_TESTS").as_deref(),
+            Ok("skip"),
+            "mounting needs root: run as root or set KAI_CSI_MOUNT_TESTS=skip"
+        );
+        eprintln!("SKIPPED: needs root (KAI_CSI_MOUNT_TESTS=skip)");
+        false
     }
 
     /// The guard a publish arms takes its mounts down when the publish
@@ -575,13 +603,7 @@ mod tests {
     /// `tests/kubelet.rs`; skipped with `KAI_CSI_MOUNT_TESTS=skip`.
     #[test]
     fn a_publish_that_panics_leaves_nothing_mounted() {
-        if !rustix::process::geteuid().is_root() {
-            assert_eq!(
-                std::env::var("KAI_CSI_MOUNT_TESTS").as_deref(),
-                Ok("skip"),
-                "mounting needs root: run as root or set KAI_CSI_MOUNT_TESTS=skip"
-            );
-            eprintln!("SKIPPED: needs root (KAI_CSI_MOUNT_TESTS=skip)");
+        if !may_mount() {
             return;
         }
         let dir = tempfile::tempdir().expect("tempdir");
@@ -612,9 +634,28 @@ mod tests {
         assert_eq!(kept, std::slice::from_ref(&target));
     }
 
+    /// The kernel's own escapes, read back through procfs: a mount point
+    /// with a space, a tab and a backslash is found where it is. Needs root,
+    /// as the test above.
+    #[test]
+    fn a_mount_point_the_kernel_escapes_is_found() {
+        if !may_mount() {
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = dir.path().join("with space\tand\\slash").join("mount");
+        std::fs::create_dir_all(&target).expect("target");
+        mount_tmpfs(&target, "size=64k", MountFlags::empty()).expect("tmpfs");
+        let found = mounted_under(dir.path());
+        // By its own path, not by what was found: the machine is left clean
+        // whatever the mount table read.
+        rustix::mount::unmount(&target, UnmountFlags::DETACH).expect("clean up");
+        assert_eq!(found.expect("mountinfo"), std::slice::from_ref(&target));
+    }
+
     #[test]
     fn a_lone_backslash_is_kept() {
-        assert_eq!(unescape("a\\9b\\"), "a\\9b\\");
-        assert_eq!(unescape("a\\011b"), "a\tb");
+        assert_eq!(unescape(b"a\\9b\\"), "a\\9b\\");
+        assert_eq!(unescape(b"a\\011b"), "a\tb");
     }
 }

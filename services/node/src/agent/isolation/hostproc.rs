@@ -6,16 +6,27 @@
 //! `/proc/<pid>/status` and the existence of `/proc/<pid>`), so the agent
 //! needs no capability for it.
 //!
+//! Files are opened and read through the `procfs` crate, relative to one
+//! descriptor of `/proc/<pid>` ([`Process`]): a PID reused between reading
+//! a process's `cgroup` and its `status` gives "gone", never the new
+//! process's file. The pod UID and container ID in a cgroup path, and the
+//! `NSpid` line, are parsed here (see [`cgroup_owner`], [`NsPid`]).
+//!
 //! A PID counts as dead only when `/proc/<pid>` is *known* to be absent
-//! (`ENOENT`, or `ESRCH` from a process exiting under the read); any other
-//! error is "cannot tell". And a directory that is not a procfs at all (an
-//! empty or wrong `--host-proc`) would make every PID look dead, which
-//! would have live slots reclaimed: [`HostProc::new`] checks the path once
-//! and, when it is not one, the agent's view ([`HostPids`]) answers nothing.
+//! (`ENOENT`, or `ESRCH` from a process exiting under the read: procfs's
+//! [`ProcError::NotFound`] for both); any other error is "cannot tell".
+//! And a directory that is not a procfs at all (an empty or wrong
+//! `--host-proc`) would make every PID look dead, which would have live
+//! slots reclaimed: [`HostProc::new`] checks the path once and, when it is
+//! not one, the agent's view ([`HostPids`]) answers nothing.
 
 use std::collections::HashSet;
-use std::io;
+use std::fmt::Display;
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
+
+use procfs::process::Process;
+use procfs::{ProcError, ProcessCGroups};
 
 pub use crate::agent::model::CgroupOwner;
 use crate::agent::model::HostPids;
@@ -49,9 +60,8 @@ impl HostPids for HostProc {
         if !self.procfs {
             return None;
         }
-        let status =
-            std::fs::read_to_string(self.root.join(pid.to_string()).join("status")).ok()?;
-        innermost_pid(&status)
+        let process = self.process(pid).ok()?;
+        process.read::<_, NsPid>("status").ok()?.0
     }
 }
 
@@ -90,9 +100,9 @@ impl HostProc {
         if pid <= 0 {
             return None;
         }
-        match self.root.join(pid.to_string()).symlink_metadata() {
+        match self.process(pid) {
             Ok(_) => Some(true),
-            Err(error) if gone(&error) => Some(false),
+            Err(ProcError::NotFound(_)) => Some(false),
             Err(_) => None,
         }
     }
@@ -100,8 +110,13 @@ impl HostProc {
     /// The pod container of a host PID; `None` when the process is gone or
     /// is not in a kubelet-managed cgroup.
     pub fn owner(&self, pid: u32) -> Option<CgroupOwner> {
-        let text = std::fs::read_to_string(self.root.join(pid.to_string()).join("cgroup")).ok()?;
-        parse_cgroup(&text)
+        owner_of(&self.process(pid).ok()?).ok()?
+    }
+
+    /// `<root>/<pid>`, opened (`O_PATH`): `NotFound` when it is known
+    /// absent.
+    fn process(&self, pid: impl Display) -> Result<Process, ProcError> {
+        Process::new_with_root(self.root.join(pid.to_string()))
     }
 
     /// The PIDs the live processes of pod `pod_uid` (by their cgroup) have
@@ -125,42 +140,33 @@ impl HostProc {
             return None;
         }
         let mut pids = HashSet::new();
-        for entry in std::fs::read_dir(&self.root).ok()? {
-            let entry = entry.ok()?;
-            if entry
-                .file_name()
-                .to_str()
-                .is_none_or(|name| name.parse::<u32>().is_err())
-            {
-                continue;
-            }
-            let dir = entry.path();
-            let cgroup = match std::fs::read_to_string(dir.join("cgroup")) {
-                Ok(text) => text,
-                Err(error) if gone(&error) => continue,
+        // Every entry named by a PID, opened; a process gone by then is
+        // `NotFound` and skipped, as it is when gone under a read below.
+        for process in procfs::process::all_processes_with_root(&self.root).ok()? {
+            let process = match process {
+                Ok(process) => process,
+                Err(ProcError::NotFound(_)) => continue,
                 Err(_) => return None,
             };
-            let theirs = parse_cgroup(&cgroup).is_some_and(|owner| {
-                owner.pod_uid == pod_uid && container_id.is_none_or(|id| owner.container_id == id)
-            });
+            let theirs = match owner_of(&process) {
+                Ok(owner) => owner.is_some_and(|owner| {
+                    owner.pod_uid == pod_uid
+                        && container_id.is_none_or(|id| owner.container_id == id)
+                }),
+                Err(ProcError::NotFound(_)) => continue,
+                Err(_) => return None,
+            };
             if !theirs {
                 continue;
             }
-            let status = match std::fs::read_to_string(dir.join("status")) {
-                Ok(text) => text,
-                Err(error) if gone(&error) => continue,
+            match process.read::<_, NsPid>("status") {
+                Ok(NsPid(pid)) => pids.insert(pid?),
+                Err(ProcError::NotFound(_)) => continue,
                 Err(_) => return None,
             };
-            pids.insert(innermost_pid(&status)?);
         }
         Some(pids)
     }
-}
-
-/// The process is gone: `ENOENT`, or `ESRCH` when it exits while its files
-/// are read.
-fn gone(error: &io::Error) -> bool {
-    error.kind() == io::ErrorKind::NotFound || error.raw_os_error() == Some(libc::ESRCH)
 }
 
 /// `<root>/self` links to a PID directory that is there, and PID 1 is
@@ -170,9 +176,10 @@ fn gone(error: &io::Error) -> bool {
 /// PID would look gone.
 fn procfs_self(root: &Path) -> Result<(), String> {
     procfs_link(root)?;
-    let init = std::fs::read_to_string(root.join("1").join("cgroup"))
+    let init = Process::new_with_root(root.join("1"))
+        .and_then(|init| owner_of(&init))
         .map_err(|e| format!("{}/1/cgroup cannot be read: {e}", root.display()))?;
-    if let Some(owner) = parse_cgroup(&init) {
+    if let Some(owner) = init {
         return Err(format!(
             "PID 1 there is a process of pod {}: that is a pod's PID namespace, not the host's (mount the host's /proc, or run with hostPID)",
             owner.pod_uid
@@ -190,21 +197,22 @@ fn procfs_self(root: &Path) -> Result<(), String> {
 /// the agent's own mount table (`<root>/self/mountinfo`) says of the proc
 /// mount at `root`. With it, `/proc/<pid>` of another user's process is
 /// missing (or unreadable), the same as a process that has exited.
+/// (procfs leaves the mount point as the kernel escapes it, `\040` for a
+/// space: a `--host-proc` with such a character is not matched, as before.)
 fn hidepid(root: &Path) -> Option<String> {
-    let mountinfo = std::fs::read_to_string(root.join("self").join("mountinfo")).ok()?;
-    let root = root.to_str()?.trim_end_matches('/');
-    mountinfo.lines().find_map(|line| {
-        // `<id> <parent> <dev> <root> <mount point> <options> [tags] - <fs> <source> <super options>`
-        let (mount, fs) = line.split_once(" - ")?;
-        let point = mount.split(' ').nth(4)?;
-        let mut fs = fs.split(' ');
-        if point != root || fs.next()? != "proc" {
+    let mounts = Process::new_with_root(root.join("self"))
+        .and_then(|own| own.mountinfo())
+        .ok()?;
+    mounts.iter().find_map(|mount| {
+        if mount.mount_point != root || mount.fs_type != "proc" {
             return None;
         }
-        fs.nth(1)?
-            .split(',')
-            .find(|o| o.starts_with("hidepid=") && !matches!(*o, "hidepid=0" | "hidepid=off"))
-            .map(str::to_owned)
+        match mount.super_options.get("hidepid")? {
+            Some(level) if !matches!(level.as_str(), "0" | "off") => {
+                Some(format!("hidepid={level}"))
+            }
+            _ => None,
+        }
     })
 }
 
@@ -229,27 +237,60 @@ fn procfs_link(root: &Path) -> Result<(), String> {
 }
 
 /// The last PID of the `NSpid:` line of `/proc/<pid>/status` (the PID in
-/// the process's own namespace; Linux 4.1 and later).
-fn innermost_pid(status: &str) -> Option<i32> {
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .next_back()?
-        .parse()
-        .ok()
+/// the process's own namespace; Linux 4.1 and later); `None` without one.
+///
+/// Read through procfs ([`Process::read`], so its errors), parsed here:
+/// procfs's own `Status` splits all ~55 lines into owned strings and
+/// requires some 25 other fields (`State`, `SigQ`, `CapEff`, …), so one
+/// field it cannot parse would make a pod's processes "cannot tell" and
+/// block every reclaim; this reads up to the one line, as bytes (a `Name`
+/// that is not UTF-8 does not matter).
+struct NsPid(Option<i32>);
+
+impl procfs::FromBufRead for NsPid {
+    fn from_buf_read<R: BufRead>(mut status: R) -> procfs::ProcResult<Self> {
+        let mut line = Vec::new();
+        while status.read_until(b'\n', &mut line)? > 0 {
+            if let Some(pids) = line.strip_prefix(b"NSpid:") {
+                let innermost = std::str::from_utf8(pids)
+                    .ok()
+                    .and_then(|pids| pids.split_whitespace().next_back())
+                    .and_then(|pid| pid.parse().ok());
+                return Ok(NsPid(innermost));
+            }
+            line.clear();
+        }
+        Ok(NsPid(None))
+    }
 }
 
-/// Reads the pod UID and container ID out of `/proc/<pid>/cgroup`, for
-/// both kubelet cgroup drivers and cgroup v1 or v2:
+/// The pod container of `process`, from its `cgroup` file: `Ok(None)` in
+/// none (also when the file is not the kernel's `id:controllers:path`
+/// lines); `Err` when it cannot be read, `NotFound` when the process is
+/// gone.
+fn owner_of(process: &Process) -> Result<Option<CgroupOwner>, ProcError> {
+    match process.cgroups() {
+        Ok(groups) => Ok(cgroup_owner(&groups)),
+        Err(e @ (ProcError::NotFound(_) | ProcError::PermissionDenied(_) | ProcError::Io(..))) => {
+            Err(e)
+        }
+        Err(_) => Ok(None),
+    }
+}
+
+/// Reads the pod UID and container ID out of a process's cgroup paths
+/// (procfs splits `/proc/<pid>/cgroup`), for both kubelet cgroup drivers
+/// and cgroup v1 or v2:
 ///
 /// - systemd: `…/kubepods-burstable-pod<uid with _>.slice/cri-containerd-<id>.scope`
 /// - cgroupfs: `/kubepods/burstable/pod<uid>/<id>`
-pub fn parse_cgroup(text: &str) -> Option<CgroupOwner> {
-    text.lines().find_map(|line| {
-        // hierarchy-ID:controllers:path — the path may itself hold ':'.
-        let path = line.splitn(3, ':').nth(2)?;
-        let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+pub fn cgroup_owner(groups: &ProcessCGroups) -> Option<CgroupOwner> {
+    groups.0.iter().find_map(|group| {
+        let segments: Vec<&str> = group
+            .pathname
+            .split('/')
+            .filter(|s| !s.is_empty())
+            .collect();
         let (at, pod_uid) = segments
             .iter()
             .enumerate()
@@ -289,7 +330,14 @@ fn container_id_of(segment: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use procfs::FromRead;
+
     use super::*;
+
+    /// A `/proc/<pid>/cgroup` text as procfs reads it, then ours.
+    fn parse_cgroup(text: &str) -> Option<CgroupOwner> {
+        cgroup_owner(&ProcessCGroups::from_read(text.as_bytes()).ok()?)
+    }
 
     const UID: &str = "0d4f5e6a-1b2c-4d3e-8f90-a1b2c3d4e5f6";
     const CID: &str = "3f1c9a2b4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8";
@@ -417,8 +465,14 @@ mod tests {
         assert!(host.is_procfs());
         let view: &dyn HostPids = &host;
         assert_eq!(view.alive(std::process::id() as i32), Some(true));
-        let own = std::fs::read_to_string("/proc/self/status").expect("status");
-        assert!(innermost_pid(&own).is_some(), "{own}");
+        let own = Process::myself().expect("/proc/self");
+        let NsPid(pid) = own.read("status").expect("status");
+        assert!(pid.is_some());
+        assert_eq!(
+            view.namespace_pid(std::process::id()),
+            pid,
+            "the same file, read by PID"
+        );
     }
 
     /// An empty (or wrong) --host-proc would make every PID look dead and
@@ -470,6 +524,8 @@ mod tests {
             Some("NSpid:\t6001\t9\n"),
         );
         add(7001, "0::/system.slice/sshd.service\n", None);
+        // Not the kernel's cgroup lines: in no pod, as before procfs.
+        add(7002, "garbage without colons\n", None);
         // The pod's pause process: PID 1 of its own namespace.
         add(
             5000,
@@ -484,6 +540,14 @@ mod tests {
         let view: &dyn HostPids = &host;
         assert_eq!(view.namespace_pid(5002), Some(7));
         assert_eq!(view.namespace_pid(7001), None, "no status");
+        // A name that is not UTF-8 hides nothing.
+        add(7003, "0::/system.slice/x.service\n", None);
+        std::fs::write(
+            dir.path().join("7003").join("status"),
+            b"Name:\t\xff\xfe\nNSpid:\t7003\t4\n",
+        )
+        .expect("status");
+        assert_eq!(view.namespace_pid(7003), Some(4));
         // Of the container alone: PID 1 is not the pause process's.
         add(5004, &ours, Some("NSpid:\t5004\t12\n"));
         std::fs::remove_dir_all(dir.path().join("5001")).expect("rm");
