@@ -195,22 +195,17 @@ pub struct HttpTlsArgs {
 impl HttpTlsArgs {
     /// HTTPS, when a certificate is given (clap requires the key with it).
     pub fn tls(&self) -> Option<HttpTls> {
-        Some(HttpTls {
-            cert: self.tls_cert_file.clone()?,
-            key: self.tls_private_key_file.clone()?,
-            client_ca: self.client_ca_file.clone(),
-        })
+        HttpTls::from_flags(
+            self.tls_cert_file.as_ref(),
+            self.tls_private_key_file.as_ref(),
+            self.client_ca_file.as_ref(),
+        )
     }
 }
 
-/// HTTPS on the HTTP port.
-#[derive(Clone, Debug)]
-pub struct HttpTls {
-    pub cert: std::path::PathBuf,
-    pub key: std::path::PathBuf,
-    /// Client certificates issued by this CA are identities.
-    pub client_ca: Option<std::path::PathBuf>,
-}
+/// HTTPS on the HTTP port; with a client CA, client certificates issued
+/// by it are identities.
+pub type HttpTls = kai_runtime::tls::ServerFiles;
 
 /// Where agents come from.
 #[derive(Clone)]

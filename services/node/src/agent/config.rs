@@ -167,22 +167,17 @@ impl GrpcTlsArgs {
     /// TLS for the port, when a certificate is given (clap requires the
     /// key with it).
     pub fn tls(&self) -> Option<GrpcTls> {
-        Some(GrpcTls {
-            cert: self.grpc_tls_cert_file.clone()?,
-            key: self.grpc_tls_key_file.clone()?,
-            client_ca: self.grpc_tls_client_ca_file.clone(),
-        })
+        GrpcTls::from_flags(
+            self.grpc_tls_cert_file.as_ref(),
+            self.grpc_tls_key_file.as_ref(),
+            self.grpc_tls_client_ca_file.as_ref(),
+        )
     }
 }
 
-/// TLS for the gRPC port.
-#[derive(Clone, Debug)]
-pub struct GrpcTls {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    /// Require client certificates issued by this CA.
-    pub client_ca: Option<PathBuf>,
-}
+/// TLS for the gRPC port; with a client CA, client certificates issued by
+/// it are required.
+pub type GrpcTls = kai_runtime::tls::ServerFiles;
 
 /// Validated agent settings.
 #[derive(Clone, Debug)]

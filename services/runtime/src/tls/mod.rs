@@ -9,7 +9,7 @@ mod reload;
 #[cfg(feature = "test-support")]
 mod selfsigned;
 
-pub use args::{DEFAULT_RELOAD_FALLBACK, reload_seconds};
+pub use args::{DEFAULT_RELOAD_FALLBACK, ServerFiles, reload_seconds};
 pub use incoming::incoming;
 
 pub use pem::PemPair;
