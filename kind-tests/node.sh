@@ -9,6 +9,13 @@
 # the chart's real pods (see README.md, "node.sh").
 #
 #   kind-tests/node.sh [TARGET_DIR] [--only NAME,...]
+#   kind-tests/node.sh --up [TARGET_DIR]     # bring the node up, return; last line: NODE_DIR=<dir>
+#   kind-tests/node.sh --down NODE_DIR       # take down what --up (or KEEP_NODE=1) left
+#
+# --up does what a run does up to node.py (the node Ready, kube-proxy
+# programmed, NODE_DIR/node.env and NODE_DIR/cluster/env written) and leaves
+# it running for another suite (kind-tests/test_kai.py); on failure it
+# tears down as a run does.
 #
 # TARGET_DIR holds the built kai-webhook, kai-node, kai-csi, kai-aggregator and
 # libkai_fake_vgpu.so (cargo build --bins; cargo build -p kai-fake-vgpu).
@@ -35,6 +42,7 @@ if [ "${1:-}" = --down ]; then
   mode=down
 else
   mode=run
+  if [ "${1:-}" = --up ]; then mode=up; shift; fi
   target="${1:-$root/target/debug}"
   shift || true
   target="$(cd "$target" && pwd)"
@@ -63,6 +71,7 @@ kc() { "$BIN/kubectl" --kubeconfig "$T/cluster/admin.kubeconfig" "$@"; }
 
 teardown() {
   local rc=$?
+  if [ "$mode" = up ] && [ "$rc" = 0 ]; then exit 0; fi
   if [ "${KEEP_NODE:-0}" = 1 ]; then
     echo "node left running: NODE_DIR=$T, KUBECONFIG=$T/cluster/admin.kubeconfig; stop it with: bash $here/node.sh --down $T" >&2
     exit "$rc"
@@ -198,7 +207,7 @@ log "binaries and images ready in $((SECONDS - t0)) s"
 T="$(mktemp -d "${TMPDIR:-/tmp}/kai-node.XXXXXX")"
 T="$(cd "$T" && pwd)"
 PIDS="$T/pids"
-mkdir -p "$T"/{ns/run,ns/varlog,sysctl,containerd/root,containerd/state,cni/net.d,cni/data,kubelet,podlogs,pki,host}
+mkdir -p "$T"/{ns/run,ns/varlog,ns/varlib/kubelet,sysctl,containerd/root,containerd/state,cni/net.d,cni/data,kubelet,podlogs,pki,host}
 : > "$T/pids"
 echo "KUBELET_DIR=$KUBELET_DIR" > "$T/tools.env"  # for node.sh --down
 for k in $SYSCTLS; do echo "$k=$(sysctl -n "$k")"; done > "$T/sysctl.host"
@@ -221,7 +230,9 @@ log "control plane up in $((SECONDS - t1)) s"
 
 # --- the node's mount namespace ----------------------------------------------
 t2=$SECONDS
-unshare --mount --propagation private sleep infinity &
+# (Its stdio is not ours: with --up it outlives this script, and must not
+# hold a caller's pipe open.)
+unshare --mount --propagation private sleep infinity < /dev/null > /dev/null 2>&1 &
 echo "holder $!" >> "$T/pids"
 for _ in $(seq 50); do
   [ "$(readlink "/proc/$(pid_of holder)/ns/mnt" 2>/dev/null)" != "$(readlink /proc/self/ns/mnt)" ] && break
@@ -229,6 +240,16 @@ for _ in $(seq 50); do
 done
 in_ns mount --bind "$T/ns/run" /run
 in_ns mount --bind "$T/ns/varlog" /var/log
+# /var/lib is a temp dir too, with the kubelet's --root-dir ($T/kubelet,
+# unchanged) bound at /var/lib/kubelet: pods written for a standard node
+# find the kubelet there and their hostPaths under /var/lib land in NODE_DIR,
+# never on the machine (fake-gpu-operator's device plugin registers through
+# /var/lib/kubelet/device-plugins/kubelet.sock and writes /var/lib/runai;
+# CNI's cache /var/lib/cni stays here too). A second, private mount of the
+# directory: files and sockets are shared, the kubelet's mounts are not
+# (a CSI driver's kubeletDir is still $T/kubelet).
+in_ns mount --bind "$T/ns/varlib" /var/lib
+in_ns mount --bind "$T/kubelet" /var/lib/kubelet
 # The kubelet wants these values and writes them when they differ
 # (container_manager_linux.go setupKernelTunables); it reads files here.
 for kv in vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/panic_on_oops=1 \
@@ -405,6 +426,12 @@ KUBELET_LOG=$T/kubelet.log
 KAI_IMAGE=$KAI_IMAGE
 REGISTRAR_IMAGE=$REGISTRAR_IMAGE
 EOF
+
+if [ "$mode" = up ]; then
+  log "node up in $((SECONDS - t0)) s; stop it with: bash $here/node.sh --down $T"
+  echo "NODE_DIR=$T"
+  exit 0
+fi
 
 rc=0
 python3 "$here/node.py" "$T" "$target" "$HELM" "$@" || rc=$?
