@@ -157,7 +157,7 @@ def pod(name, annotations=None, script="exec sleep infinity", labels=None):
 
 def gpu_pod(name):
     # The annotation KAI's GPU-memory sharing puts on a pod (the webhook's
-    # trigger), as apiserver.py's injected pods carry it.
+    # trigger), as test_apiserver.py's injected pods carry it.
     return pod(name, {"gpu-memory": "1024"}, GPU_SCRIPT)
 
 
@@ -657,7 +657,7 @@ def restricted_gpu_pod(name):
     # runAsUser on the pod too: containerd 1.6.20 cannot start a sandbox
     # whose pod names runAsGroup without runAsUser ("failed to generate
     # sanbdox container spec options: failed to generate user string: user
-    # group "2000" is specified without user"), the shape apiserver.py's
+    # group "2000" is specified without user"), the shape test_apiserver.py's
     # restricted pod has (container runAsUser, pod runAsGroup).
     p["spec"]["securityContext"] = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 2000,
                                     "seccompProfile": {"type": "RuntimeDefault"}}

@@ -192,7 +192,7 @@ def change(name, kind, *helm_args):
     """helm_args while GPU-sharing pods are admitted (dry run) through the
     real Service, until the rollout to `kind` is done: none refused, none
     let through unpatched."""
-    prober = migration.Prober(migration.S["api"], namespaces=(TENANT,), mount=N["dir"])
+    prober = migration.Prober(N["api"], namespaces=(TENANT,), mount=N["dir"])
     prober.start()
     try:
         r = helm(*helm_args, check=False)
@@ -212,8 +212,7 @@ def run_migration(running, exec_):
         raise AssertionError(f"the Go chart is not at {migration.GO_CHART}")
     N.update(running=running, exec=exec_, dir=os.path.join(env["NODE_DIR"], "go-host", "vgpu"),
              library=harness.built_library("libkai_fake_vgpu.so", "kai-fake-vgpu", AssertionError))
-    migration.S.update(node_ip=env["NODE_IP"], api_port=int(env["API_PORT"]), pki=harness.PKI)
-    migration.S["api"] = migration.Api()
+    N["api"] = migration.Api(harness.PKI, env["API_PORT"])
     node = env["NODE_NAME"]
     names = []
     try:
@@ -259,7 +258,7 @@ def run_migration(running, exec_):
             return
 
         def rolled_back():
-            change("helm rollback", "go", "rollback", RELEASE, migration.go_revision(), "-n", NS)
+            change("helm rollback", "go", "rollback", RELEASE, migration.go_revision(helm), "-n", NS)
             still_running(names)
             names.append("go-again")
             admitted("go-again")

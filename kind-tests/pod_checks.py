@@ -2,8 +2,8 @@
 """What the webhook must have done to a pod, checked on a Pod object.
 
 Used by run.sh on the live pod (`kubectl get pod -o json`), by local.sh on
-the pod with the webhook's JSON patch applied and by apiserver.py on the
-stored pod, so all hold the same shape.
+the pod with the webhook's JSON patch applied and by test_apiserver.py on
+the stored pod, so all hold the same shape.
 
   pod_checks.py apply POD.json REVIEW_RESPONSE.json   print the patched pod
   pod_checks.py injected POD.json CONTAINER [MOUNT] [--delivery csi|hostPath]

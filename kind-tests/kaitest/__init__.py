@@ -2,7 +2,7 @@
 
 One small library, imported by the pytest suites (`pytest.ini` puts
 kind-tests/ on the path) and by the scripts not yet on pytest
-(apiserver.py, node.py run from kind-tests/):
+(node.py, run from kind-tests/):
 
 - `poll`: waiting on a condition, never on time alone;
 - `net`: a free loopback port, a plain HTTP GET;
@@ -11,7 +11,10 @@ kind-tests/ on the path) and by the scripts not yet on pytest
 - `region`: where libvgpu's region fields lie, read from the description
   the Rust layout checks (services/region/layout.json);
 - `checks`: pytest ids that are the checks' old `ok NAME` lines, and the
-  hook that turns a module's table of checks into tests.
+  hook that turns a module's table of checks into tests;
+- `kube`: a cluster.sh cluster (kubectl, helm, objects, ServiceAccount
+  kubeconfigs, the chart's components read back, Prometheus' token) and
+  the processes a suite starts (test_apiserver.py; node.py through harness.py).
 
 The fixtures (built binaries, Debian tools) are kind-tests/conftest.py's.
 
