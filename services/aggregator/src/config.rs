@@ -136,27 +136,17 @@ impl Default for AggregatorLimits {
 #[derive(Clone, Debug, clap::Args)]
 pub struct AgentTlsArgs {
     /// Client certificate for agents that require one (mutual TLS).
-    #[arg(long, env = "AGENT_TLS_CERT_FILE", value_name = "AGENT_TLS_CERT_FILE",
+    #[arg(long, env = "AGENT_TLS_CERT_FILE",
           requires_all = ["agent_tls_key_file", "agent_tls_ca_file"])]
     pub agent_tls_cert_file: Option<PathBuf>,
     /// Private key of the client certificate.
-    #[arg(
-        long,
-        env = "AGENT_TLS_KEY_FILE",
-        value_name = "AGENT_TLS_KEY_FILE",
-        requires = "agent_tls_cert_file"
-    )]
+    #[arg(long, env = "AGENT_TLS_KEY_FILE", requires = "agent_tls_cert_file")]
     pub agent_tls_key_file: Option<PathBuf>,
     /// CA bundle of the agents' gRPC certificates: connect with TLS.
-    #[arg(long, env = "AGENT_TLS_CA_FILE", value_name = "AGENT_TLS_CA_FILE")]
+    #[arg(long, env = "AGENT_TLS_CA_FILE")]
     pub agent_tls_ca_file: Option<PathBuf>,
     /// Name verified in the agents' certificates.
-    #[arg(
-        long,
-        env = "AGENT_TLS_SERVER_NAME",
-        value_name = "AGENT_TLS_SERVER_NAME",
-        default_value = "kai-node-agent"
-    )]
+    #[arg(long, env = "AGENT_TLS_SERVER_NAME", default_value = "kai-node-agent")]
     pub agent_tls_server_name: String,
 }
 
@@ -165,30 +155,15 @@ pub struct AgentTlsArgs {
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct HttpTlsArgs {
     /// Serve the HTTP port (API, web view, /metrics) over HTTPS with this certificate.
-    #[arg(
-        long,
-        env = "TLS_CERT_FILE",
-        value_name = "TLS_CERT_FILE",
-        requires = "tls_private_key_file"
-    )]
+    #[arg(long, env = "TLS_CERT_FILE", requires = "tls_private_key_file")]
     pub tls_cert_file: Option<PathBuf>,
     /// Private key of --tls-cert-file.
-    #[arg(
-        long,
-        env = "TLS_PRIVATE_KEY_FILE",
-        value_name = "TLS_PRIVATE_KEY_FILE",
-        requires = "tls_cert_file"
-    )]
+    #[arg(long, env = "TLS_PRIVATE_KEY_FILE", requires = "tls_cert_file")]
     pub tls_private_key_file: Option<PathBuf>,
     /// With --tls-cert-file: client certificates issued by this CA (e.g. the cluster's,
     /// kube-root-ca.crt) name their caller as the API server does (CN user, O groups);
     /// optional, callers without one send a token.
-    #[arg(
-        long,
-        env = "CLIENT_CA_FILE",
-        value_name = "CLIENT_CA_FILE",
-        requires = "tls_cert_file"
-    )]
+    #[arg(long, env = "CLIENT_CA_FILE", requires = "tls_cert_file")]
     pub client_ca_file: Option<PathBuf>,
 }
 

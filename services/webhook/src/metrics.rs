@@ -84,13 +84,14 @@ impl Default for Metrics {
                 ),
                 Outcome::iter().map(Outcome::label).chain(["bad_request"]),
             ),
-            bad_requests: family(
+            bad_requests: Family::new(
+                &recorder,
                 (
                     "kai_webhook_bad_requests_total",
                     "Malformed admission requests answered with HTTP 400, by reason.",
                     "reason",
                 ),
-                &BadRequestKind::iter().map(<&str>::from).collect::<Vec<_>>(),
+                BadRequestKind::iter().map(<&str>::from),
             ),
             duration: recorder.histogram(
                 REVIEW_DURATION,

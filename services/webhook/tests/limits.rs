@@ -14,7 +14,9 @@ use kai_runtime::tls::{SelfSigned, generate};
 use kai_webhook::Running;
 use kai_webhook::server::WebhookLimits;
 use serde_json::{Value, json};
-use support::live::{SecretDir, client, gpu_review, names, sample, scrape, start_with};
+use support::live::{
+    SecretDir, client, client_tls, gpu_review, names, raw, sample, scrape, start_with,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -47,20 +49,12 @@ impl Server {
     }
 
     fn tls_config(&self, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
-        let mut config =
-            kai_runtime::tls::client_config_trusting(self.bundle.ca_cert_pem.as_bytes())
-                .expect("client config");
-        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-        Arc::new(config)
+        client_tls(&self.bundle, alpn)
     }
 
     /// A raw TLS connection, to send exactly the bytes a test wants.
     async fn raw(&self) -> std::io::Result<TlsStream<TcpStream>> {
-        let tcp = TcpStream::connect(self.running.addr).await?;
-        let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
-        TlsConnector::from(self.tls_config(&[b"http/1.1"]))
-            .connect(name, tcp)
-            .await
+        raw(&self.running, &self.bundle).await
     }
 
     /// A raw TLS connection from the local address `from` (any 127.0.0.0/8

@@ -282,15 +282,9 @@ async fn after_the_signal_reviews_are_still_answered_through_the_delay() {
         ..Default::default()
     };
     let running = support::live::start_with(secret.path(), &shutdown, limits).await;
-    let mut config =
-        kai_runtime::tls::client_config_trusting(bundle.ca_cert_pem.as_bytes()).expect("config");
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(running.addr)
+    let mut kept = support::live::raw(&running, &bundle)
         .await
-        .expect("connect");
-    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
-    let mut kept = connector.connect(name, tcp).await.expect("handshake");
+        .expect("connects");
     let (head, _) = exchange(&mut kept, "/mutate", &gpu_review("before")).await;
     assert!(head.starts_with("http/1.1 200"), "{head}");
     assert!(!head.contains("connection: close"), "{head}");

@@ -138,28 +138,13 @@ impl Default for AgentLimits {
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct GrpcTlsArgs {
     /// PEM certificate for the gRPC port: serves TLS (reloaded on change).
-    #[arg(
-        long,
-        env = "GRPC_TLS_CERT_FILE",
-        value_name = "GRPC_TLS_CERT_FILE",
-        requires = "grpc_tls_key_file"
-    )]
+    #[arg(long, env = "GRPC_TLS_CERT_FILE", requires = "grpc_tls_key_file")]
     pub grpc_tls_cert_file: Option<PathBuf>,
     /// PEM private key for the gRPC port.
-    #[arg(
-        long,
-        env = "GRPC_TLS_KEY_FILE",
-        value_name = "GRPC_TLS_KEY_FILE",
-        requires = "grpc_tls_cert_file"
-    )]
+    #[arg(long, env = "GRPC_TLS_KEY_FILE", requires = "grpc_tls_cert_file")]
     pub grpc_tls_key_file: Option<PathBuf>,
     /// CA bundle: require client certificates issued by it (mutual TLS).
-    #[arg(
-        long,
-        env = "GRPC_TLS_CLIENT_CA_FILE",
-        value_name = "GRPC_TLS_CLIENT_CA_FILE",
-        requires = "grpc_tls_cert_file"
-    )]
+    #[arg(long, env = "GRPC_TLS_CLIENT_CA_FILE", requires = "grpc_tls_cert_file")]
     pub grpc_tls_client_ca_file: Option<PathBuf>,
 }
 

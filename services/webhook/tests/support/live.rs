@@ -10,6 +10,9 @@ use kai_runtime::https::Client;
 use kai_runtime::tls::SelfSigned;
 use kai_webhook::{InjectConfig, Running, Settings};
 use serde_json::json;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
 use tokio_util::sync::CancellationToken;
 
 /// A Secret volume as the kubelet lays it out: files behind `..data`.
@@ -89,6 +92,23 @@ pub async fn client(running: &Running, ca: &SelfSigned) -> Client {
     Client::connect(running.addr, "localhost", Arc::new(config))
         .await
         .expect("connects")
+}
+
+/// A client TLS configuration trusting `ca`, offering `alpn`.
+pub fn client_tls(ca: &SelfSigned, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+    let mut config =
+        kai_runtime::tls::client_config_trusting(ca.ca_cert_pem.as_bytes()).expect("client config");
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(config)
+}
+
+/// A raw HTTP/1.1 TLS connection, to send exactly the bytes a test wants.
+pub async fn raw(running: &Running, ca: &SelfSigned) -> std::io::Result<TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(running.addr).await?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    TlsConnector::from(client_tls(ca, &[b"http/1.1"]))
+        .connect(name, tcp)
+        .await
 }
 
 pub fn gpu_review(uid: &str) -> Bytes {
