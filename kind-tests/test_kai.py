@@ -36,13 +36,13 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from kaitest.chart import CHART, ROOT, helm_binary
+from kaitest import node as kainode
+from kaitest.chart import CHART, ROOT
 from kaitest.poll import poll
 
 pytestmark = pytest.mark.kai
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-NODE_SH = os.path.join(HERE, "node.sh")
 BUILD_SH = os.path.join(HERE, "kai", "build.sh")
 RELEASE = NS = "kai-resource-isolator"
 WEBHOOK_CONFIG = f"{RELEASE}-mutating"  # what KAI's hamicore suite looks for
@@ -72,41 +72,6 @@ FAKE_GPU_UUID = "GPU-11441000-0000-4000-8000-000000000000"
 def wait(what, fn, timeout=300, show=None):
     return poll(what, fn, timeout, (subprocess.CalledProcessError, AssertionError, KeyError, ValueError, IndexError),
                 show=show)
-
-
-class Node:
-    """A running node.sh node: its env files, kubectl/helm as the cluster's
-    admin, ctr in the node's mount namespace."""
-
-    def __init__(self, node_dir, out):
-        self.dir, self.out = node_dir, out
-        self.env = {}
-        for path in (os.path.join(node_dir, "cluster", "env"), os.path.join(node_dir, "node.env")):
-            for line in open(path):
-                k, sep, v = line.strip().removeprefix("export ").partition("=")
-                if sep:
-                    self.env[k] = v.strip('"')
-        self.name = self.env["NODE_NAME"]
-        self.admin = os.path.join(node_dir, "cluster", "admin.kubeconfig")
-
-    def run(self, *args, check=True, timeout=300, input=None):
-        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, input=input)
-        if check and r.returncode != 0:
-            raise AssertionError(f"{' '.join(map(str, args[:8]))}…: rc {r.returncode}: {(r.stderr or r.stdout)[-1500:]}")
-        return r
-
-    def kubectl(self, *args, **kw):
-        return self.run(os.path.join(self.env["BIN"], "kubectl"), "--kubeconfig", self.admin, *args, **kw)
-
-    def kjson(self, *args):
-        return json.loads(self.kubectl(*args, "-o", "json").stdout)
-
-    def helm(self, *args, timeout=900):
-        return self.run(helm_binary(), "--kubeconfig", self.admin, *args, timeout=timeout)
-
-    def ctr(self, *args, timeout=300):
-        return self.run("nsenter", "-t", self.env["HOLDER_PID"], "-m", "--", "ctr", "--address",
-                        self.env["CONTAINERD_SOCK"], "-n", "k8s.io", *args, timeout=timeout)
 
 
 def junit_specs(path):
@@ -165,24 +130,8 @@ def out_dir():
 def node(built, out_dir):
     """node.sh --up: the control plane and the real node, taken down at the
     end of the session (node.sh --down)."""
-    if os.geteuid() != 0:
-        pytest.fail("needs root: node.sh runs containerd and the kubelet")
-    target = built(["kai-webhook", "kai-node", "kai-csi", "kai-aggregator", "kai-fake-vgpu", "kai-fake-nvml"],
-                   ["kai-webhook", "kai-node", "kai-csi", "kai-aggregator", "libkai_fake_vgpu.so",
-                    "libkai_fake_nvml.so"])
-    log = os.path.join(out_dir, "node.log")
-    with open(log, "w") as f:
-        r = subprocess.run(["bash", NODE_SH, "--up", target], stdout=f, stderr=subprocess.STDOUT, timeout=1200)
-    text = open(log, errors="replace").read()
-    dirs = re.findall(r"^NODE_DIR=(\S+)$", text, re.M)
-    assert r.returncode == 0 and dirs, f"node.sh --up: rc {r.returncode}:\n{text[-3000:]}"
-    n = Node(dirs[-1], out_dir)
-    n.target = target
-    try:
+    with kainode.up(built(kainode.PACKAGES, kainode.FILES), out_dir) as n:
         yield n
-    finally:
-        with open(log, "a") as f:
-            subprocess.run(["bash", NODE_SH, "--down", n.dir], stdout=f, stderr=subprocess.STDOUT, timeout=600)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,8 @@ kind-tests/ on the path) and by the scripts not yet on pytest
   hook that turns a module's table of checks into tests;
 - `kube`: a cluster.sh cluster (kubectl, helm, objects, ServiceAccount
   kubeconfigs, the chart's components read back, Prometheus' token) and
-  the processes a suite starts (test_apiserver.py; node.py through harness.py).
+  the processes a suite starts (test_apiserver.py; node.py through harness.py);
+- `node`: node.sh's real node, up for a suite and down after it.
 
 The fixtures (built binaries, Debian tools) are kind-tests/conftest.py's.
 

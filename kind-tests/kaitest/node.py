@@ -1,0 +1,74 @@
+"""node.sh's real node as a suite holds it: `node.sh --up` brings up the
+control plane and a real kubelet on containerd and returns; `up()` reads
+what it wrote (NODE_DIR/cluster/env, NODE_DIR/node.env) into a `Node`, and
+takes the node down again (`node.sh --down`) when the suite is done.
+"""
+import contextlib
+import json
+import os
+import re
+import subprocess
+
+from kaitest.chart import helm_binary
+
+NODE_SH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "node.sh")
+
+# What node.sh's image and the node's stand-ins are made of: the packages to
+# build and the files they leave in the target directory.
+PACKAGES = ("kai-webhook", "kai-node", "kai-csi", "kai-aggregator", "kai-fake-vgpu", "kai-fake-nvml")
+FILES = ("kai-webhook", "kai-node", "kai-csi", "kai-aggregator", "libkai_fake_vgpu.so", "libkai_fake_nvml.so")
+
+
+class Node:
+    """A running node.sh node: its env files, kubectl/helm as the cluster's
+    admin, ctr in the node's mount namespace."""
+
+    def __init__(self, node_dir, out, target=None):
+        self.dir, self.out, self.target = node_dir, out, target
+        self.env = {}
+        for path in (os.path.join(node_dir, "cluster", "env"), os.path.join(node_dir, "node.env")):
+            for line in open(path):
+                k, sep, v = line.strip().removeprefix("export ").partition("=")
+                if sep:
+                    self.env[k] = v.strip('"')
+        self.name = self.env["NODE_NAME"]
+        self.admin = os.path.join(node_dir, "cluster", "admin.kubeconfig")
+
+    def run(self, *args, check=True, timeout=300, input=None):
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, input=input)
+        if check and r.returncode != 0:
+            raise AssertionError(f"{' '.join(map(str, args[:8]))}…: rc {r.returncode}: {(r.stderr or r.stdout)[-1500:]}")
+        return r
+
+    def kubectl(self, *args, **kw):
+        return self.run(os.path.join(self.env["BIN"], "kubectl"), "--kubeconfig", self.admin, *args, **kw)
+
+    def kjson(self, *args):
+        return json.loads(self.kubectl(*args, "-o", "json").stdout)
+
+    def helm(self, *args, timeout=900):
+        return self.run(helm_binary(), "--kubeconfig", self.admin, *args, timeout=timeout)
+
+    def ctr(self, *args, timeout=300):
+        return self.run("nsenter", "-t", self.env["HOLDER_PID"], "-m", "--", "ctr", "--address",
+                        self.env["CONTAINERD_SOCK"], "-n", "k8s.io", *args, timeout=timeout)
+
+
+@contextlib.contextmanager
+def up(target, out):
+    """node.sh --up with the binaries in `target` (node.sh's log in
+    out/node.log); the Node, taken down (node.sh --down) on leaving."""
+    if os.geteuid() != 0:
+        raise AssertionError("needs root: node.sh runs containerd and the kubelet")
+    log = os.path.join(out, "node.log")
+    with open(log, "w") as f:
+        r = subprocess.run(["bash", NODE_SH, "--up", target], stdout=f, stderr=subprocess.STDOUT, timeout=1200)
+    text = open(log, errors="replace").read()
+    dirs = re.findall(r"^NODE_DIR=(\S+)$", text, re.M)
+    assert r.returncode == 0 and dirs, f"node.sh --up: rc {r.returncode}:\n{text[-3000:]}"
+    node = Node(dirs[-1], out, target)
+    try:
+        yield node
+    finally:
+        with open(log, "a") as f:
+            subprocess.run(["bash", NODE_SH, "--down", node.dir], stdout=f, stderr=subprocess.STDOUT, timeout=600)
