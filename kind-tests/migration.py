@@ -1,7 +1,8 @@
 """Moving a Go chart release to this chart in place, and back (issue 43).
 
 What the migration tests share: test_apiserver.py's (`-k migration`, on a
-real API server alone) and node_migration.py's (on node.sh's node). The
+real API server alone) and test_node.py's (`-m node -k migration`, on
+node.sh's node). The
 steps and the stand-in kubelet of the API-server-only run (`Pods`) are
 test_apiserver.py's; this module has the prober and what it asserts with.
 

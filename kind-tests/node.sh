@@ -3,50 +3,42 @@
 # nodes), plus containerd (Debian's package) and the kubelet and kube-proxy
 # built from the same pinned k8s.io/kubernetes (k8s/build.sh kubelet), so
 # injected pods run in real containers and the chart's pods reach the API
-# server. node.py then asserts the preload, the read-only library, the
-# writable region directory of a non-root container and libsync's recovery
-# in those containers, with libsync, the agent, the aggregator and kai-csi as
-# the chart's real pods (see README.md, "node.sh").
+# server. The suites on it are pytest modules that bring it up and take it
+# down themselves (kaitest/node.py): test_node.py (`pytest -c
+# kind-tests/pytest.ini -m node`) asserts the preload, the read-only
+# library, the writable region directory of a non-root container and
+# libsync's recovery in those containers, with libsync, the agent, the
+# aggregator and kai-csi as the chart's real pods; test_kai.py (`-m kai`)
+# runs KAI-Scheduler's e2e specs there (see README.md, "node.sh").
 #
-#   kind-tests/node.sh [TARGET_DIR] [--only NAME,...]
 #   kind-tests/node.sh --up [TARGET_DIR]     # bring the node up, return; last line: NODE_DIR=<dir>
-#   kind-tests/node.sh --down NODE_DIR       # take down what --up (or KEEP_NODE=1) left
+#   kind-tests/node.sh --down NODE_DIR       # take down what --up left
 #
-# --up does what a run does up to node.py (the node Ready, kube-proxy
-# programmed, NODE_DIR/node.env and NODE_DIR/cluster/env written) and leaves
-# it running for another suite (kind-tests/test_kai.py); on failure it
-# tears down as a run does.
+# --up brings the node up (the node Ready, kube-proxy programmed,
+# NODE_DIR/node.env and NODE_DIR/cluster/env written) and leaves it running
+# for a suite; on failure it tears down what it started (KEEP_NODE=1 leaves
+# it, and prints how to stop it).
 #
 # TARGET_DIR holds the built kai-webhook, kai-node, kai-csi, kai-aggregator and
 # libkai_fake_vgpu.so (cargo build --bins; cargo build -p kai-fake-vgpu).
 # Needs root, a kernel with overlayfs, unshare/nsenter (util-linux), openssl,
 # curl, python3 + PyYAML, helm (HELM), go, cc; containerd, runc,
 # containernetworking-plugins, debootstrap and iptables are installed with
-# apt-get when missing. KEEP_NODE=1 leaves everything running and prints how to stop it.
+# apt-get when missing.
 #
-# Nothing of the machine's own node state is used or touched but its
-# iptables, which the kubelet and kube-proxy write and node.sh puts back as
-# they were: containerd's root, state and socket, the kubelet's --root-dir,
-# pod logs and the library's host directory all live in one temp dir
-# (NODE_DIR, printed); containerd,
-# its shims and the kubelet run in a private mount namespace in which /run and
-# /var/log are temp dirs (containerd 1.6 puts shim sockets under
-# /run/containerd/s whatever its config says; the kubelet writes
-# /var/log/containers) and the six kernel settings the kubelet wants are
-# read-only files holding its values (it would otherwise rewrite the host's
-# vm.overcommit_memory, kernel.panic, kernel.panic_on_oops).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
-if [ "${1:-}" = --down ]; then
-  mode=down
-else
-  mode=run
-  if [ "${1:-}" = --up ]; then mode=up; shift; fi
-  target="${1:-$root/target/debug}"
-  shift || true
-  target="$(cd "$target" && pwd)"
-fi
+case "${1:-}" in
+  --down) mode=down ;;
+  --up)
+    mode=up
+    target="${2:-$root/target/debug}"
+    target="$(cd "$target" && pwd)" ;;
+  *)
+    echo "usage: node.sh --up [TARGET_DIR] | node.sh --down NODE_DIR (the node's suite: pytest -c kind-tests/pytest.ini -m node)" >&2
+    exit 2 ;;
+esac
 HELM="${HELM:-${XDG_CACHE_HOME:-$HOME/.cache}/kai-tools/helm/helm}"
 NODE_NAME="${NODE_NAME:-kai-node-1}"
 BRIDGE=kai-cni0
@@ -427,19 +419,5 @@ KAI_IMAGE=$KAI_IMAGE
 REGISTRAR_IMAGE=$REGISTRAR_IMAGE
 EOF
 
-if [ "$mode" = up ]; then
-  log "node up in $((SECONDS - t0)) s; stop it with: bash $here/node.sh --down $T"
-  echo "NODE_DIR=$T"
-  exit 0
-fi
-
-rc=0
-python3 "$here/node.py" "$T" "$target" "$HELM" "$@" || rc=$?
-if [ "$rc" != 0 ]; then
-  for f in "$T/kubelet.log" "$T/containerd.log"; do
-    echo "--- $(basename "$f") (errors, last lines) ---"
-    grep -E '^E[0-9]{4}|level=error' "$f" | tail -15 || true
-  done
-fi
-echo "node suite: $((SECONDS - t0)) s in all"
-exit "$rc"
+log "node up in $((SECONDS - t0)) s; stop it with: bash $here/node.sh --down $T"
+echo "NODE_DIR=$T"

@@ -578,8 +578,8 @@ class Pods(threading.Thread):
         listen = [f"--listen={self.kc.node_ip}:{port}", f"--tls-cert-file={tls}/tls.crt",
                   f"--tls-private-key-file={tls}/tls.key", "--log-format=plain"]
         # `retire` removes the endpoint before it stops the process, the
-        # order the delay stands in for on a real node (node_migration.py
-        # runs the chart's delay).
+        # order the delay stands in for on a real node (test_node.py's
+        # migration runs the chart's delay).
         env = webhook_env(self.kc, c, full=migration.FULL, ns=migration.NS)
         if ours:
             args = [a for a in c.get("args", []) if not a.startswith(("--listen=", "--tls-", "--log-format="))] + listen

@@ -1,8 +1,7 @@
 """What the real-cluster suites and the chart's tests share (issue 42).
 
 One small library, imported by the pytest suites (`pytest.ini` puts
-kind-tests/ on the path) and by the scripts not yet on pytest
-(node.py, run from kind-tests/):
+kind-tests/ on the path):
 
 - `poll`: waiting on a condition, never on time alone;
 - `net`: a free loopback port, a plain HTTP GET;
@@ -14,8 +13,9 @@ kind-tests/ on the path) and by the scripts not yet on pytest
   hook that turns a module's table of checks into tests;
 - `kube`: a cluster.sh cluster (kubectl, helm, objects, ServiceAccount
   kubeconfigs, the chart's components read back, Prometheus' token) and
-  the processes a suite starts (test_apiserver.py; node.py through harness.py);
-- `node`: node.sh's real node, up for a suite and down after it.
+  the processes a suite starts (test_apiserver.py, test_node.py);
+- `node`: node.sh's real node, up for a suite and down after it
+  (test_node.py, test_kai.py).
 
 The fixtures (built binaries, Debian tools) are kind-tests/conftest.py's.
 

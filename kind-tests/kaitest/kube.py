@@ -3,8 +3,8 @@ objects created and read back, ServiceAccount kubeconfigs, the chart's
 components read back from the API server, Prometheus' token and a series
 reader; and the processes a suite starts on this host (`Processes`).
 
-One `Cluster` per cluster, made by the suite (test_apiserver.py's fixture;
-harness.py's setup for node.py): nothing here is module state.
+One `Cluster` per cluster, made by the suite (test_apiserver.py's and
+test_node.py's fixtures): nothing here is module state.
 """
 import base64
 import http.client
