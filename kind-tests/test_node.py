@@ -69,7 +69,7 @@ import migration
 import pod_checks as shapes
 from kaitest import node as kainode
 from kaitest.chart import helm_binary
-from kaitest.checks import named
+from kaitest.checks import named, uncaptured
 from kaitest.kube import CHART, FULL, KIND_TESTS, NS, RELEASE, ROOT, TENANT, Cluster, Processes, http_get, run
 
 pytestmark = pytest.mark.node
@@ -283,23 +283,27 @@ class NodeCluster(Cluster):
         """Whether a test of this module has failed (so far)."""
         return request.session.testsfailed > self.failed_before
 
-    def release_logs(self):
-        """The last lines of each release pod's containers (before they go)."""
+    def release_logs(self, request):
+        """The last lines of each release pod's containers (before they go),
+        on the terminal."""
         r = self.kubectl("get", "pods", "-n", NS, "-o", "json", check=False)
-        for p in json.loads(r.stdout)["items"] if r.returncode == 0 else ():
-            for c in p["spec"]["containers"]:
-                print(f"--- {p['metadata']['name']} {c['name']} (last lines) ---\n"
-                      + self.pod_log(p["metadata"]["name"], c["name"], 15), flush=True)
+        with uncaptured(request):
+            for p in json.loads(r.stdout)["items"] if r.returncode == 0 else ():
+                for c in p["spec"]["containers"]:
+                    print(f"\n--- {p['metadata']['name']} {c['name']} (last lines) ---\n"
+                          + self.pod_log(p["metadata"]["name"], c["name"], 15), flush=True)
 
-    def node_errors(self):
-        """The kubelet's and containerd's error lines (last ones)."""
-        for log in ("kubelet.log", "containerd.log"):
-            try:
-                lines = open(os.path.join(self.node.dir, log), errors="replace").read().splitlines()
-            except OSError:
-                continue
-            errors = [ln for ln in lines if re.match(r"^E[0-9]{4}", ln) or "level=error" in ln]
-            print(f"--- {log} (errors, last lines) ---\n" + "\n".join(errors[-15:]), flush=True)
+    def node_errors(self, request):
+        """The kubelet's and containerd's error lines (last ones), on the
+        terminal."""
+        with uncaptured(request):
+            for log in ("kubelet.log", "containerd.log"):
+                try:
+                    lines = open(os.path.join(self.node.dir, log), errors="replace").read().splitlines()
+                except OSError:
+                    continue
+                errors = [ln for ln in lines if re.match(r"^E[0-9]{4}", ln) or "level=error" in ln]
+                print(f"\n--- {log} (errors, last lines) ---\n" + "\n".join(errors[-15:]), flush=True)
 
 
 class Stuck(Exception):
@@ -359,7 +363,7 @@ def kc(node, request):
     finally:
         kc.processes.stop_all()
         if kc.failed(request):
-            kc.node_errors()
+            kc.node_errors(request)
 
 
 def test_node_ready(node_check, kc):
@@ -739,7 +743,7 @@ def release(kc, request):
         yield rel
     finally:
         if kc.failed(request):
-            kc.release_logs()
+            kc.release_logs(request)
 
 
 @named("helm install (libraryDelivery=hostPath, host directory under the test's temp dir); "
@@ -1294,7 +1298,7 @@ class TestCsi:
 @named("all pods deleted and helm uninstall: no pod left on the node, the kubelet removed their directories")
 def test_uninstall(check, kc, release, request):
     if kc.failed(request):
-        kc.release_logs()
+        kc.release_logs(request)
     for ns in (TENANT, OPT_OUT_NS, RESTRICTED):
         kc.kubectl("delete", "pods", "--all", "-n", ns, "--wait=true", "--timeout=90s", check=False)
     pods_dir = os.path.join(kc.env["KUBELET_ROOT"], "pods")

@@ -9,8 +9,9 @@ kind-tests/ on the path):
 - `devtools`: headless Chromium over the DevTools protocol on a pipe;
 - `region`: where libvgpu's region fields lie, read from the description
   the Rust layout checks (services/region/layout.json);
-- `checks`: pytest ids that are the checks' old `ok NAME` lines, and the
-  hook that turns a module's table of checks into tests;
+- `checks`: pytest ids that are the checks' old `ok NAME` lines, the
+  hook that turns a module's table of checks into tests, and `uncaptured`
+  (a failure's logs on the terminal, past pytest's capture);
 - `kube`: a cluster.sh cluster (kubectl, helm, objects, ServiceAccount
   kubeconfigs, the chart's components read back, Prometheus' token) and
   the processes a suite starts (test_apiserver.py, test_node.py);

@@ -1,4 +1,7 @@
-"""pytest names for the checks the suites printed as `ok NAME` / `FAIL NAME`."""
+"""pytest names for the checks the suites printed as `ok NAME` / `FAIL NAME`,
+and output past pytest's capture."""
+import contextlib
+
 import pytest
 
 
@@ -19,3 +22,14 @@ def generate(cases):
             cases(lambda name, fn: found.append((name, fn)))
             metafunc.parametrize("case", [fn for _, fn in found], ids=[name for name, _ in found])
     return pytest_generate_tests
+
+
+@contextlib.contextmanager
+def uncaptured(request):
+    """Output straight to the terminal, past pytest's capture: what a
+    fixture prints at its teardown when a test failed (logs) is seen even
+    when the test it tears down with passed (pytest shows a passed test's
+    captured output nowhere)."""
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+        yield
