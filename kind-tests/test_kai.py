@@ -5,7 +5,7 @@ The session brings up node.sh's control plane and real kubelet node
 administrator would, from their own charts (kind-tests/kai/README.md):
 
   1. fake-gpu-operator 0.2.0 (KAI's hack/fake-gpu-operator-values.yaml +
-     ours: one fake 11441 MiB GPU, the node in its pool);
+     ours: two fake 11441 MiB GPUs, the node in its pool);
   2. KAI-Scheduler v0.17.0 (global.gpuSharing, binder.plugins.hamicore);
   3. this project's chart as release `kai-resource-isolator` (so its
      MutatingWebhookConfiguration is `kai-resource-isolator-mutating`, the
@@ -47,7 +47,8 @@ BUILD_SH = os.path.join(HERE, "kai", "build.sh")
 RELEASE = NS = "kai-resource-isolator"
 WEBHOOK_CONFIG = f"{RELEASE}-mutating"  # what KAI's hamicore suite looks for
 KAI_NS = "kai-scheduler"  # the e2e suites' fixed system namespace (testconfig.go)
-GPU_MEMORY_MIB = 11441  # kai/fake-gpu-operator-values.yaml's one GPU = the node label
+GPU_MEMORY_MIB = 11441  # each of kai/fake-gpu-operator-values.yaml's GPUs = the node label
+GPUS = 2  # kai/fake-gpu-operator-values.yaml's devices
 KAI_DEPLOYMENTS = ("binder", "admission", "kai-scheduler-default", "pod-grouper", "podgroup-controller",
                    "queue-controller")
 # The images a default install pulls (kind-tests/kai/README.md); the rest of
@@ -66,7 +67,36 @@ NODE_LABELS = (
     # what GPU feature discovery puts on a GPU node: our chart's DaemonSets
     # (libsync, the agent and kai-csi) run on such nodes
     "nvidia.com/gpu.present=true")
-FAKE_GPU_UUID = "GPU-11441000-0000-4000-8000-000000000000"
+FAKE_GPU_UUIDS = ("GPU-11441000-0000-4000-8000-000000000000", "GPU-11441000-0000-4000-8000-000000000001")
+FAKE_GPU_UUID = FAKE_GPU_UUIDS[0]  # where a one-GPU pod's region says it runs
+# What the stand-in NVML says the GPU holds: not the label, as on a node
+# whose administrator set nvidia.com/gpu.memory below NVML's total. KAI's
+# binder reads only the label; the agent's grant must be KAI's.
+NVML_TOTAL_MIB = 12288
+
+
+def fake_nvml(node, processes):
+    """The stand-in NVML the agent pod loads (monitor.nvml.hostLibraryDir):
+    the fake GPUs, NVML_TOTAL_MIB each, the first running `processes`
+    ({host PID: MiB});
+    written whole and renamed (the agent re-reads it at every call). Its
+    directory."""
+    d = os.path.join(node.dir, "kai-nvml")
+    os.makedirs(d, exist_ok=True)
+    lib = os.path.join(d, "libkai_fake_nvml.so")
+    if not os.path.exists(lib):
+        with open(os.path.join(node.target, "libkai_fake_nvml.so"), "rb") as a, open(lib, "wb") as b:
+            b.write(a.read())
+    cfg = {"driver": "550.54.15",
+           "devices": [{"uuid": uuid, "name": "Tesla-K80", "total": NVML_TOTAL_MIB << 20,
+                        "used": sum(processes.values()) << 20 if i == 0 else 0,
+                        "processes": [{"pid": pid, "used": mib << 20} for pid, mib in processes.items()] if i == 0
+                        else []}
+                       for i, uuid in enumerate(FAKE_GPU_UUIDS)]}
+    with open(os.path.join(d, "nvml.json.new"), "w") as f:
+        json.dump(cfg, f)
+    os.rename(os.path.join(d, "nvml.json.new"), os.path.join(d, "nvml.json"))
+    return d
 
 
 def wait(what, fn, timeout=300, show=None):
@@ -164,8 +194,8 @@ def kai(node, kai_build):
               "-n", "gpu-operator", "--create-namespace",
               "-f", os.path.join(kai_build["kai_src"], "hack", "fake-gpu-operator-values.yaml"),
               "-f", os.path.join(HERE, "kai", "fake-gpu-operator-values.yaml"), "--wait", "--timeout", "5m")
-    wait("the fake device plugin registered nvidia.com/gpu: the node's allocatable is 1",
-         lambda: node.kjson("get", "node", node.name)["status"]["allocatable"].get("nvidia.com/gpu") == "1",
+    wait(f"the fake device plugin registered nvidia.com/gpu: the node's allocatable is {GPUS}",
+         lambda: node.kjson("get", "node", node.name)["status"]["allocatable"].get("nvidia.com/gpu") == str(GPUS),
          show=lambda: node.kjson("get", "node", node.name)["status"]["allocatable"])
     node.helm("upgrade", "-i", "kai-scheduler", os.path.join(kai_build["kai"], "chart", "kai-scheduler-v0.17.0.tgz"),
               "-n", KAI_NS, "--create-namespace", "-f", os.path.join(HERE, "kai", "kai-scheduler-values.yaml"),
@@ -188,15 +218,7 @@ def isolator(kai):
     repo, tag = node.env["KAI_IMAGE"].rsplit(":", 1)
     reg_registry, reg_name = node.env["REGISTRAR_IMAGE"].split("/", 1)
     reg_repo, reg_tag = reg_name.rsplit(":", 1)
-    nvml = os.path.join(node.dir, "kai-nvml")
-    os.makedirs(nvml, exist_ok=True)
-    lib = os.path.join(nvml, "libkai_fake_nvml.so")
-    with open(os.path.join(node.target, "libkai_fake_nvml.so"), "rb") as a, open(lib, "wb") as b:
-        b.write(a.read())
-    # The stand-in NVML sees the fake GPU as fake-gpu-operator describes it.
-    with open(os.path.join(nvml, "nvml.json"), "w") as f:
-        json.dump({"driver": "550.54.15", "devices": [{"uuid": FAKE_GPU_UUID, "name": "Tesla-K80",
-                                                       "total": GPU_MEMORY_MIB << 20, "used": 0, "processes": []}]}, f)
+    nvml = fake_nvml(node, {})
     node.helm("upgrade", "-i", RELEASE, CHART, "-n", NS, "--create-namespace",
               # node.sh's image of the binaries under test (node/kai_image.sh)
               "--set", f"image.repository={repo}", "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never",
@@ -222,11 +244,11 @@ def isolator(kai):
 # --- the stack as installed ----------------------------------------------------
 
 def test_fake_gpu_node(kai):
-    """The node is a GPU node as KAI sees it: one nvidia.com/gpu from
+    """The node is a GPU node as KAI sees it: two nvidia.com/gpu from
     fake-gpu-operator's device plugin through the real kubelet, and the
     memory label KAI's scheduler and binder read."""
     n = kai.kjson("get", "node", kai.name)
-    assert n["status"]["capacity"].get("nvidia.com/gpu") == "1", n["status"]["capacity"]
+    assert n["status"]["capacity"].get("nvidia.com/gpu") == str(GPUS), n["status"]["capacity"]
     assert n["metadata"]["labels"].get("nvidia.com/gpu.memory") == str(GPU_MEMORY_MIB), n["metadata"]["labels"]
 
 
@@ -334,3 +356,460 @@ def test_kai_hamicore_nvidia_smi_specs(isolator, kai_build, spec):
     else:
         assert status in ("failed", "panicked"), f"{status}: {why}\n{text[-4000:]}"
         assert "ExecInPod failed" in why and "nvidia-smi" in why, why
+
+
+# --- this project's checks through KAI's chain (issue 39, step 4) -------------------
+#
+# Pods as a KAI user writes them (schedulerName kai-scheduler, a queue label,
+# gpu-memory or gpu-fraction): KAI's admission and ours patch them, KAI's
+# scheduler places them and its binder runs the reservation pod and writes
+# CUDA_DEVICE_MEMORY_LIMIT into the pod's ConfigMap. The pods never call
+# CUDA (no GPU): the region libvgpu would write at cuInit, with the cap the
+# container's own environment resolved to, is written on the node by
+# `kai-node write-region` (kai-region's writer, as the stand-in libvgpu
+# writes it), and the stand-in NVML reports the container's real host PID.
+
+TEAM = "team-kai"
+QUEUE, PARENT_QUEUE = "isolation", "isolation-parent"
+WORK = "work"  # the sharing container
+LABEL = "nvidia.com/gpu.memory"
+MIB = 1 << 20
+
+
+def kai_limit_mib(label, portion):
+    """KAI v0.17.0's binder (pkg/binder/plugins/hamicore/hami_core.go):
+    int64(float64(label) * ParseFloat(portion)); Python's float is Go's
+    float64, so the figure is the binder's to the MiB."""
+    return int(float(int(label)) * float(portion))
+
+
+class Chain:
+    """KAI-scheduled sharing pods in TEAM on the node, and what this
+    project says of them: kubectl vgpu through the API server's service
+    proxy and the aggregator's series, as a cluster-wide viewer."""
+
+    def __init__(self, node, vgpu, token):
+        self.node, self.vgpu_bin, self.token = node, vgpu, token
+
+    def pod(self, name, annotations):
+        """A sharing pod as KAI's docs write one; as stored, once Running."""
+        obj = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": TEAM, "labels": {"kai.scheduler/queue": QUEUE},
+                            "annotations": annotations},
+               "spec": {"schedulerName": "kai-scheduler", "terminationGracePeriodSeconds": 0,
+                        "containers": [{"name": WORK, "image": TEST_IMAGE_NAMES[0], "imagePullPolicy": "Never",
+                                        "command": ["sh", "-c", "exec sleep infinity"]}]}}
+        self.node.kubectl("create", "-f", "-", input=json.dumps(obj))
+        return self.running(name)
+
+    def running(self, name):
+        def up():
+            p = self.node.kjson("get", "pod", name, "-n", TEAM)
+            cs = p["status"].get("containerStatuses") or []
+            return p if p["status"].get("phase") == "Running" and cs and all(c.get("ready") for c in cs) else None
+        return wait(f"pod {TEAM}/{name} scheduled by KAI and Running", up, timeout=180,
+                    show=lambda: self.node.kubectl("describe", "pod", name, "-n", TEAM, check=False).stdout[-2500:])
+
+    def bind_request(self, p):
+        """KAI's BindRequest of pod `p` (the scheduler's decision the binder
+        acted on): its receivedGPU portion is what the scheduler granted."""
+        items = self.node.kjson("get", "bindrequests.scheduling.run.ai", "-n", TEAM)["items"]
+        mine = [b for b in items if b["spec"].get("podName") == p["metadata"]["name"]]
+        assert len(mine) == 1, f"BindRequests of {p['metadata']['name']}: {mine}"
+        return mine[0]
+
+    def label(self):
+        return self.node.kjson("get", "node", self.node.name)["metadata"]["labels"].get(LABEL)
+
+    def env(self, name, var):
+        """`var` in the container's environment (kubelet resolved it), None
+        when unset ("" when set empty, which libvgpu reads as unset)."""
+        r = self.node.kubectl("exec", name, "-n", TEAM, "-c", WORK, "--", "printenv", var, check=False)
+        return r.stdout.strip() if r.returncode == 0 else None
+
+    def host_pid(self, p):
+        """The container's PID 1 as the host sees it (containerd's task)."""
+        (cs,) = [c for c in p["status"]["containerStatuses"] if c["name"] == WORK]
+        cid = cs["containerID"].removeprefix("containerd://")
+        out = self.node.ctr("tasks", "ls").stdout
+        (pid,) = [int(ln.split()[1]) for ln in out.splitlines()[1:] if ln.split()[0] == cid]
+        return pid
+
+    def region(self, p, limit_mib, used_mib, gpus=(FAKE_GPU_UUID,)):
+        """The container's region as libvgpu writes it at cuInit: cap
+        `limit_mib` (one for all, or a list, one per GPU) on each of `gpus`,
+        one live slot of its host PID using `used_mib` on each; in the pod's
+        region directory kai-csi published. The host PID."""
+        pid = self.host_pid(p)
+        limits = limit_mib if isinstance(limit_mib, (list, tuple)) else [limit_mib]
+        self.node.run(os.path.join(self.node.target, "kai-node"), "write-region", "--containers-dir",
+                      os.path.join(self.node.env["HOST_BASE"], "vgpu", "containers"), "--pod-uid",
+                      p["metadata"]["uid"], "--container", WORK,
+                      *[a for g in gpus for a in ("--gpu-uuid", g)],
+                      *[a for m in limits for a in ("--limit-mib", str(m))],
+                      "--used-mib", str(used_mib), "--pid", str(pid))
+        return pid
+
+    def vgpu(self, *args):
+        # the API server's service proxy, as the admin kubeconfig reaches it
+        r = self.node.run(self.vgpu_bin, "--token", self.token, *args, env={"KUBECONFIG": self.node.admin})
+        return r.stdout
+
+    def rows(self):
+        """kubectl vgpu top -n TEAM -o json: a row per container and GPU."""
+        return json.loads(self.vgpu("top", "-n", TEAM, "-o", "json"))
+
+    def top(self):
+        """kubectl vgpu top's rows of one-GPU pods: {pod: row}."""
+        return {r["pod"]: r for r in self.rows()}
+
+    def row(self, name, what, ok):
+        """kubectl vgpu's row of pod `name`, once `ok(row)`."""
+        return wait(f"kubectl vgpu top: pod {name} {what}", lambda: (lambda r: r if r and ok(r) else None)(
+            self.top().get(name)), timeout=120, show=lambda: self.top().get(name))
+
+    def series(self, family, where=""):
+        """The aggregator Service's series `family` of TEAM's pods whose
+        labels include `where`: {pod: value}."""
+        svc = self.node.kjson("get", "service", f"{RELEASE}-aggregator", "-n", NS)
+        (port,) = [x["port"] for x in svc["spec"]["ports"] if x["name"] == "http-metrics"]
+        out = self.node.run("curl", "-sf", "-H", f"Authorization: Bearer {self.token}",
+                            f"http://{svc['spec']['clusterIP']}:{port}/metrics").stdout
+        got = {}
+        for line in out.splitlines():
+            if line.startswith(family + "{") and f'namespace="{TEAM}"' in line and where in line:
+                pod = re.search(r'pod="([^"]*)"', line).group(1)
+                got[pod] = float(line.rsplit(" ", 1)[1])
+        return got
+
+    def events(self, name, reason):
+        return [e for e in self.node.kjson("get", "events", "-n", TEAM, "--field-selector",
+                                           f"involvedObject.name={name}")["items"] if e["reason"] == reason]
+
+    def delete(self, *names):
+        """The pods gone (their GPU share free for the next test)."""
+        self.node.kubectl("delete", "pod", *names, "-n", TEAM, "--ignore-not-found", "--wait=true",
+                          "--timeout=120s", timeout=150)
+        fake_nvml(self.node, {})
+
+
+@pytest.fixture(scope="session")
+def chain(isolator, built):
+    """A KAI queue for TEAM's pods (KAI's quickstart queues, unlimited), and a
+    viewer of everything: a ServiceAccount bound to cluster-admin, whose
+    token kubectl vgpu and a scrape send."""
+    node = isolator
+    vgpu = os.path.join(built(["kubectl-vgpu"], ["kubectl-vgpu"]), "kubectl-vgpu")
+    unlimited = {r: {"quota": 0, "limit": -1, "overQuotaWeight": 1} for r in ("cpu", "gpu", "memory")}
+    for name, parent in ((PARENT_QUEUE, None), (QUEUE, PARENT_QUEUE)):
+        spec = {"resources": unlimited, **({"parentQueue": parent} if parent else {})}
+        node.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "scheduling.run.ai/v2", "kind": "Queue",
+                                                            "metadata": {"name": name}, "spec": spec}))
+    node.kubectl("create", "namespace", TEAM, check=False)
+    wait(f"the default ServiceAccount of {TEAM}",
+         lambda: node.kubectl("get", "serviceaccount", "default", "-n", TEAM, check=False).returncode == 0)
+    node.kubectl("create", "serviceaccount", "vgpu-viewer", "-n", NS, check=False)
+    node.kubectl("create", "clusterrolebinding", "kai-e2e-vgpu-viewer", "--clusterrole=cluster-admin",
+                 f"--serviceaccount={NS}:vgpu-viewer", check=False)
+    token = node.kubectl("create", "token", "vgpu-viewer", "-n", NS, "--duration=2h").stdout.strip()
+    return Chain(node, vgpu, token)
+
+
+def kai_ref(container):
+    """KAI's CUDA_DEVICE_MEMORY_LIMIT entry of a stored container: the
+    ConfigMap its binder fills."""
+    refs = [e["valueFrom"]["configMapKeyRef"] for e in container.get("env") or []
+            if e["name"] == "CUDA_DEVICE_MEMORY_LIMIT" and (e.get("valueFrom") or {}).get("configMapKeyRef")]
+    assert len(refs) == 1, f"KAI's admission reference, once: {container.get('env')}"
+    return refs[0]
+
+
+def through_the_chain(chain, name, annotations, used_mib):
+    """One sharing pod through KAI and this project: both admissions, KAI's
+    placement, reservation pod, ConfigMap and cap in the container; the
+    region with that cap; the agent's `capped` with headroom against it, in
+    kubectl vgpu and in the HAMi series. The pod is deleted after."""
+    node = chain.node
+    p = chain.pod(name, annotations)
+    try:
+        assert p["spec"]["nodeName"] == node.name and p["spec"]["schedulerName"] == "kai-scheduler", p["spec"]
+        (c,) = p["spec"]["containers"]
+        # Ours: kai-csi's inline volume and the region's POD_UID.
+        assert any((v.get("csi") or {}).get("driver") == "vgpu.kai-resource-isolator.io"
+                   for v in p["spec"]["volumes"]), p["spec"]["volumes"]
+        assert any(e["name"] == "POD_UID" for e in c.get("env") or []), c.get("env")
+        # KAI's binder: a reservation pod on the node holds the GPU.
+        reservation = [r for r in node.kjson("get", "pods", "-n", "kai-resource-reservation")["items"]
+                       if r["spec"].get("nodeName") == node.name and r["status"].get("phase") == "Running"]
+        assert reservation, "no running reservation pod of KAI's binder"
+        for r in reservation:  # KAI's own pod (it holds the whole GPU): never ours to touch
+            assert not any("csi" in v for v in r["spec"].get("volumes") or []), r["spec"]["volumes"]
+            assert not any(e["name"] in ("POD_UID", "CUDA_DEVICE_MEMORY_LIMIT")
+                           for c2 in r["spec"]["containers"] for e in c2.get("env") or []), r["spec"]["containers"]
+        portion = chain.bind_request(p)["spec"]["receivedGPU"]["portion"]
+        label = chain.label()
+        want = kai_limit_mib(label, portion)
+        ref = kai_ref(c)
+        cm = node.kjson("get", "configmap", ref["name"], "-n", TEAM)
+        assert cm["data"].get("CUDA_DEVICE_MEMORY_LIMIT") == f"{want}m", (label, portion, cm["data"])
+        # In the container, as kubelet resolved it: KAI's figure, and KAI's
+        # other variables as its ConfigMaps say (untouched by us).
+        assert chain.env(name, "CUDA_DEVICE_MEMORY_LIMIT") == f"{want}m", (label, portion)
+        assert chain.env(name, "GPU_PORTION") == cm["data"].get("GPU_PORTION", portion), cm["data"]
+        assert chain.env(name, "NVIDIA_VISIBLE_DEVICES"), "KAI's NVIDIA_VISIBLE_DEVICES reached no container"
+        pid = chain.region(p, want, used_mib)
+        fake_nvml(node, {pid: used_mib})
+        row = chain.row(name, "capped", lambda r: r.get("state") == "capped")
+        assert row["limitBytes"] == want * MIB, row
+        assert row["headroomBytes"] == (want - used_mib) * MIB, row
+        assert chain.series("hami_vgpu_memory_limit_bytes").get(name) == want * MIB
+        print(f"{name} {annotations}: label {label}, portion {portion}: CUDA_DEVICE_MEMORY_LIMIT={want}m, capped")
+        return want
+    finally:
+        chain.delete(name)
+
+
+def test_chain_gpu_memory_pod(chain):
+    """gpu-memory 4096 on the 11441 MiB label: KAI's cap is its formula's
+    (portion 0.36: 4118m), not the annotation, and the agent calls it capped."""
+    want = through_the_chain(chain, "mem", {"gpu-memory": "4096"}, used_mib=1000)
+    assert want != 4096
+
+
+def test_chain_gpu_fraction_pod(chain):
+    """gpu-fraction 0.5: KAI's cap is half the label (5720m), not half of
+    what NVML counts (NVML_TOTAL_MIB), and the agent calls it capped."""
+    want = through_the_chain(chain, "frac", {"gpu-fraction": "0.5"}, used_mib=1000)
+    assert want != NVML_TOTAL_MIB // 2
+
+
+def release_upgrade(node, *sets):
+    """helm upgrade --reuse-values of this release; helm waits for the
+    rolled agent DaemonSet."""
+    node.helm("upgrade", RELEASE, CHART, "-n", NS, "--reuse-values", *[a for s in sets for a in ("--set", s)],
+              "--wait", "--timeout", "5m")
+
+
+def gone(chain, name):
+    r = chain.node.kubectl("get", "pod", name, "-n", TEAM, check=False)
+    return r.returncode != 0 and "NotFound" in r.stderr
+
+
+def test_chain_grant_is_kais_under_evict(chain):
+    """Under monitor.isolation.enforce=evict the grant is KAI's, to the MiB,
+    on a node whose label (11441) is not NVML's total (12288): a gpu-memory
+    4096 pod using more than its annotation but no more than KAI's cap is
+    capped, neither reported nor evicted; a gpu-fraction 0.5 pod whose cap
+    was raised above KAI's (5720) but under half of NVML's total is
+    above_grant and, once NVML sees it use more than KAI granted (plus the
+    512 MiB margin), evicted: with half of NVML's total as its grant it
+    would be neither.
+    Both are assessed in the same passes: the eviction is the event the
+    test waits on, then the other pod must be there and capped."""
+    node = chain.node
+    release_upgrade(node, "monitor.isolation.enforce=evict")
+    try:
+        within = chain.pod("within", {"gpu-memory": "4096"})
+        raised = chain.pod("raised", {"gpu-fraction": "0.5"})
+        label = chain.label()
+        cap_within = kai_limit_mib(label, chain.bind_request(within)["spec"]["receivedGPU"]["portion"])
+        cap_raised = kai_limit_mib(label, chain.bind_request(raised)["spec"]["receivedGPU"]["portion"])
+        assert chain.env("within", "CUDA_DEVICE_MEMORY_LIMIT") == f"{cap_within}m"
+        assert chain.env("raised", "CUDA_DEVICE_MEMORY_LIMIT") == f"{cap_raised}m"
+        assert 4096 < cap_within and cap_raised < NVML_TOTAL_MIB // 2, (cap_within, cap_raised)
+        used_within = (4096 + cap_within) // 2 + 1  # above the annotation, within KAI's cap
+        own_cap = (cap_raised + NVML_TOTAL_MIB // 2) // 2  # the container's own, above KAI's
+        used_raised = cap_raised + 100  # above KAI's grant, within its own cap
+        # NVML's evidence must pass the grant by monitor.isolation.overCapMarginMiB
+        # (512: contexts and driver memory libvgpu does not account); the
+        # raised pod's does, and stays under its own cap plus the margin.
+        seen_raised = cap_raised + 600
+        assert seen_raised < own_cap + 512 < (NVML_TOTAL_MIB // 2) + 512 < seen_raised + 512, \
+            (seen_raised, own_cap)
+        pw = chain.region(within, cap_within, used_within)
+        pr = chain.region(raised, own_cap, used_raised)
+        fake_nvml(node, {pw: used_within, pr: seen_raised})
+        wait("pod raised evicted (above_grant) and deleted", lambda: gone(chain, "raised"), timeout=120,
+             show=lambda: chain.top())
+        ev = chain.events("raised", "GpuIsolationEviction")
+        assert ev, "no GpuIsolationEviction Event on pod raised"
+        print(f"raised: {ev[0]['message']}")
+        assert str(cap_raised) in ev[0]["message"], ev[0]["message"]
+        assert not gone(chain, "within"), "pod within was evicted"
+        assert not chain.events("within", "GpuIsolationEviction")
+        row = chain.top()["within"]
+        assert row["state"] == "capped" and row["limitBytes"] == cap_within * MIB, row
+        assert chain.series("kai_isolator_container_isolation_state", 'state="capped"').get("within") == 1
+    finally:
+        chain.delete("within", "raised")
+        release_upgrade(node, "monitor.isolation.enforce=none")
+
+
+def test_chain_node_without_label(chain):
+    """The node without nvidia.com/gpu.memory (KAI #2156): KAI's scheduler
+    reads 100 MiB per GPU, so it does not place a gpu-memory pod (it stays
+    Pending, its spec holding KAI's reference alone); it places a
+    gpu-fraction pod, for which its binder writes no limit: the container's
+    CUDA_DEVICE_MEMORY_LIMIT is empty (the webhook's envFrom mask, which
+    libvgpu reads as unset), libvgpu records limit 0, and the agent says
+    uncapped_no_limit, naming the missing label, in kubectl vgpu and in the
+    series KaiGpuUncapped fires on."""
+    node = chain.node
+    label = chain.label()
+    node.kubectl("label", "node", node.name, f"{LABEL}-")
+    try:
+        obj_mem = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": "nolabel-mem", "namespace": TEAM, "labels": {"kai.scheduler/queue": QUEUE},
+                                "annotations": {"gpu-memory": "2048"}},
+                   "spec": {"schedulerName": "kai-scheduler", "terminationGracePeriodSeconds": 0,
+                            "containers": [{"name": WORK, "image": TEST_IMAGE_NAMES[0], "imagePullPolicy": "Never",
+                                            "command": ["sh", "-c", "exec sleep infinity"]}]}}
+        stored = json.loads(node.kubectl("create", "-f", "-", "-o", "json", input=json.dumps(obj_mem)).stdout)
+        env = stored["spec"]["containers"][0].get("env") or []
+        # KAI's admission (AddEnvVarToContainer) drops every other entry of
+        # the name before it appends its reference: the webhook's fallback
+        # literal does not survive it (docs/webhook.md).
+        limits = [e for e in env if e["name"] == "CUDA_DEVICE_MEMORY_LIMIT"]
+        assert len(limits) == 1 and kai_ref(stored["spec"]["containers"][0]), limits
+
+        def unschedulable():
+            p = node.kjson("get", "pod", "nolabel-mem", "-n", TEAM)
+            return [c for c in p["status"].get("conditions") or []
+                    if c["type"] == "PodScheduled" and c["status"] == "False"]
+        cond = wait("KAI reports pod nolabel-mem unschedulable", unschedulable, timeout=120)
+        print(f"nolabel-mem: {cond[0].get('reason')}: {cond[0].get('message', '')[:300]}")
+        frac = chain.pod("nolabel-frac", {"gpu-fraction": "0.25"})
+        ref = kai_ref(frac["spec"]["containers"][0])
+        cm = node.kjson("get", "configmap", ref["name"], "-n", TEAM)
+        assert "CUDA_DEVICE_MEMORY_LIMIT" not in (cm.get("data") or {}), cm.get("data")
+        assert not chain.env("nolabel-frac", "CUDA_DEVICE_MEMORY_LIMIT"), frac["spec"]["containers"][0].get("env")
+        pid = chain.region(frac, 0, 1000)  # libvgpu without a limit records 0
+        fake_nvml(node, {pid: 1000})
+        row = chain.row("nolabel-frac", "uncapped_no_limit", lambda r: r.get("state") == "uncapped_no_limit")
+        assert LABEL in row["reason"], row
+        assert chain.series("kai_isolator_container_isolation_state",
+                            'state="uncapped_no_limit"').get("nolabel-frac") == 1
+    finally:
+        chain.delete("nolabel-mem", "nolabel-frac")
+        node.kubectl("label", "node", node.name, f"{LABEL}={label}", "--overwrite")
+
+
+def binder_hamicore(node):
+    """Whether KAI's binder Deployment runs with the hamicore plugin on."""
+    c = node.kjson("get", "deployment", "binder", "-n", KAI_NS)["spec"]["template"]["spec"]["containers"][0]
+    args = c.get("args", []) + c.get("command", [])
+    plugins = [json.loads(a.split("=", 1)[1] if a.startswith("--plugins=") else args[i + 1])
+               for i, a in enumerate(args) if a == "--plugins" or a.startswith("--plugins=")]
+    return bool(plugins and plugins[0].get("hamicore", {}).get("enabled"))
+
+
+def kai_hamicore(node, kai_build, enabled):
+    """KAI's chain with the hamicore plugins `enabled` (helm upgrade
+    --reuse-values of KAI's release; its operator rolls the binder and the
+    admission)."""
+    node.helm("upgrade", "kai-scheduler", os.path.join(kai_build["kai"], "chart", "kai-scheduler-v0.17.0.tgz"),
+              "-n", KAI_NS, "--reuse-values", "--set", f"binder.plugins.hamicore.enabled={str(enabled).lower()}",
+              "--wait", "--timeout", "5m")
+    wait(f"KAI's operator rolled the binder with hamicore {'on' if enabled else 'off'}",
+         lambda: binder_hamicore(node) == enabled, timeout=180)
+    for d in ("binder", "admission"):
+        node.kubectl("rollout", "status", f"deployment/{d}", "-n", KAI_NS, "--timeout=5m", timeout=330)
+
+
+def test_chain_hamicore_off(chain, kai_build):
+    """KAI without its hamicore plugins (binder.plugins.hamicore.enabled
+    false): KAI adds no CUDA_DEVICE_MEMORY_LIMIT reference and writes no
+    limit. As docs/webhook.md says, a gpu-memory pod runs on the webhook's
+    fallback (its annotation, 2048m) and is capped by it; a gpu-fraction pod
+    gets no limit and is uncapped_no_limit."""
+    node = chain.node
+    kai_hamicore(node, kai_build, False)
+    try:
+        mem = chain.pod("nohami-mem", {"gpu-memory": "2048"})
+        frac = chain.pod("nohami-frac", {"gpu-fraction": "0.25"})
+        for p in (mem, frac):
+            env = p["spec"]["containers"][0].get("env") or []
+            assert not [e for e in env if (e.get("valueFrom") or {}).get("configMapKeyRef", {}).get("key")
+                        == "CUDA_DEVICE_MEMORY_LIMIT"], f"KAI's reference with hamicore off: {env}"
+        assert chain.env("nohami-mem", "CUDA_DEVICE_MEMORY_LIMIT") == "2048m"
+        # empty (the webhook's envFrom mask; libvgpu reads it as unset) or unset
+        assert not chain.env("nohami-frac", "CUDA_DEVICE_MEMORY_LIMIT"), frac["spec"]["containers"][0].get("env")
+        pm = chain.region(mem, 2048, 1000)
+        pf = chain.region(frac, 0, 1000)
+        fake_nvml(node, {pm: 1000, pf: 1000})
+        chain.row("nohami-frac", "uncapped_no_limit", lambda r: r.get("state") == "uncapped_no_limit")
+        row = chain.row("nohami-mem", "capped", lambda r: r.get("state") == "capped")
+        assert row["limitBytes"] == 2048 * MIB and row["headroomBytes"] == 1048 * MIB, row
+    finally:
+        chain.delete("nohami-mem", "nohami-frac")
+        kai_hamicore(node, kai_build, True)
+
+
+def test_chain_gpu_fraction_num_devices(chain):
+    """gpu-fraction 0.5 on gpu-fraction-num-devices 2: KAI grants half of
+    each of the node's two GPUs and its binder writes one limit, which
+    libvgpu applies to every device; the agent holds each device's cap to
+    it: both at KAI's figure is capped (a row per GPU in kubectl vgpu), one
+    device raised above it is above_grant, naming that device."""
+    node = chain.node
+    p = chain.pod("multi", {"gpu-fraction": "0.5", "gpu-fraction-num-devices": str(GPUS)})
+    try:
+        received = chain.bind_request(p)["spec"]["receivedGPU"]
+        assert received.get("count") == GPUS, received
+        want = kai_limit_mib(chain.label(), received["portion"])
+        assert chain.env("multi", "CUDA_DEVICE_MEMORY_LIMIT") == f"{want}m"
+        pid = chain.region(p, want, 1000, gpus=FAKE_GPU_UUIDS)
+        fake_nvml(node, {pid: 1000})
+
+        def capped_on_each():
+            mine = [r for r in chain.rows() if r["pod"] == "multi"]
+            return mine if sorted(r["gpu"] for r in mine) == sorted(FAKE_GPU_UUIDS) \
+                and all(r["state"] == "capped" and r["limitBytes"] == want * MIB for r in mine) else None
+        wait("kubectl vgpu top: pod multi capped on each GPU at KAI's limit", capped_on_each, timeout=120,
+             show=chain.rows)
+        chain.region(p, [want, want + 200], 1000, gpus=FAKE_GPU_UUIDS)
+        row = chain.row("multi", "above_grant", lambda r: r.get("state") == "above_grant")
+        assert FAKE_GPU_UUIDS[1] in row["reason"] and f"{want} MiB" in row["reason"], row["reason"]
+    finally:
+        chain.delete("multi")
+
+
+def test_chain_kai_components_untouched(chain):
+    """KAI's own components, its reservation pods and the GPU operator's
+    pods are not ours to patch: none carries our volume, preload mount or
+    region identity (the webhook's matchConditions leave them out before
+    it is called)."""
+    seen = 0
+    for ns in (KAI_NS, "kai-resource-reservation", "gpu-operator"):
+        for p in chain.node.kjson("get", "pods", "-n", ns)["items"]:
+            seen += 1
+            vols = p["spec"].get("volumes") or []
+            assert not [v for v in vols if (v.get("csi") or {}).get("driver") == "vgpu.kai-resource-isolator.io"
+                        or v["name"].startswith("kai-resource-isolator")], (ns, p["metadata"]["name"], vols)
+            for c in p["spec"].get("initContainers", []) + p["spec"]["containers"]:
+                assert not [m for m in c.get("volumeMounts") or [] if m["mountPath"] == "/etc/ld.so.preload"], \
+                    (ns, p["metadata"]["name"], c["name"])
+                assert not [e for e in c.get("env") or [] if e["name"] in ("POD_UID", "CONTAINER_NAME")
+                            and (e.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == "metadata.uid"
+                            or e["name"] == "CUDA_DEVICE_MEMORY_SHARED_CACHE"], (ns, p["metadata"]["name"], c["name"])
+    assert seen >= len(KAI_DEPLOYMENTS), f"only {seen} pods of KAI and the GPU operator"
+
+
+def test_chain_uninstall_leaves_kai_working(chain):
+    """helm uninstall of this project while KAI keeps scheduling: KAI's
+    pods are untouched, and a new sharing pod is placed, bound with KAI's
+    limit and runs, with nothing of ours (no webhook is left to fail
+    closed). Last: the session has no release after it."""
+    node = chain.node
+    node.helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "5m")
+    assert node.kubectl("get", "mutatingwebhookconfiguration", WEBHOOK_CONFIG, check=False).returncode != 0
+    for d in KAI_DEPLOYMENTS:
+        node.kubectl("rollout", "status", f"deployment/{d}", "-n", KAI_NS, "--timeout=60s", timeout=90)
+    p = chain.pod("after", {"gpu-memory": "4096"})
+    try:
+        assert not any((v.get("csi") or {}).get("driver") == "vgpu.kai-resource-isolator.io"
+                       for v in p["spec"].get("volumes") or []), p["spec"]["volumes"]
+        want = kai_limit_mib(chain.label(), chain.bind_request(p)["spec"]["receivedGPU"]["portion"])
+        assert chain.env("after", "CUDA_DEVICE_MEMORY_LIMIT") == f"{want}m"
+    finally:
+        node.kubectl("delete", "pod", "after", "-n", TEAM, "--wait=true", "--timeout=120s", timeout=150)

@@ -34,8 +34,9 @@ class Node:
         self.name = self.env["NODE_NAME"]
         self.admin = os.path.join(node_dir, "cluster", "admin.kubeconfig")
 
-    def run(self, *args, check=True, timeout=300, input=None):
-        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, input=input)
+    def run(self, *args, check=True, timeout=300, input=None, env=None):
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, input=input,
+                           env=None if env is None else {**os.environ, **env})
         if check and r.returncode != 0:
             raise AssertionError(f"{' '.join(map(str, args[:8]))}…: rc {r.returncode}: {(r.stderr or r.stdout)[-1500:]}")
         return r
