@@ -78,11 +78,14 @@ down() {
   # shellcheck disable=SC1091
   [ -n "${BIN:-}" ] || { [ -f "$T/cluster/env" ] && . "$T/cluster/env"; } || true
   holder="$(pid_of holder)"
-  # The pods first, through the kubelet: their containers stop as on any node
-  # (their controllers first, which would make them again).
+  # The pods first, through the kubelet: their containers stop and their
+  # volumes are torn down as on any node (their controllers first, which
+  # would make them again). A grace period of 1 s: a suite's pods that sleep
+  # (or KAI's, 30 s each) would otherwise hold the teardown for their full
+  # period, over a minute in all.
   if [ -n "$(pid_of kubelet)" ] && kill -0 "$(pid_of kubelet)" 2>/dev/null; then
     kc delete daemonsets,deployments,replicasets --all -A --wait=false >/dev/null 2>&1 || true
-    kc delete pods --all -A --wait=false >/dev/null 2>&1 || true
+    kc delete pods --all -A --grace-period=1 --wait=false >/dev/null 2>&1 || true
     for _ in $(seq 300); do
       [ -z "$(kc get pods -A --field-selector "spec.nodeName=$NODE_NAME" -o name 2>/dev/null)" ] && break
       sleep 0.2

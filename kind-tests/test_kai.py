@@ -1,6 +1,6 @@
 """KAI-Scheduler in the loop (issue 39, steps 2-3), on node.sh's real node.
 
-The session brings up node.sh's control plane and real kubelet node
+The module brings up node.sh's control plane and real kubelet node
 (`node.sh --up`), installs what kind-tests/kai/build.sh built as a cluster
 administrator would, from their own charts (kind-tests/kai/README.md):
 
@@ -22,7 +22,7 @@ read nvidia-smi must fail exactly there on the fake GPU (pass on a GPU node,
 KAI_E2E_REAL_GPU=1). Each test reads the binary's JUnit report: a spec passes
 only when Ginkgo says `passed` (a skipped spec fails here).
 
-  pytest -c kind-tests/pytest.ini -m kai        # root; about 4.5 min warm
+  pytest -c kind-tests/pytest.ini -m kai        # root; about 6 min warm
 
 Output (node.sh's log, the suites' output and JUnit reports) goes to
 $KAI_E2E_OUT, else target/kai-e2e. The built binaries are $KAI_TARGET's,
@@ -76,26 +76,13 @@ NVML_TOTAL_MIB = 12288
 
 
 def fake_nvml(node, processes):
-    """The stand-in NVML the agent pod loads (monitor.nvml.hostLibraryDir):
-    the fake GPUs, NVML_TOTAL_MIB each, the first running `processes`
-    ({host PID: MiB});
-    written whole and renamed (the agent re-reads it at every call). Its
-    directory."""
+    """The stand-in NVML the agent pod loads: the fake GPUs, NVML_TOTAL_MIB
+    each, the first running `processes` ({host PID: MiB}). Its directory."""
     d = os.path.join(node.dir, "kai-nvml")
-    os.makedirs(d, exist_ok=True)
-    lib = os.path.join(d, "libkai_fake_nvml.so")
-    if not os.path.exists(lib):
-        with open(os.path.join(node.target, "libkai_fake_nvml.so"), "rb") as a, open(lib, "wb") as b:
-            b.write(a.read())
-    cfg = {"driver": "550.54.15",
-           "devices": [{"uuid": uuid, "name": "Tesla-K80", "total": NVML_TOTAL_MIB << 20,
-                        "used": sum(processes.values()) << 20 if i == 0 else 0,
-                        "processes": [{"pid": pid, "used": mib << 20} for pid, mib in processes.items()] if i == 0
-                        else []}
-                       for i, uuid in enumerate(FAKE_GPU_UUIDS)]}
-    with open(os.path.join(d, "nvml.json.new"), "w") as f:
-        json.dump(cfg, f)
-    os.rename(os.path.join(d, "nvml.json.new"), os.path.join(d, "nvml.json"))
+    kainode.fake_nvml(d, os.path.join(node.target, "libkai_fake_nvml.so"),
+                      [{"uuid": uuid, "name": "Tesla-K80", "total": NVML_TOTAL_MIB << 20,
+                        "processes": {pid: mib << 20 for pid, mib in processes.items()} if i == 0 else {}}
+                       for i, uuid in enumerate(FAKE_GPU_UUIDS)])
     return d
 
 
@@ -147,24 +134,24 @@ def run_suite(node, binary, name, focus):
     return r.returncode, junit_specs(report), text
 
 
-# --- the session: node, fake GPU, KAI, this chart -------------------------------
+# --- the module: node, fake GPU, KAI, this chart -------------------------------
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def out_dir():
     d = os.path.abspath(os.environ.get("KAI_E2E_OUT") or os.path.join(ROOT, "target", "kai-e2e"))
     os.makedirs(d, exist_ok=True)
     return d
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def node(built, out_dir):
     """node.sh --up: the control plane and the real node, taken down at the
-    end of the session (node.sh --down)."""
+    end of the module (node.sh --down)."""
     with kainode.up(built(kainode.PACKAGES, kainode.FILES), out_dir) as n:
         yield n
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kai_build():
     """build.sh's KAI and fake-gpu-operator build directories (cached)."""
     r = subprocess.run(["bash", BUILD_SH], capture_output=True, text=True, timeout=3600)
@@ -173,7 +160,7 @@ def kai_build():
     return {"kai": kai, "fgo": fgo, "kai_src": os.path.join(os.path.dirname(kai), "src")}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kai(node, kai_build):
     """fake-gpu-operator, then KAI-Scheduler, from their charts (README's
     install recipe), on the node in the fake GPU pool."""
@@ -210,7 +197,7 @@ def kai(node, kai_build):
     return node
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def isolator(kai):
     """This chart as release kai-resource-isolator, defaults but for what
     this node forces; its webhook Ready and kai-csi registered."""
@@ -493,7 +480,7 @@ class Chain:
         fake_nvml(self.node, {})
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chain(isolator, built):
     """A KAI queue for TEAM's pods (KAI's quickstart queues, unlimited), and a
     viewer of everything: a ServiceAccount bound to cluster-admin, whose
@@ -799,7 +786,7 @@ def test_chain_uninstall_leaves_kai_working(chain):
     """helm uninstall of this project while KAI keeps scheduling: KAI's
     pods are untouched, and a new sharing pod is placed, bound with KAI's
     limit and runs, with nothing of ours (no webhook is left to fail
-    closed). Last: the session has no release after it."""
+    closed). Last: the module has no release after it."""
     node = chain.node
     node.helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "5m")
     assert node.kubectl("get", "mutatingwebhookconfiguration", WEBHOOK_CONFIG, check=False).returncode != 0

@@ -264,18 +264,10 @@ class NodeCluster(Cluster):
 
     def fake_nvml(self, processes):
         """The GPU the stand-in NVML reports, running `processes` ({host PID:
-        bytes}); written whole and renamed, so the agent never reads half."""
-        os.makedirs(self.nvml_dir, exist_ok=True)
-        lib = os.path.join(self.nvml_dir, "libkai_fake_nvml.so")
-        if not os.path.exists(lib):
-            shutil.copyfile(self.library("libkai_fake_nvml.so"), lib)
-        cfg = {"driver": "550.54.15",
-               "devices": [{"uuid": GPU_UUID, "name": "NVIDIA H100 80GB HBM3", "total": 80 << 30,
-                            "used": sum(processes.values()),
-                            "processes": [{"pid": pid, "used": used} for pid, used in processes.items()]}]}
-        with open(os.path.join(self.nvml_dir, "nvml.json.new"), "w") as f:
-            json.dump(cfg, f)
-        os.rename(os.path.join(self.nvml_dir, "nvml.json.new"), os.path.join(self.nvml_dir, "nvml.json"))
+        bytes})."""
+        kainode.fake_nvml(self.nvml_dir, self.library("libkai_fake_nvml.so"),
+                          [{"uuid": GPU_UUID, "name": "NVIDIA H100 80GB HBM3", "total": 80 << 30,
+                            "processes": processes}])
 
     # --- on failure ---
 
@@ -569,7 +561,12 @@ class Migration:
             assert r.returncode == 0, r.stderr[-1500:]
             self.kc.eventually(f"{name}: the webhook's rollout on the node", lambda: self.rolled_out(kind), timeout=180,
                                show=lambda: [(p["metadata"]["name"], p["status"].get("phase")) for p in self.webhook_pods()])
-            time.sleep(1)
+            # Counted, not timed: a few probes after the rollout (the state
+            # it left), and at least all_patched's 10 in all however fast
+            # the rollout went.
+            after = len(prober.seen) + 3
+            self.kc.eventually(f"{name}: probes after the rollout", lambda: len(prober.seen) >= max(after, 10),
+                               timeout=60)
         finally:
             seen = prober.stop()
         migration.all_patched(name, seen)

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 
 from kaitest.chart import helm_binary
@@ -73,3 +74,24 @@ def up(target, out):
     finally:
         with open(log, "a") as f:
             subprocess.run(["bash", NODE_SH, "--down", node.dir], stdout=f, stderr=subprocess.STDOUT, timeout=600)
+
+
+def fake_nvml(directory, library, devices):
+    """The stand-in NVML as the agent pod loads it (chart
+    monitor.nvml.hostLibraryDir = `directory`, FAKE_NVML_CONFIG its
+    nvml.json): `library` (libkai_fake_nvml.so) copied there once, and
+    `devices` ([{uuid, name, total, processes: {host PID: bytes}}]) written
+    whole and renamed, so the agent (which re-reads it at every call) never
+    reads half."""
+    os.makedirs(directory, exist_ok=True)
+    lib = os.path.join(directory, "libkai_fake_nvml.so")
+    if not os.path.exists(lib):
+        shutil.copyfile(library, lib)
+    cfg = {"driver": "550.54.15",
+           "devices": [{"uuid": d["uuid"], "name": d["name"], "total": d["total"],
+                        "used": sum(d["processes"].values()),
+                        "processes": [{"pid": pid, "used": used} for pid, used in d["processes"].items()]}
+                       for d in devices]}
+    with open(os.path.join(directory, "nvml.json.new"), "w") as f:
+        json.dump(cfg, f)
+    os.rename(os.path.join(directory, "nvml.json.new"), os.path.join(directory, "nvml.json"))
