@@ -1,6 +1,7 @@
 """Fixtures every real-cluster suite may ask for: the built binaries (built
-with cargo when missing) and the Debian tools a suite drives (installed with
-apt-get when missing and root, else the suite fails saying so)."""
+with cargo when missing), the Debian tools a suite drives (installed with
+apt-get when missing and root, else the suite fails saying so) and the
+directory a suite leaves its output in."""
 import os
 import shutil
 import subprocess
@@ -45,3 +46,14 @@ def debian_tools():
                            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"), stdout=subprocess.DEVNULL)
         return {cmd: shutil.which(cmd) for cmd in commands}
     return need
+
+
+@pytest.fixture(scope="module")
+def out_dir(request):
+    """Where a suite leaves what a person reads after it (logs, reports,
+    screenshots): $ENV, else target/NAME, the module saying which as
+    `OUT = (ENV, NAME)`."""
+    env, name = request.module.OUT
+    d = os.path.abspath(os.environ.get(env) or os.path.join(ROOT, "target", name))
+    os.makedirs(d, exist_ok=True)
+    return d

@@ -37,10 +37,11 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from kaitest import node as kainode
-from kaitest.chart import CHART, ROOT
+from kaitest.chart import CHART
 from kaitest.poll import poll
 
 pytestmark = pytest.mark.kai
+OUT = ("KAI_E2E_OUT", "kai-e2e")  # out_dir (conftest.py): $KAI_E2E_OUT, else target/kai-e2e
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD_SH = os.path.join(HERE, "kai", "build.sh")
@@ -135,13 +136,6 @@ def run_suite(node, binary, name, focus):
 
 
 # --- the module: node, fake GPU, KAI, this chart -------------------------------
-
-@pytest.fixture(scope="module")
-def out_dir():
-    d = os.path.abspath(os.environ.get("KAI_E2E_OUT") or os.path.join(ROOT, "target", "kai-e2e"))
-    os.makedirs(d, exist_ok=True)
-    return d
-
 
 @pytest.fixture(scope="module")
 def node(built, out_dir):

@@ -35,7 +35,7 @@ import urllib.request
 import pytest
 import yaml
 
-from kaitest.chart import CHART, ROOT
+from kaitest.chart import CHART
 from kaitest.checks import named
 from kaitest.devtools import DevTools
 from kaitest.net import free_port, get, get_json
@@ -43,6 +43,7 @@ from kaitest.poll import poll
 from kaitest.region import Layout, replace_u64, read_u64, write
 
 pytestmark = pytest.mark.see
+OUT = ("KAI_SEE_OUT", "see")  # out_dir (conftest.py): $KAI_SEE_OUT, else target/see
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -157,13 +158,6 @@ class Demo:
         return subprocess.run([os.path.join(self.bin, "kubectl-vgpu"), "--aggregator", aggregator or self.agg, *args],
                               capture_output=True, text=True, timeout=60,
                               env=dict(os.environ, KUBECONFIG=os.path.join(self.out, "no-kubeconfig")))
-
-
-@pytest.fixture(scope="module")
-def out_dir():
-    out = os.path.abspath(os.environ.get("KAI_SEE_OUT") or os.path.join(ROOT, "target", "see"))
-    os.makedirs(out, exist_ok=True)
-    return out
 
 
 @pytest.fixture(scope="module")
