@@ -87,15 +87,25 @@ down() {
   # its Deployments again from its Config) or a Job's controller can make
   # pods after the first round, which would hold the loop to its end.
   if [ -n "$(pid_of kubelet)" ] && kill -0 "$(pid_of kubelet)" 2>/dev/null; then
+    local left=unknown
     for i in $(seq 0 299); do
       if [ $((i % 15)) = 0 ]; then
         kc delete daemonsets,deployments,replicasets,statefulsets,jobs,cronjobs --all -A --wait=false >/dev/null 2>&1 || true
         kc delete pods --all -A --grace-period=1 --wait=false >/dev/null 2>&1 || true
       fi
-      [ -z "$(kc get pods -A --field-selector "spec.nodeName=$NODE_NAME" -o name 2>/dev/null)" ] && break
+      # ("No resources found" goes to stderr; a failed call is not "none")
+      if left="$(kc get pods -A --field-selector "spec.nodeName=$NODE_NAME" -o name 2>/dev/null)"; then
+        [ -z "$left" ] && break
+      else
+        left="(kubectl get pods failed)"
+      fi
       sleep 0.2
     done
-    log "pods gone from the node after $((SECONDS - t_down)) s"
+    if [ -z "$left" ]; then
+      log "pods gone from the node after $((SECONDS - t_down)) s"
+    else
+      log "pods still on the node after $((SECONDS - t_down)) s (stopped with the kubelet below): $(echo "$left" | head -5 | tr '\n' ' ')"
+    fi
   fi
   stop kubelet
   if [ -n "$(pid_of kube-proxy)" ]; then

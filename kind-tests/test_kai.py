@@ -618,12 +618,17 @@ def test_chain_grant_is_kais_under_evict(chain):
         assert str(cap_raised) in ev[0]["message"], ev[0]["message"]
         assert not gone(chain, "within"), "pod within was evicted"
         assert not chain.events("within", "GpuIsolationEviction")
-        row = chain.top()["within"]
-        assert row["state"] == "capped" and row["limitBytes"] == cap_within * MIB, row
-        assert chain.series("kai_isolator_container_isolation_state", 'state="capped"').get("within") == 1
+        # What the agent decided reaches the views through the aggregator's
+        # stream: waited for, not read once.
+        row = chain.row("within", "capped", lambda r: r.get("state") == "capped")
+        assert row["limitBytes"] == cap_within * MIB, row
+        wait("the series say within is capped", lambda: chain.series(
+            "kai_isolator_container_isolation_state", 'state="capped"').get("within") == 1, timeout=60)
     finally:
-        chain.delete("within", "raised")
-        release_upgrade(node, "monitor.isolation.enforce=none")
+        try:
+            chain.delete("within", "raised")
+        finally:  # the tests after this one run without evictions, whatever failed here
+            release_upgrade(node, "monitor.isolation.enforce=none")
 
 
 def test_chain_node_without_label(chain):
@@ -636,7 +641,6 @@ def test_chain_node_without_label(chain):
     uncapped_no_limit, naming the missing label, in kubectl vgpu and in the
     series KaiGpuUncapped fires on."""
     node = chain.node
-    label = chain.label()
     node.kubectl("label", "node", node.name, f"{LABEL}-")
     try:
         obj_mem = {"apiVersion": "v1", "kind": "Pod",
@@ -670,9 +674,15 @@ def test_chain_node_without_label(chain):
         assert LABEL in row["reason"], row
         assert chain.series("kai_isolator_container_isolation_state",
                             'state="uncapped_no_limit"').get("nolabel-frac") == 1
+        # KAI placed the fraction pod after it had called the gpu-memory pod
+        # unschedulable, and still has not placed that one.
+        mem = node.kjson("get", "pod", "nolabel-mem", "-n", TEAM)
+        assert not mem["spec"].get("nodeName") and mem["status"].get("phase") == "Pending", mem["status"]
     finally:
-        chain.delete("nolabel-mem", "nolabel-frac")
-        node.kubectl("label", "node", node.name, f"{LABEL}={label}", "--overwrite")
+        try:
+            chain.delete("nolabel-mem", "nolabel-frac")
+        finally:  # the label back, whatever failed here (the fake GPUs' size, not what was read)
+            node.kubectl("label", "node", node.name, f"{LABEL}={GPU_MEMORY_MIB}", "--overwrite")
 
 
 def binder_hamicore(node):
@@ -722,8 +732,10 @@ def test_chain_hamicore_off(chain, kai_build):
         row = chain.row("nohami-mem", "capped", lambda r: r.get("state") == "capped")
         assert row["limitBytes"] == 2048 * MIB and row["headroomBytes"] == 1048 * MIB, row
     finally:
-        chain.delete("nohami-mem", "nohami-frac")
-        kai_hamicore(node, kai_build, True)
+        try:
+            chain.delete("nohami-mem", "nohami-frac")
+        finally:  # KAI's hamicore back on, whatever failed here
+            kai_hamicore(node, kai_build, True)
 
 
 def test_chain_gpu_fraction_num_devices(chain):
@@ -749,15 +761,22 @@ def test_chain_gpu_fraction_num_devices(chain):
         wait("kubectl vgpu top: pod multi capped on each GPU at KAI's limit", capped_on_each, timeout=120,
              show=chain.rows)
         chain.region(p, [want, want + 200], 1000, gpus=FAKE_GPU_UUIDS)
-        row = chain.row("multi", "above_grant", lambda r: r.get("state") == "above_grant")
+
+        def raised_row():
+            (row,) = [r for r in chain.rows() if r["pod"] == "multi" and r["gpu"] == FAKE_GPU_UUIDS[1]]
+            return row if row["state"] == "above_grant" else None
+        row = wait("kubectl vgpu top: pod multi above_grant on its second GPU", raised_row, timeout=120,
+                   show=chain.rows)
+        assert row["limitBytes"] == (want + 200) * MIB, row
         assert FAKE_GPU_UUIDS[1] in row["reason"] and f"{want} MiB" in row["reason"], row["reason"]
     finally:
         chain.delete("multi")
 
 
 def test_chain_kai_components_untouched(chain):
-    """KAI's own components, its reservation pods and the GPU operator's
-    pods are not ours to patch: none carries our volume, preload mount or
+    """KAI's own components and the GPU operator's pods (and reservation
+    pods, where any are left; through_the_chain checks those of its pods)
+    are not ours to patch: none carries our volume, preload mount or
     region identity (the webhook's matchConditions leave them out before
     it is called)."""
     seen = 0
@@ -770,9 +789,8 @@ def test_chain_kai_components_untouched(chain):
             for c in p["spec"].get("initContainers", []) + p["spec"]["containers"]:
                 assert not [m for m in c.get("volumeMounts") or [] if m["mountPath"] == "/etc/ld.so.preload"], \
                     (ns, p["metadata"]["name"], c["name"])
-                assert not [e for e in c.get("env") or [] if e["name"] in ("POD_UID", "CONTAINER_NAME")
-                            and (e.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == "metadata.uid"
-                            or e["name"] == "CUDA_DEVICE_MEMORY_SHARED_CACHE"], (ns, p["metadata"]["name"], c["name"])
+                ours = ("POD_UID", "CONTAINER_NAME", "CONTAINER_VGPU_MOUNT", "CUDA_DEVICE_MEMORY_SHARED_CACHE")
+                assert not [e for e in c.get("env") or [] if e["name"] in ours], (ns, p["metadata"]["name"], c["name"])
     assert seen >= len(KAI_DEPLOYMENTS), f"only {seen} pods of KAI and the GPU operator"
 
 

@@ -70,9 +70,10 @@ import pod_checks as shapes
 from kaitest import node as kainode
 from kaitest.chart import helm_binary
 from kaitest.checks import named, uncaptured
-from kaitest.kube import CHART, FULL, KIND_TESTS, NS, RELEASE, ROOT, TENANT, Cluster, Processes, http_get, run
+from kaitest.kube import CHART, FULL, KIND_TESTS, NS, RELEASE, TENANT, Cluster, Processes, http_get, run
 
 pytestmark = pytest.mark.node
+OUT = ("KAI_NODE_OUT", "node-suite")  # out_dir (conftest.py): $KAI_NODE_OUT, else target/node-suite
 
 OPT_OUT_NS = "opt-out-allowed"
 # Labelled for the webhook to ignore: no entry of its configuration serves it.
@@ -333,14 +334,11 @@ def gpu_pod(name):
 
 
 @pytest.fixture(scope="module")
-def node(built):
+def node(built, out_dir):
     """node.sh --up: the control plane and the real node, taken down at the
-    end of the module (node.sh --down); node.sh's log in $KAI_NODE_OUT, else
-    target/node-suite."""
-    out = os.path.abspath(os.environ.get("KAI_NODE_OUT") or os.path.join(ROOT, "target", "node-suite"))
-    os.makedirs(out, exist_ok=True)
+    end of the module (node.sh --down); node.sh's log in out_dir."""
     t0 = time.monotonic()
-    with kainode.up(built(kainode.PACKAGES, kainode.FILES), out) as n:
+    with kainode.up(built(kainode.PACKAGES, kainode.FILES), out_dir) as n:
         print(f"node {n.name} up in {time.monotonic() - t0:.0f} s: NODE_DIR={n.dir}")
         yield n
 
