@@ -233,14 +233,20 @@ def test_fake_gpu_node(kai):
     assert n["metadata"]["labels"].get("nvidia.com/gpu.memory") == str(GPU_MEMORY_MIB), n["metadata"]["labels"]
 
 
+def binder_plugins(node):
+    """The JSON of each --plugins flag of KAI's binder Deployment (how the
+    operator passes binder.plugins)."""
+    c = node.kjson("get", "deployment", "binder", "-n", KAI_NS)["spec"]["template"]["spec"]["containers"][0]
+    args = c.get("args", []) + c.get("command", [])
+    return [json.loads(a.split("=", 1)[1] if a.startswith("--plugins=") else args[i + 1])
+            for i, a in enumerate(args) if a == "--plugins" or a.startswith("--plugins=")]
+
+
 def test_kai_hamicore_configured(kai):
     """KAI runs with the HAMi-core integration on: the binder's --plugins
     enables hamicore, the admission has --hami-core-enabled=true."""
-    binder = kai.kjson("get", "deployment", "binder", "-n", KAI_NS)["spec"]["template"]["spec"]["containers"][0]
-    args = binder.get("args", []) + binder.get("command", [])
-    plugins = [json.loads(a.split("=", 1)[1] if a.startswith("--plugins=") else args[i + 1])
-               for i, a in enumerate(args) if a == "--plugins" or a.startswith("--plugins=")]
-    assert plugins and plugins[0].get("hamicore", {}).get("enabled") is True, args
+    plugins = binder_plugins(kai)
+    assert plugins and plugins[0].get("hamicore", {}).get("enabled") is True, plugins
     admission = kai.kjson("get", "deployment", "admission", "-n", KAI_NS)["spec"]["template"]["spec"]["containers"][0]
     assert "--hami-core-enabled=true" in admission.get("args", []), admission.get("args")
 
@@ -408,27 +414,14 @@ class Chain:
         r = self.node.kubectl("exec", name, "-n", TEAM, "-c", WORK, "--", "printenv", var, check=False)
         return r.stdout.strip() if r.returncode == 0 else None
 
-    def host_pid(self, p):
-        """The container's PID 1 as the host sees it (containerd's task)."""
-        (cs,) = [c for c in p["status"]["containerStatuses"] if c["name"] == WORK]
-        cid = cs["containerID"].removeprefix("containerd://")
-        out = self.node.ctr("tasks", "ls").stdout
-        (pid,) = [int(ln.split()[1]) for ln in out.splitlines()[1:] if ln.split()[0] == cid]
-        return pid
-
     def region(self, p, limit_mib, used_mib, gpus=(FAKE_GPU_UUID,)):
         """The container's region as libvgpu writes it at cuInit: cap
         `limit_mib` (one for all, or a list, one per GPU) on each of `gpus`,
         one live slot of its host PID using `used_mib` on each; in the pod's
         region directory kai-csi published. The host PID."""
-        pid = self.host_pid(p)
+        pid = self.node.host_pid(p, WORK)
         limits = limit_mib if isinstance(limit_mib, (list, tuple)) else [limit_mib]
-        self.node.run(os.path.join(self.node.target, "kai-node"), "write-region", "--containers-dir",
-                      os.path.join(self.node.env["HOST_BASE"], "vgpu", "containers"), "--pod-uid",
-                      p["metadata"]["uid"], "--container", WORK,
-                      *[a for g in gpus for a in ("--gpu-uuid", g)],
-                      *[a for m in limits for a in ("--limit-mib", str(m))],
-                      "--used-mib", str(used_mib), "--pid", str(pid))
+        self.node.write_region(p, WORK, pid, limits, used_mib, gpus)
         return pid
 
     def vgpu(self, *args):
@@ -687,10 +680,7 @@ def test_chain_node_without_label(chain):
 
 def binder_hamicore(node):
     """Whether KAI's binder Deployment runs with the hamicore plugin on."""
-    c = node.kjson("get", "deployment", "binder", "-n", KAI_NS)["spec"]["template"]["spec"]["containers"][0]
-    args = c.get("args", []) + c.get("command", [])
-    plugins = [json.loads(a.split("=", 1)[1] if a.startswith("--plugins=") else args[i + 1])
-               for i, a in enumerate(args) if a == "--plugins" or a.startswith("--plugins=")]
+    plugins = binder_plugins(node)
     return bool(plugins and plugins[0].get("hamicore", {}).get("enabled"))
 
 

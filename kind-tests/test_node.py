@@ -243,12 +243,7 @@ class NodeCluster(Cluster):
         assert not problems, "\n".join(problems)
 
     def host_pid(self, pod_obj, container="main"):
-        """The container's PID 1 as the host sees it (containerd's task)."""
-        (cs,) = [c for c in pod_obj["status"]["containerStatuses"] if c["name"] == container]
-        cid = cs["containerID"].removeprefix("containerd://")
-        out = self.node.ctr("tasks", "ls").stdout
-        (pid,) = [int(ln.split()[1]) for ln in out.splitlines()[1:] if ln.split()[0] == cid]
-        return pid
+        return self.node.host_pid(pod_obj, container)
 
     def region_events(self, name, reason, ns=TENANT):
         return [e for e in self.kjson("get", "events", "-n", ns, "--field-selector",
@@ -257,11 +252,9 @@ class NodeCluster(Cluster):
     # --- the stand-ins for libvgpu and NVML ---
 
     def write_region(self, pod_obj, pid, limit_mib, used_mib):
-        """The region libvgpu would write at cuInit (the pods never call
-        CUDA), in the host's containers directory the agent pod mounts."""
-        run(os.path.join(self.target, "kai-node"), "write-region", "--containers-dir",
-            os.path.join(self.host_vgpu, "containers"), "--pod-uid", pod_obj["metadata"]["uid"], "--container", "main",
-            "--gpu-uuid", GPU_UUID, "--limit-mib", str(limit_mib), "--used-mib", str(used_mib), "--pid", str(pid))
+        """The region libvgpu would write at cuInit, in the host's containers
+        directory the agent pod mounts."""
+        self.node.write_region(pod_obj, "main", pid, [limit_mib], used_mib, [GPU_UUID])
 
     def fake_nvml(self, processes):
         """The GPU the stand-in NVML reports, running `processes` ({host PID:

@@ -55,6 +55,27 @@ class Node:
         return self.run("nsenter", "-t", self.env["HOLDER_PID"], "-m", "--", "ctr", "--address",
                         self.env["CONTAINERD_SOCK"], "-n", "k8s.io", *args, timeout=timeout)
 
+    def host_pid(self, pod, container):
+        """`container`'s PID 1 in `pod` (as stored) as the host sees it:
+        its containerd task."""
+        (cs,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == container]
+        cid = cs["containerID"].removeprefix("containerd://")
+        out = self.ctr("tasks", "ls").stdout
+        (pid,) = [int(ln.split()[1]) for ln in out.splitlines()[1:] if ln.split()[0] == cid]
+        return pid
+
+    def write_region(self, pod, container, pid, limits_mib, used_mib, gpus):
+        """The region libvgpu writes at cuInit (the pods never call CUDA),
+        with `kai-node write-region`, in the host's containers directory
+        (paths.hostInstallBase/vgpu): a cap per GPU of `gpus` (one figure
+        in `limits_mib` for all, or one each), one live slot of host PID
+        `pid` using `used_mib` on each."""
+        self.run(os.path.join(self.target, "kai-node"), "write-region", "--containers-dir",
+                 os.path.join(self.env["HOST_BASE"], "vgpu", "containers"), "--pod-uid", pod["metadata"]["uid"],
+                 "--container", container, *[a for g in gpus for a in ("--gpu-uuid", g)],
+                 *[a for m in limits_mib for a in ("--limit-mib", str(m))],
+                 "--used-mib", str(used_mib), "--pid", str(pid))
+
 
 @contextlib.contextmanager
 def up(target, out):
