@@ -61,6 +61,8 @@ pub fn container_to_pb(view: &ContainerView, node: &str) -> pb::ContainerUsage {
         isolation_reason: view.isolation.reason.clone(),
         near_cap_devices: view.isolation.near_cap.clone(),
         stale_slots: view.isolation.stale_slots,
+        // Filled from the pod's DRA claims (issue 40).
+        dra_shares: Vec::new(),
     }
 }
 
