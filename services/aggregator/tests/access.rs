@@ -37,8 +37,16 @@ fn rule(user: &str, review: &Value) -> bool {
     }
 }
 
-/// Names only the cluster view may show.
-const SECRETS: &[&str] = &["team-b", "secret-pod", "secret-two", "miner"];
+/// Names only the cluster view may show (a DRA share's among them: it is
+/// part of its container, shown only with it).
+const SECRETS: &[&str] = &[
+    "team-b",
+    "secret-pod",
+    "secret-two",
+    "miner",
+    "secret-claim",
+    "secret-share",
+];
 
 fn cluster() -> Cluster {
     let cluster = Cluster::default();
@@ -56,14 +64,33 @@ fn cluster() -> Cluster {
         }],
         ..Default::default()
     };
+    let with_share = |mut c: pb::ContainerUsage, claim: &str, share: &str| {
+        c.dra_shares = vec![pb::DraShare {
+            claim: claim.into(),
+            request: "gpu".into(),
+            share_id: share.into(),
+            gpu_uuid: c.devices[0].uuid.clone(),
+            granted_bytes: 1 << 30,
+            ..Default::default()
+        }];
+        c
+    };
     cluster.apply_update(
         "10.0.0.1:50051",
         pb::ContainersUpdate {
             node: "gpu-1".into(),
             revision: 1,
             containers: vec![
-                container("team-a", "train-pod", "GPU-a"),
-                container("team-b", "secret-pod", "GPU-b"),
+                with_share(
+                    container("team-a", "train-pod", "GPU-a"),
+                    "train-claim",
+                    "train-share",
+                ),
+                with_share(
+                    container("team-b", "secret-pod", "GPU-b"),
+                    "secret-claim",
+                    "secret-share",
+                ),
                 container("team-b", "secret-two", "GPU-a"),
             ],
             escaped_processes: vec![pb::EscapedProcess {
@@ -259,6 +286,14 @@ async fn a_tenant_sees_its_namespace_in_every_http_api() {
     }
     let (_, body, _) = get(server.http, "/api/v1/containers", alice).await;
     assert!(body.contains("train-pod"), "{body}");
+    // Alice's own share, with her container, on both routes that show shares.
+    for path in ["/api/v1/containers", "/api/v1/view"] {
+        let (_, body, _) = get(server.http, path, alice).await;
+        assert!(
+            body.contains("train-claim") && body.contains("train-share"),
+            "{path}: {body}"
+        );
+    }
     let (_, body, _) = get(server.http, "/api/v1/devices", alice).await;
     let devices: pb::ClusterDevicesResponse = serde_json::from_str(&body).expect("JSON");
     assert_eq!(devices.devices.len(), 1, "only the GPU alice uses: {body}");
@@ -393,6 +428,17 @@ async fn grpc_methods_check_the_caller_too() {
     let pods: Vec<&str> = seen.containers.iter().map(|c| c.pod.as_str()).collect();
     assert_eq!(pods, ["train-pod"]);
     assert!(seen.escaped_processes.is_empty());
+    let claims: Vec<&str> = seen
+        .containers
+        .iter()
+        .flat_map(|c| &c.dra_shares)
+        .map(|s| s.claim.as_str())
+        .collect();
+    assert_eq!(
+        claims,
+        ["train-claim"],
+        "team-b's share stays with its container"
+    );
     let denied = client
         .list_containers(with(Some("team-a-token"), "team-b"))
         .await

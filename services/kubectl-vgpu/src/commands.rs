@@ -104,6 +104,7 @@ mod tests {
     use kai_proto::v1::{self as pb, IsolationState};
 
     use crate::model::State;
+    use crate::render::{self, Format};
 
     fn container(
         pod: &str,
@@ -163,6 +164,7 @@ mod tests {
                 what_to_do: State(IsolationState::UncappedNoLimit).advice(),
                 stale_slots: 1,
                 devices: vec![],
+                dra_shares: vec![],
             }],
             escaped_processes: vec![],
             events: vec![],
@@ -174,5 +176,159 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("unavailable: no kubeconfig"), "{text}");
+    }
+
+    fn share(claim: &str, gpu: &str) -> pb::DraShare {
+        pb::DraShare {
+            claim: claim.into(),
+            request: "gpu".into(),
+            driver: "gpu.nvidia.com".into(),
+            pool: "gpu-1".into(),
+            device: "gpu-0".into(),
+            share_id: "3f2a9c1e-7b4d-4e0a-9d7c-5b1e2f3a4b5c".into(),
+            gpu_uuid: gpu.into(),
+            granted_bytes: 16 << 30,
+        }
+    }
+
+    /// A DRA GPU container on two GPUs, its share on the second, and a
+    /// KAI container without shares.
+    fn dra_and_kai() -> Vec<pb::ContainerUsage> {
+        let mut dra = container("dra", 900, 16 << 30, 0, IsolationState::Capped);
+        dra.devices.push(pb::DeviceUsage {
+            uuid: "GPU-2".into(),
+            used_bytes: 100,
+            limit_bytes: 16 << 30,
+            ..Default::default()
+        });
+        dra.dra_shares = vec![share("gpu-claim", "GPU-2")];
+        vec![dra, container("kai", 500, 1000, 0, IsolationState::Capped)]
+    }
+
+    #[test]
+    fn top_rows_carry_the_share_on_its_gpus_row_and_json_and_yaml_show_it() {
+        let rows = top_rows(&dra_and_kai());
+        let shares = |pod: &str, gpu: &str| {
+            rows.iter()
+                .find(|r| r.pod == pod && r.gpu == gpu)
+                .map(|r| r.dra_shares.clone())
+                .expect("row")
+        };
+        assert_eq!(shares("dra", "GPU-2"), [share("gpu-claim", "GPU-2")]);
+        assert!(shares("dra", "GPU-1").is_empty(), "not on the other GPU");
+        assert!(shares("kai", "GPU-1").is_empty());
+
+        let json = render::structured(&rows, Format::Json)
+            .expect("json")
+            .expect("some");
+        let value: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+        let on_2 = value
+            .as_array()
+            .expect("rows")
+            .iter()
+            .find(|r| r["gpu"] == "GPU-2")
+            .expect("GPU-2 row");
+        assert_eq!(
+            on_2["draShares"],
+            serde_json::json!([{
+                "claim": "gpu-claim",
+                "request": "gpu",
+                "driver": "gpu.nvidia.com",
+                "pool": "gpu-1",
+                "device": "gpu-0",
+                "shareId": "3f2a9c1e-7b4d-4e0a-9d7c-5b1e2f3a4b5c",
+                "gpuUuid": "GPU-2",
+                "grantedBytes": 17_179_869_184_u64,
+            }])
+        );
+        let kai = value
+            .as_array()
+            .expect("rows")
+            .iter()
+            .find(|r| r["pod"] == "kai")
+            .expect("kai row");
+        assert_eq!(kai["draShares"], serde_json::json!([]));
+        let yaml = render::structured(&rows, Format::Yaml)
+            .expect("yaml")
+            .expect("some");
+        assert!(
+            yaml.contains("claim: gpu-claim")
+                && yaml.contains("shareId: 3f2a9c1e-7b4d-4e0a-9d7c-5b1e2f3a4b5c")
+                && yaml.contains("grantedBytes: 17179869184"),
+            "{yaml}"
+        );
+    }
+
+    /// `why` against an aggregator (a loopback stand-in answering what
+    /// the aggregator writes): the text names the claim, its share and
+    /// grant; JSON carries `draShares`.
+    #[tokio::test]
+    async fn why_shows_the_claim_its_share_and_grant() {
+        use crate::source::Aggregator;
+        use crate::source::tests::one_request;
+
+        let answer = serde_json::to_string(&pb::ClusterContainersResponse {
+            containers: dra_and_kai().into_iter().take(1).collect(),
+            ..Default::default()
+        })
+        .expect("JSON");
+        let answer: &'static str = Box::leak(answer.into_boxed_str());
+        let (url, _server) = one_request(200, answer).await;
+        let agg = Aggregator::direct(&url, None, None).expect("aggregator");
+        let out = super::why::why(&agg, None, "team-a", "dra", Format::Table)
+            .await
+            .expect("why");
+        assert!(
+            out.text.contains(
+                "  DRA claim:   team-a/gpu-claim (request gpu), share 3f2a9c1e-7b4d-4e0a-9d7c-5b1e2f3a4b5c, \
+                 granted 16Gi on GPU-2 (gpu.nvidia.com/gpu-1/gpu-0)\n"
+            ),
+            "{}",
+            out.text
+        );
+
+        let (url, _server) = one_request(200, answer).await;
+        let agg = Aggregator::direct(&url, None, None).expect("aggregator");
+        let out = super::why::why(&agg, None, "team-a", "dra", Format::Json)
+            .await
+            .expect("why");
+        let value: serde_json::Value = serde_json::from_str(&out.text).expect("JSON");
+        let shares = &value["containers"][0]["draShares"];
+        assert_eq!(shares[0]["claim"], "gpu-claim", "{}", out.text);
+        assert_eq!(shares[0]["grantedBytes"], 16u64 << 30);
+        assert_eq!(shares[0]["gpuUuid"], "GPU-2");
+    }
+
+    #[test]
+    fn why_text_says_when_the_share_has_no_id_gpu_or_grant_yet() {
+        let mut whole = share("whole", "");
+        whole.share_id.clear();
+        whole.granted_bytes = 0;
+        whole.request.clear();
+        let report = WhyReport {
+            namespace: "team-a".into(),
+            pod: "p".into(),
+            containers: vec![WhyContainer {
+                container: "main".into(),
+                node: "gpu-1".into(),
+                state: State(IsolationState::Pending).label(),
+                reason: String::new(),
+                what_to_do: State(IsolationState::Pending).advice(),
+                stale_slots: 0,
+                devices: vec![],
+                dra_shares: vec![whole],
+            }],
+            escaped_processes: vec![],
+            events: vec![],
+            events_unavailable: None,
+        };
+        let text = why_text(&report);
+        assert!(
+            text.contains(
+                "  DRA claim:   team-a/whole, the whole device, granted: the allocation does not say \
+                 on a GPU not known yet (gpu.nvidia.com/gpu-1/gpu-0)\n"
+            ),
+            "{text}"
+        );
     }
 }

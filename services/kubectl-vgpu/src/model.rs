@@ -81,7 +81,9 @@ mod tests {
     fn parses_the_aggregators_json_and_ignores_unknown_fields() {
         let body = r#"{"containers":[{"namespace":"team-a","pod":"p","container":"c","node":"n",
             "isolationState":"ISOLATION_STATE_OVER_CAP","futureField":1,
-            "devices":[{"uuid":"GPU-1","limitBytes":10,"usedBytes":12,"staleBytes":1}]},
+            "devices":[{"uuid":"GPU-1","limitBytes":10,"usedBytes":12,"staleBytes":1}],
+            "draShares":[{"claim":"gpu-claim","request":"gpu","shareId":"3f2a","gpuUuid":"GPU-1",
+                "grantedBytes":17179869184,"futureField":1}]},
             {"isolationState":"ISOLATION_STATE_SOMETHING_NEW"}],
             "escapedProcesses":[{"gpuUuid":"GPU-1","hostPid":7,"usedBytes":3}]}"#;
         let parsed: pb::ClusterContainersResponse = serde_json::from_str(body).expect("parses");
@@ -90,6 +92,19 @@ mod tests {
         assert!(State::of(c).is_breach());
         assert_eq!(c.devices[0].used_bytes, 12);
         assert_eq!(parsed.escaped_processes[0].host_pid, 7);
+        let share = &c.dra_shares[0];
+        assert_eq!(
+            (
+                share.claim.as_str(),
+                share.share_id.as_str(),
+                share.granted_bytes
+            ),
+            ("gpu-claim", "3f2a", 16 << 30)
+        );
+        assert!(
+            parsed.containers[1].dra_shares.is_empty(),
+            "an aggregator from before the field"
+        );
         let new = State::of(&parsed.containers[1]);
         assert_eq!(new.label(), "unknown");
         assert!(!new.is_breach());

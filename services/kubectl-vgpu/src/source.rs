@@ -315,7 +315,7 @@ pub fn query_value(value: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A kube client whose API server is a mock that answers one request.
@@ -332,7 +332,8 @@ mod tests {
 
     /// A one-request HTTP server on loopback: the request head it got
     /// comes back through the handle; it answers `status` with `body`.
-    async fn one_request(
+    /// The commands' tests stand it in for the aggregator too.
+    pub(crate) async fn one_request(
         status: u16,
         body: &'static str,
     ) -> (String, tokio::task::JoinHandle<String>) {

@@ -158,4 +158,16 @@ mod tests {
             "relative asset URLs"
         );
     }
+
+    /// The page finds each column of a row by its name in the model's
+    /// `columns`; one it never names is data it never shows.
+    #[test]
+    fn the_page_reads_every_column_by_name() {
+        for column in view::COLUMNS {
+            assert!(
+                APP_JS.contains(&format!("\"{column}\"")),
+                "app.js never reads the {column} column"
+            );
+        }
+    }
 }

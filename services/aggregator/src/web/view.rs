@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use kai_proto::v1 as pb;
-pub use kai_vocab::api::{COLUMNS, ContainerRow, EscapedRow, GpuRow, NodeRow, View};
+pub use kai_vocab::api::{COLUMNS, ContainerRow, DraShare, EscapedRow, GpuRow, NodeRow, View};
 
 use crate::cluster::NodeEntry;
 
@@ -13,6 +13,20 @@ fn state_of(c: &pb::ContainerUsage) -> &'static str {
     pb::IsolationState::try_from(c.isolation_state)
         .unwrap_or(pb::IsolationState::Unspecified)
         .label()
+}
+
+/// The view's copy of a share, under the JSON API's names.
+fn dra_share(s: &pb::DraShare) -> DraShare {
+    DraShare {
+        claim: s.claim.clone(),
+        request: s.request.clone(),
+        driver: s.driver.clone(),
+        pool: s.pool.clone(),
+        device: s.device.clone(),
+        share_id: s.share_id.clone(),
+        gpu_uuid: s.gpu_uuid.clone(),
+        granted_bytes: s.granted_bytes,
+    }
 }
 
 /// Builds the view of `nodes` (a snapshot) at `revision`.
@@ -43,22 +57,18 @@ pub fn build(nodes: &[NodeEntry], revision: u64, now_ms: u64) -> View {
             .collect();
         for c in n.containers.iter() {
             let state = state_of(c);
+            let first = containers.len();
             if c.devices.is_empty() {
                 // No region device yet (pending / no_region): still a row.
-                containers.push((
-                    c.namespace.clone(),
-                    c.pod.clone(),
-                    c.container.clone(),
-                    n.node.clone(),
-                    String::new(),
-                    0,
-                    0,
-                    0,
-                    state.into(),
-                    c.isolation_reason.clone(),
-                    false,
-                    0,
-                ));
+                containers.push(ContainerRow {
+                    namespace: c.namespace.clone(),
+                    pod: c.pod.clone(),
+                    container: c.container.clone(),
+                    node: n.node.clone(),
+                    state: state.into(),
+                    reason: c.isolation_reason.clone(),
+                    ..ContainerRow::default()
+                });
             }
             for d in &c.devices {
                 let gpu = gpus.entry(&d.uuid).or_insert_with(|| GpuRow {
@@ -71,20 +81,31 @@ pub fn build(nodes: &[NodeEntry], revision: u64, now_ms: u64) -> View {
                 gpu.stale = gpu.stale.saturating_add(d.stale_bytes);
                 gpu.containers = gpu.containers.saturating_add(1);
                 gpu.uncapped = gpu.uncapped.saturating_add(u32::from(d.limit_bytes == 0));
-                containers.push((
-                    c.namespace.clone(),
-                    c.pod.clone(),
-                    c.container.clone(),
-                    n.node.clone(),
-                    d.uuid.clone(),
-                    d.used_bytes,
-                    d.limit_bytes,
-                    d.stale_bytes,
-                    state.into(),
-                    c.isolation_reason.clone(),
-                    c.near_cap_devices.contains(&d.uuid),
-                    d.headroom_bytes,
-                ));
+                containers.push(ContainerRow {
+                    namespace: c.namespace.clone(),
+                    pod: c.pod.clone(),
+                    container: c.container.clone(),
+                    node: n.node.clone(),
+                    gpu: d.uuid.clone(),
+                    used: d.used_bytes,
+                    limit: d.limit_bytes,
+                    stale: d.stale_bytes,
+                    state: state.into(),
+                    reason: c.isolation_reason.clone(),
+                    near_cap: c.near_cap_devices.contains(&d.uuid),
+                    headroom: d.headroom_bytes,
+                    dra_shares: Vec::new(),
+                });
+            }
+            // The container's rows are containers[first..]: each share
+            // goes on the row of its GPU (kai_vocab::api::share_row).
+            let rows = &mut containers[first..];
+            for share in &c.dra_shares {
+                let at =
+                    kai_vocab::api::share_row(rows.iter().map(|r| r.gpu.as_str()), &share.gpu_uuid);
+                if let Some(row) = rows.get_mut(at) {
+                    row.dra_shares.push(dra_share(share));
+                }
             }
         }
         escaped.extend(n.escaped.iter().map(|e| EscapedRow {
@@ -190,10 +211,18 @@ mod tests {
             (5000, 2000, 1260, 100, 3000)
         );
         assert_eq!((gpus[1].capacity, gpus[1].uncapped), (0, 1));
-        let b = view.containers.iter().find(|r| r.1 == "b").expect("row b");
-        assert!(b.10, "near cap carried");
-        let c = view.containers.iter().find(|r| r.1 == "c").expect("row c");
-        assert_eq!(c.8, "uncapped_no_limit");
+        let b = view
+            .containers
+            .iter()
+            .find(|r| r.pod == "b")
+            .expect("row b");
+        assert!(b.near_cap, "near cap carried");
+        let c = view
+            .containers
+            .iter()
+            .find(|r| r.pod == "c")
+            .expect("row c");
+        assert_eq!(c.state, "uncapped_no_limit");
         let json = serde_json::to_value(&view).expect("serialises");
         assert_eq!(
             json["columns"].as_array().map(Vec::len),
@@ -203,5 +232,84 @@ mod tests {
             json["containers"][0].as_array().map(Vec::len),
             Some(COLUMNS.len())
         );
+    }
+
+    fn share(claim: &str, gpu: &str, granted: u64) -> pb::DraShare {
+        pb::DraShare {
+            claim: claim.into(),
+            request: "gpu".into(),
+            driver: "gpu.nvidia.com".into(),
+            pool: "gpu-1".into(),
+            device: "gpu-0".into(),
+            share_id: format!("share-{claim}"),
+            gpu_uuid: gpu.into(),
+            granted_bytes: granted,
+        }
+    }
+
+    /// Each share goes on the row of its GPU, next to the cap it bounds;
+    /// one whose GPU has no row (not known yet, no region device on it) on
+    /// the container's first row; a pending container's one row carries
+    /// them all; a KAI container's rows have none.
+    #[test]
+    fn shares_go_on_their_gpus_row() {
+        let mut two = container("two", "GPU-1", 10, 1000, 0);
+        two.devices.push(pb::DeviceUsage {
+            uuid: "GPU-2".into(),
+            limit_bytes: 1000,
+            ..Default::default()
+        });
+        two.dra_shares = vec![
+            share("on-2", "GPU-2", 1 << 30),
+            share("unknown-gpu", "", 2 << 30),
+            share("elsewhere", "GPU-9", 3 << 30),
+        ];
+        let mut pending = container("pending", "GPU-1", 0, 0, 0);
+        pending.devices.clear();
+        pending.isolation_state = pb::IsolationState::Pending.into();
+        pending.dra_shares = vec![share("waiting", "GPU-3", 4 << 30)];
+        let kai = container("kai", "GPU-1", 5, 1000, 0);
+        let mut node = NodeEntry::new("10.0.0.1:50051");
+        node.containers = std::sync::Arc::new(vec![two, pending, kai]);
+        let view = build(&[node], 1, 0);
+        let claims = |pod: &str, gpu: &str| -> Vec<String> {
+            let row = view
+                .containers
+                .iter()
+                .find(|r| r.pod == pod && r.gpu == gpu)
+                .expect("row");
+            row.dra_shares.iter().map(|s| s.claim.clone()).collect()
+        };
+        assert_eq!(claims("two", "GPU-2"), ["on-2"]);
+        assert_eq!(claims("two", "GPU-1"), ["unknown-gpu", "elsewhere"]);
+        assert_eq!(claims("pending", ""), ["waiting"]);
+        assert!(claims("kai", "GPU-1").is_empty());
+        let on_2 = &view
+            .containers
+            .iter()
+            .find(|r| r.gpu == "GPU-2")
+            .expect("GPU-2 row")
+            .dra_shares[0];
+        assert_eq!(
+            (
+                on_2.share_id.as_str(),
+                on_2.granted_bytes,
+                on_2.pool.as_str()
+            ),
+            ("share-on-2", 1 << 30, "gpu-1"),
+            "the share as the agent reported it"
+        );
+        let json = serde_json::to_value(&view).expect("serialises");
+        let column = COLUMNS
+            .iter()
+            .position(|&c| c == "draShares")
+            .expect("column");
+        let rows = json["containers"].as_array().expect("rows");
+        let kai_row = rows.iter().find(|r| r[1] == "kai").expect("kai row");
+        assert_eq!(kai_row[column], serde_json::json!([]));
+        let pending_row = rows.iter().find(|r| r[1] == "pending").expect("row");
+        assert_eq!(pending_row[column][0]["claim"], "waiting");
+        assert_eq!(pending_row[column][0]["grantedBytes"], 4u64 << 30);
+        assert_eq!(pending_row[column][0]["shareId"], "share-waiting");
     }
 }

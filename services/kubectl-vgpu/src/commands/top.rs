@@ -29,6 +29,11 @@ pub struct TopRow {
     pub state: &'static str,
     pub reason: String,
     pub near_cap: bool,
+    /// The container's DRA shares on this GPU (`kai_vocab::api::share_row`:
+    /// one whose GPU has no row is on the container's first), as the
+    /// aggregator's `draShares`; empty for KAI pods and containers without
+    /// GPU-memory claims.
+    pub dra_shares: Vec<pb::DraShare>,
 }
 
 pub fn top_rows(containers: &[pb::ContainerUsage]) -> Vec<TopRow> {
@@ -53,12 +58,22 @@ pub fn top_rows(containers: &[pb::ContainerUsage]) -> Vec<TopRow> {
                 headroom_bytes: (d.limit_bytes > 0).then_some(d.headroom_bytes),
                 state,
                 reason: c.isolation_reason.clone(),
+                dra_shares: Vec::new(),
             }
         };
+        let first = rows.len();
         if c.devices.is_empty() {
             rows.push(row(None));
         }
         rows.extend(c.devices.iter().map(|d| row(Some(d))));
+        // Before sorting, the container's rows are rows[first..].
+        let own = &mut rows[first..];
+        for share in &c.dra_shares {
+            let at = kai_vocab::api::share_row(own.iter().map(|r| r.gpu.as_str()), &share.gpu_uuid);
+            if let Some(row) = own.get_mut(at) {
+                row.dra_shares.push(share.clone());
+            }
+        }
     }
     rows.sort_by(|a, b| {
         b.used_bytes.cmp(&a.used_bytes).then_with(|| {

@@ -35,6 +35,10 @@ pub struct WhyContainer {
     pub what_to_do: &'static str,
     pub stale_slots: u32,
     pub devices: Vec<WhyDevice>,
+    /// The DRA consumable-capacity shares it holds, as the aggregator's
+    /// `draShares`; empty for KAI pods and containers without GPU-memory
+    /// claims.
+    pub dra_shares: Vec<pb::DraShare>,
 }
 
 #[derive(Debug, Serialize)]
@@ -161,6 +165,7 @@ pub(super) async fn why(
                             near_cap: c.near_cap_devices.contains(&d.uuid),
                         })
                         .collect(),
+                    dra_shares: c.dra_shares.clone(),
                 }
             })
             .collect(),
@@ -192,6 +197,41 @@ pub(super) async fn why(
     Ok(Output { text, outcome })
 }
 
+/// One share, as `why` shows it: `team-a/gpu-claim (request gpu), share
+/// 3f2a…, granted 16Gi on GPU-… (gpu.nvidia.com/node-1/gpu-0)`, the grant
+/// the container's cap is held to.
+fn share_text(namespace: &str, s: &pb::DraShare) -> String {
+    let mut text = format!("{namespace}/{}", s.claim);
+    if !s.request.is_empty() {
+        text.push_str(&format!(" (request {})", s.request));
+    }
+    if s.share_id.is_empty() {
+        text.push_str(", the whole device");
+    } else {
+        text.push_str(&format!(", share {}", s.share_id));
+    }
+    if s.granted_bytes == 0 {
+        text.push_str(", granted: the allocation does not say");
+    } else {
+        text.push_str(&format!(", granted {}", bytes(s.granted_bytes)));
+    }
+    let gpu = if s.gpu_uuid.is_empty() {
+        "a GPU not known yet"
+    } else {
+        &s.gpu_uuid
+    };
+    let device: Vec<&str> = [&s.driver, &s.pool, &s.device]
+        .into_iter()
+        .map(String::as_str)
+        .filter(|part| !part.is_empty())
+        .collect();
+    text.push_str(&format!(" on {gpu}"));
+    if !device.is_empty() {
+        text.push_str(&format!(" ({})", device.join("/")));
+    }
+    text
+}
+
 pub(super) fn why_text(r: &WhyReport) -> String {
     use std::fmt::Write;
     let mut out = format!("Pod {}/{}\n", r.namespace, r.pod);
@@ -218,6 +258,9 @@ pub(super) fn why_text(r: &WhyReport) -> String {
                 bytes(d.stale_bytes),
                 if d.near_cap { " (near the cap)" } else { "" }
             );
+        }
+        for s in &c.dra_shares {
+            let _ = writeln!(out, "  DRA claim:   {}", share_text(&r.namespace, s));
         }
         if c.stale_slots > 0 {
             let _ = writeln!(

@@ -20,6 +20,23 @@
   function shortUuid(u) {
     return u.length > 14 ? u.slice(0, 13) + "…" : u || "–";
   }
+  function shortId(id) {
+    return id.length > 8 ? id.slice(0, 4) + "…" : id;
+  }
+  // A DRA share as the row shows it: "claim <namespace>/<claim>, share 3f2a…,
+  // granted 16 GiB"; the whole of it on hover (shareTitle).
+  function shareText(namespace, s) {
+    return "claim " + namespace + "/" + s.claim +
+      (s.shareId ? ", share " + shortId(s.shareId) : ", whole device") +
+      ", granted " + (s.grantedBytes ? bytes(s.grantedBytes) : "unknown");
+  }
+  function shareTitle(namespace, s) {
+    return "DRA claim " + namespace + "/" + s.claim + (s.request ? ", request " + s.request : "") +
+      "\nshare " + (s.shareId || "none (device allocated whole)") +
+      "\ndevice " + [s.driver, s.pool, s.device].filter(Boolean).join("/") +
+      " (" + (s.gpuUuid || "GPU not known yet") + ")" +
+      "\ngranted " + (s.grantedBytes ? bytes(s.grantedBytes) : "unknown (the allocation does not say)");
+  }
 
   // A list that keeps one absolutely positioned element per visible row.
   class VList {
@@ -150,6 +167,14 @@
       c[0].textContent = r.namespace + " / " + r.pod + " / " + r.container;
       if (r.nearCap) c[0].insertAdjacentHTML("beforeend", '<b class="flag near">near cap</b>');
       if (r.escaped) c[0].insertAdjacentHTML("beforeend", '<b class="flag escaped">' + r.escaped + " escaped</b>");
+      // DRA shares: built as nodes (names come from tenants' objects, never as HTML).
+      for (const s of r.shares) {
+        const flag = document.createElement("b");
+        flag.className = "flag claim";
+        flag.textContent = shareText(r.namespace, s);
+        flag.title = shareTitle(r.namespace, s);
+        c[0].appendChild(flag);
+      }
       c[1].textContent = r.node;
       c[2].textContent = shortUuid(r.gpu);
       c[2].title = r.gpu;
@@ -158,7 +183,8 @@
       } else {
         setBar(c[3], r.used, r.stale, r.gpuCapacity || r.used + r.stale, "uncapped");
       }
-      c[3].title = bytes(r.used) + " used, " + bytes(r.stale) + " stale charge, limit " + (r.limit ? bytes(r.limit) : "none");
+      c[3].title = bytes(r.used) + " used, " + bytes(r.stale) + " stale charge, limit " + (r.limit ? bytes(r.limit) : "none") +
+        r.shares.map((s) => ", granted " + (s.grantedBytes ? bytes(s.grantedBytes) : "unknown") + " (claim " + s.claim + ")").join("");
       c[4].textContent = bytes(r.used);
       c[5].textContent = r.limit ? bytes(r.limit) : "uncapped";
       c[6].textContent = r.limit ? bytes(r.headroom) : "–";
@@ -175,8 +201,8 @@
   function rows() {
     const cols = view.columns;
     const ix = (name) => cols.indexOf(name);
-    const [iNs, iPod, iCt, iNode, iGpu, iUsed, iLimit, iStale, iState, iReason, iNear, iHeadroom] =
-      ["namespace", "pod", "container", "node", "gpu", "used", "limit", "stale", "state", "reason", "nearCap", "headroom"].map(ix);
+    const [iNs, iPod, iCt, iNode, iGpu, iUsed, iLimit, iStale, iState, iReason, iNear, iHeadroom, iShares] =
+      ["namespace", "pod", "container", "node", "gpu", "used", "limit", "stale", "state", "reason", "nearCap", "headroom", "draShares"].map(ix);
     const capacity = new Map();
     for (const n of view.nodes) for (const g of n.gpus) capacity.set(n.node + "/" + g.uuid, g.capacity);
     const escaped = new Map();
@@ -197,6 +223,8 @@
         percent: limit > 0 ? used / limit : Infinity,
         gpuCapacity: capacity.get(c[iNode] + "/" + c[iGpu]) || 0,
         escaped: (escaped.get(base + c[iCt]) || 0) + (escaped.get(base) || 0),
+        // The DRA shares on this row; none from a model without the column.
+        shares: (iShares >= 0 && Array.isArray(c[iShares]) && c[iShares]) || [],
       };
     });
   }
