@@ -202,8 +202,13 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
         ],
     );
     let shutdown = CancellationToken::new();
-    let source =
-        PodSource::watch_node(client, "gpu-node-1", Some("kai-mutating"), shutdown.clone());
+    let source = PodSource::watch_node(
+        client,
+        "gpu-node-1",
+        Some("kai-mutating"),
+        kai_dra::MemoryClasses::default(),
+        shutdown.clone(),
+    );
     assert_eq!(source.status(), PodSourceStatus::Syncing);
     assert_eq!(
         source.lookup(SHARING),
@@ -233,6 +238,7 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
             }],
             // gpu-memory: 4096 is what KAI granted.
             grant: Some(kai_vocab::annotations::Grant::MemoryMib(4096)),
+            dra_shares: None,
         })
     );
     assert!(matches!(
@@ -307,6 +313,130 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
         Lookup::Absent,
         "gone pods are orphans"
     );
+    shutdown.cancel();
+    server.abort();
+}
+
+const CLAIMER: &str = "11111111-0000-4000-8000-0000000000d1";
+const TEMPLATED: &str = "11111111-0000-4000-8000-0000000000d2";
+const NIC_ONLY: &str = "11111111-0000-4000-8000-0000000000d3";
+
+/// `pod` whose `main` container names pod claim `gpu`, which is `source`.
+fn claiming(mut pod: serde_json::Value, source: serde_json::Value) -> serde_json::Value {
+    let mut pod_claim = json!({"name": "gpu"});
+    if let (Some(into), Some(from)) = (pod_claim.as_object_mut(), source.as_object()) {
+        into.extend(from.clone());
+    }
+    pod["spec"]["resourceClaims"] = json!([pod_claim]);
+    pod["spec"]["containers"][0]["resources"] = json!({"claims": [{"name": "gpu"}]});
+    pod
+}
+
+/// ResourceClaim `name` of team-a as the API server lists it: a request
+/// `gpus` of `class`, allocated 17Gi of gpu-0 on node gpu-node-1.
+fn claim(name: &str, class: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "team-a", "uid": format!("uid-{name}"), "resourceVersion": "12"},
+        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": class,
+            "capacity": {"requests": {"memory": "16500Mi"}}}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpus", "driver": "gpu.example.com", "pool": "gpu-node-1", "device": "gpu-0",
+             "shareID": "a1", "consumedCapacity": {"memory": "17Gi"}}]}},
+            "reservedFor": [{"resource": "pods", "name": "claimer-0", "uid": CLAIMER}]}
+    })
+}
+
+/// The claims and this node's slices through the API server: a container
+/// naming a GPU-memory claim is the GPU container with its share and the
+/// device's UUID, by the claim's own name or the one its template's claim
+/// got; another class's claim names nothing.
+#[tokio::test]
+async fn claims_and_the_nodes_slices_give_a_container_its_share() {
+    let slice = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "gpu-node-1-gpu.example.com-abcde", "resourceVersion": "4"},
+        "spec": {"driver": "gpu.example.com", "nodeName": "gpu-node-1",
+            "pool": {"name": "gpu-node-1", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0", "allowMultipleAllocations": true,
+                "attributes": {"uuid": {"string": "GPU-aaaaaaaa-1111-4000-8000-000000000000"}},
+                "capacity": {"memory": {"value": "80Gi"}}}]}
+    });
+    let mut templated = claiming(
+        support::pod(TEMPLATED, "templated-0", "gpu-node-1", json!({})),
+        json!({"resourceClaimTemplateName": "one-gpu"}),
+    );
+    templated["status"]["resourceClaimStatuses"] =
+        json!([{"name": "gpu", "resourceClaimName": "templated-0-gpu-x7k2"}]);
+    let (client, _events, server) = support::mock_cluster_with_dra(
+        "gpu-node-1",
+        vec![
+            claiming(
+                support::pod(CLAIMER, "claimer-0", "gpu-node-1", json!({})),
+                json!({"resourceClaimName": "one-gpu"}),
+            ),
+            templated,
+            claiming(
+                support::pod(NIC_ONLY, "nic-0", "gpu-node-1", json!({})),
+                json!({"resourceClaimName": "nic"}),
+            ),
+        ],
+        Vec::new(),
+        Vec::new(),
+        vec![
+            claim("one-gpu", "gpu.example.com"),
+            claim("templated-0-gpu-x7k2", "gpu.example.com"),
+            claim("nic", "net.example.com"),
+        ],
+        vec![slice],
+    );
+    let shutdown = CancellationToken::new();
+    let classes =
+        kai_dra::MemoryClasses::new(vec!["gpu.example.com=memory".parse().expect("a class")]);
+    let source = PodSource::watch_node(client, "gpu-node-1", None, classes, shutdown.clone());
+    tokio::time::timeout(Duration::from_secs(10), source.synced())
+        .await
+        .expect("synced within 10 s");
+    assert!(!source.dra_settling());
+    for uid in [CLAIMER, TEMPLATED] {
+        let Lookup::Known(meta) = source.lookup(uid) else {
+            panic!("{uid} not known")
+        };
+        assert!(meta.sharing, "{meta:?}");
+        assert_eq!(meta.gpu_container.as_deref(), Some("main"));
+        let shares: Vec<_> = meta
+            .dra_shares
+            .iter()
+            .flatten()
+            .map(|s| {
+                (
+                    s.share_id.as_deref(),
+                    s.gpu_uuid.as_deref(),
+                    s.consumed_bytes,
+                )
+            })
+            .collect();
+        assert_eq!(
+            shares,
+            [(
+                Some("a1"),
+                Some("GPU-aaaaaaaa-1111-4000-8000-000000000000"),
+                Some(17 << 30)
+            )],
+            "{uid}"
+        );
+    }
+    let Lookup::Known(nic) = source.lookup(NIC_ONLY) else {
+        panic!("{NIC_ONLY} not known")
+    };
+    assert!(!nic.sharing && nic.dra_shares.is_none(), "{nic:?}");
+    let mut sharing: Vec<String> = source
+        .sharing_pods()
+        .into_iter()
+        .map(|(uid, _)| uid)
+        .collect();
+    sharing.sort();
+    assert_eq!(sharing, [CLAIMER, TEMPLATED]);
     shutdown.cancel();
     server.abort();
 }

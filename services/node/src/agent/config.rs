@@ -113,6 +113,22 @@ pub struct Args {
     /// Who may read `/metrics` (the per-container series name tenants' pods).
     #[command(flatten)]
     pub access: kai_access::AccessArgs,
+    /// A DRA device class that hands out GPU memory in slices, and its
+    /// memory capacity: `<class>=<capacity>` (e.g. `gpu.nvidia.com=memory`),
+    /// repeatable or comma-separated; the webhook's list. None (the
+    /// default) turns DRA off: no claim or slice is read. With one, the
+    /// agent needs `list`/`watch` on resourceclaims (all namespaces) and
+    /// resourceslices.
+    // Declared, never guessed: a class name says nothing about its
+    // devices, and a driver that isolates its own shares must not be held
+    // to libvgpu's cap (docs/isolation.md, "DRA claims").
+    #[arg(
+        long = "dra-memory-class",
+        env = "KAI_DRA_MEMORY_CLASS",
+        value_name = "CLASS=CAPACITY",
+        value_delimiter = ','
+    )]
+    pub dra_memory_classes: Vec<kai_dra::MemoryClass>,
 }
 
 /// Bounds on what clients may hold open (docs/security.md).
@@ -200,6 +216,9 @@ pub struct Config {
     /// Where this node's `nvidia.com/gpu.memory` label comes from: KAI
     /// computes every sharing pod's limit from it.
     pub gpu_memory_label: LabelSource,
+    /// DRA device classes that hand out GPU memory in slices
+    /// (`--dra-memory-class`); empty: DRA claims are not read.
+    pub dra_memory_classes: kai_dra::MemoryClasses,
 }
 
 /// Where the agent learns its node's `nvidia.com/gpu.memory` label.
@@ -286,6 +305,7 @@ impl Config {
             // No Node to read: as a node without the label, where KAI
             // writes no limit and the pods' own grants hold.
             gpu_memory_label: LabelSource::Given(GpuMemoryLabel::Missing),
+            dra_memory_classes: kai_dra::MemoryClasses::default(),
         }
     }
 }
@@ -363,6 +383,7 @@ impl Args {
             },
             grpc_tls: self.grpc_tls.tls(),
             grpc_insecure: self.grpc_insecure,
+            dra_memory_classes: kai_dra::MemoryClasses::new(self.dra_memory_classes.clone()),
         })
     }
 }
@@ -441,6 +462,39 @@ mod tests {
         ] {
             assert!(parse(half).is_err(), "{half:?}");
         }
+    }
+
+    #[test]
+    fn dra_memory_classes_repeat_or_come_comma_separated_and_default_to_none() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let parse = |argv: &[&str]| {
+            clap::Parser::try_parse_from(std::iter::once("x").chain(argv.iter().copied()))
+                .map(|cli: Cli| cli.args.dra_memory_classes)
+        };
+        let classes = |given: &[kai_dra::MemoryClass]| {
+            given.iter().map(ToString::to_string).collect::<Vec<_>>()
+        };
+        assert_eq!(parse(&[]).expect("parses"), []);
+        let two = parse(&[
+            "--dra-memory-class=gpu.nvidia.com=memory",
+            "--dra-memory-class",
+            "gpu.example.com=memory,vgpu.example.com=example.com/mem",
+        ])
+        .expect("parses");
+        assert_eq!(
+            classes(&two),
+            [
+                "gpu.nvidia.com=memory",
+                "gpu.example.com=memory",
+                "vgpu.example.com=example.com/mem"
+            ]
+        );
+        let refused = parse(&["--dra-memory-class=gpu.nvidia.com"]);
+        assert!(refused.is_err(), "no capacity");
     }
 
     #[test]

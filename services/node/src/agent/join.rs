@@ -63,6 +63,7 @@ mod tests {
             gpu_container: Some("main".into()),
             running: Vec::new(),
             grant: None,
+            dra_shares: None,
         }
     }
 

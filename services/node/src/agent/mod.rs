@@ -1,6 +1,7 @@
 //! The node agent: regions → pods → gRPC and metrics.
 
 mod config;
+pub mod dra;
 pub mod enforce;
 mod error;
 mod exposition;
@@ -80,6 +81,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
                 client.clone(),
                 &config.node_name,
                 config.webhook_configuration.as_deref(),
+                config.dra_memory_classes.clone(),
                 shutdown.clone(),
             ),
             Some(client),

@@ -33,6 +33,37 @@ pub struct PodMeta {
     /// node's `nvidia.com/gpu.memory` label it gives the cap KAI wrote, and
     /// a region cap above that is `above_grant` (`isolation::grant`).
     pub grant: Option<Grant>,
+    /// `Some` when the GPU container names a DRA claim of a declared GPU
+    /// memory class (`--dra-memory-class`; docs/isolation.md, "DRA
+    /// claims"): the shares the scheduler allocated it, one per device,
+    /// empty while the claim is not allocated. Each share's consumed
+    /// memory is the grant on its device. `None` for every other pod
+    /// (KAI's, plain ones, claims of other classes, DRA off).
+    pub dra_shares: Option<Vec<DraShare>>,
+}
+
+/// One device's slice of a DRA claim, as the allocation records it
+/// (`status.allocation.devices.results[]`) and the node's ResourceSlice
+/// names its device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DraShare {
+    /// The ResourceClaim's name, in the pod's namespace.
+    pub claim: String,
+    /// `<request>` or `<request>/<subrequest>`.
+    pub request: String,
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+    /// `shareID`; `None` for a device that is not shared.
+    pub share_id: Option<String>,
+    /// The device capacity that is its memory (the declared class's).
+    pub capacity: String,
+    /// The device's UUID, from this node's ResourceSlice; `None` while the
+    /// slice is not known or its device publishes none.
+    pub gpu_uuid: Option<String>,
+    /// `consumedCapacity[<capacity>]` in bytes: the grant on the device;
+    /// `None` when the allocation does not say.
+    pub consumed_bytes: Option<u64>,
 }
 
 /// This node's `nvidia.com/gpu.memory` label, which KAI's binder computes
@@ -183,6 +214,9 @@ pub struct MissingRegion {
     /// ([`kai_region::RegionError::label`]): `unreadable_region`, which
     /// evicts nobody, rather than `no_region`.
     pub refused: Option<&'static str>,
+    /// The container's DRA shares ([`PodMeta::dra_shares`]); empty for
+    /// a KAI pod's.
+    pub dra_shares: Vec<DraShare>,
 }
 
 /// A pod container, resolved from a host PID's cgroup.

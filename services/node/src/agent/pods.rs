@@ -1,8 +1,10 @@
 //! Who owns a region: the pods on this node.
 //!
 //! With the API server, a node-scoped (`spec.nodeName=<node>`) reflector of
-//! pods; without one (`--no-kube`), an optional static file, else the
-//! directory name alone.
+//! pods, and with `--dra-memory-class` the claims and slices that say
+//! which container of a pod gets a DRA GPU-memory share (module `dra`);
+//! without one (`--no-kube`), an optional static file, else the directory
+//! name alone.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -19,6 +21,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
+use super::dra::{DraSource, Reading};
 pub use super::model::{Lookup, PodSourceStatus};
 use super::model::{PodMeta, RunningContainer};
 use super::scope::{Scope, WebhookScope};
@@ -35,6 +38,8 @@ pub enum PodSource {
         store: Store<Pod>,
         sync: tokio::sync::watch::Receiver<PodSync>,
         scope: WebhookScope,
+        /// `None` without a declared DRA memory class: claims are not read.
+        dra: Option<Arc<DraSource>>,
     },
 }
 
@@ -130,6 +135,7 @@ impl PodSource {
                             gpu_container: p.gpu_container,
                             running: p.running,
                             grant: Grant::of(p.gpu_memory.as_deref(), p.gpu_fraction.as_deref()),
+                            dra_shares: None,
                         },
                     )
                 })
@@ -142,16 +148,27 @@ impl PodSource {
     /// `webhook_configuration`: the MutatingWebhookConfiguration that
     /// decides which pods the webhook leaves alone ([`WebhookScope`]);
     /// `None`: every namespace served, nobody opts out.
+    /// `dra_classes`: the declared DRA GPU-memory classes; none: claims and
+    /// slices are not read (no API calls for them).
     pub fn watch_node(
         client: Client,
         node: &str,
         webhook_configuration: Option<&str>,
+        dra_classes: kai_dra::MemoryClasses,
         shutdown: CancellationToken,
     ) -> Self {
         let scope = match webhook_configuration {
             Some(name) => WebhookScope::watch(client.clone(), name, shutdown.clone()),
             None => WebhookScope::Unknown,
         };
+        let dra = (!dra_classes.is_empty()).then(|| {
+            Arc::new(DraSource::watch(
+                client.clone(),
+                node,
+                dra_classes,
+                &shutdown,
+            ))
+        });
         let api: Api<Pod> = Api::all(client);
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         let (store, writer) = reflector::store();
@@ -164,7 +181,12 @@ impl PodSource {
             .modify(trim)
             .reflect(writer);
         tokio::spawn(follow(node.to_owned(), stream, sync_tx, shutdown));
-        Self::Kube { store, sync, scope }
+        Self::Kube {
+            store,
+            sync,
+            scope,
+            dra,
+        }
     }
 
     pub fn status(&self) -> PodSourceStatus {
@@ -180,12 +202,25 @@ impl PodSource {
     }
 
     /// Resolves once a Kubernetes source has listed this node's pods, the
-    /// namespaces and the webhook configuration (immediately for the other
-    /// sources).
+    /// namespaces, the webhook configuration and, with DRA, the claims and
+    /// slices (immediately for the other sources).
     pub async fn synced(&self) {
         self.wait_for(PodSync::Ready).await;
-        if let Self::Kube { scope, .. } = self {
+        if let Self::Kube { scope, dra, .. } = self {
             scope.listed().await;
+            if let Some(dra) = dra {
+                dra.listed().await;
+            }
+        }
+    }
+
+    /// The DRA claims or slices have not listed yet: a pod naming claims
+    /// is not known yet ([`Lookup::Unknown`]), so a region's notices wait
+    /// for it as they wait for the pod list.
+    pub fn dra_settling(&self) -> bool {
+        match self {
+            Self::Kube { dra: Some(dra), .. } => !dra.synced(),
+            _ => false,
         }
     }
 
@@ -212,11 +247,14 @@ impl PodSource {
                 .filter(|(_, p)| p.sharing)
                 .map(|(uid, p)| (uid.clone(), p.clone()))
                 .collect(),
-            Self::Kube { store, scope, .. } => store
+            // A pod whose claims are not read yet is not expected a region.
+            Self::Kube {
+                store, scope, dra, ..
+            } => store
                 .state()
                 .iter()
                 .filter_map(|pod| {
-                    let meta = meta_of(pod, scope);
+                    let meta = meta_of(pod, scope, dra.as_deref())?;
                     Some((pod.metadata.uid.clone()?, meta)).filter(|(_, m)| m.sharing)
                 })
                 .collect(),
@@ -227,13 +265,20 @@ impl PodSource {
         match self {
             Self::None => Lookup::Unknown,
             Self::Static(pods) => pods.get(uid).cloned().map_or(Lookup::Absent, Lookup::Known),
-            Self::Kube { store, sync, scope } => {
+            Self::Kube {
+                store,
+                sync,
+                scope,
+                dra,
+            } => {
                 let found = store
                     .state()
                     .into_iter()
                     .find(|p| p.metadata.uid.as_deref() == Some(uid));
                 match found {
-                    Some(pod) => Lookup::Known(meta_of(&pod, scope)),
+                    Some(pod) => {
+                        meta_of(&pod, scope, dra.as_deref()).map_or(Lookup::Unknown, Lookup::Known)
+                    }
                     None if *sync.borrow() == PodSync::Ready => Lookup::Absent,
                     None => Lookup::Unknown,
                 }
@@ -245,7 +290,9 @@ impl PodSource {
 /// Keeps only what [`meta_of`] reads, so the cache of a busy node stays
 /// small: metadata without managed fields and with only our opt-out label,
 /// container names, whether the pod has our library volume, and the
-/// running state of each container.
+/// running state of each container; for DRA, the pod's claims, which
+/// claims each container (and init container) names, and the names of the
+/// claims made from templates.
 fn trim(pod: &mut Pod) {
     pod.metadata.managed_fields = None;
     pod.metadata.labels = pod.metadata.labels.take().map(|mut labels| {
@@ -254,15 +301,29 @@ fn trim(pod: &mut Pod) {
     });
     pod.metadata.owner_references = None;
     if let Some(spec) = pod.spec.take() {
-        pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
-            containers: spec
-                .containers
-                .into_iter()
-                .map(|c| k8s_openapi::api::core::v1::Container {
-                    name: c.name,
+        // A container's name and the claims it names (`resources.claims`).
+        let trim_container = |c: k8s_openapi::api::core::v1::Container| {
+            let claims = c.resources.and_then(|r| r.claims);
+            k8s_openapi::api::core::v1::Container {
+                name: c.name,
+                resources: claims.map(|claims| k8s_openapi::api::core::v1::ResourceRequirements {
+                    claims: Some(claims),
                     ..Default::default()
-                })
-                .collect(),
+                }),
+                ..Default::default()
+            }
+        };
+        pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            containers: spec.containers.into_iter().map(trim_container).collect(),
+            // Only those that name claims: an init container's name alone
+            // is read from the status.
+            init_containers: spec.init_containers.map(|all| {
+                all.into_iter()
+                    .filter(|c| c.resources.as_ref().is_some_and(|r| r.claims.is_some()))
+                    .map(trim_container)
+                    .collect()
+            }),
+            resource_claims: spec.resource_claims,
             volumes: spec.volumes.map(|all| {
                 all.into_iter()
                     .filter(|v| v.name == VOLUME_VGPU)
@@ -297,12 +358,16 @@ fn trim(pod: &mut Pod) {
             // names one), and the IDs of the others tell their processes
             // from the GPU container's.
             init_container_statuses: trim_statuses(status.init_container_statuses),
+            // The names of the claims made from the pod's templates.
+            resource_claim_statuses: status.resource_claim_statuses,
             ..Default::default()
         });
     }
 }
 
-fn meta_of(pod: &Pod, scope: &WebhookScope) -> PodMeta {
+/// What is known of `pod`; `None` while its DRA claims cannot be read yet
+/// (it names claims, and `dra` has not listed them).
+fn meta_of(pod: &Pod, scope: &WebhookScope, dra: Option<&DraSource>) -> Option<PodMeta> {
     let annotations = pod.metadata.annotations.as_ref();
     let annotation = |key: &str| annotations.and_then(|m| m.get(key)).cloned();
     let first = pod
@@ -314,6 +379,20 @@ fn meta_of(pod: &Pod, scope: &WebhookScope) -> PodMeta {
     let kai_sharing = SHARING_ANNOTATIONS
         .iter()
         .any(|a| annotations.is_some_and(|m| m.contains_key(*a)));
+    // A KAI pod is read as KAI's, as before DRA: the webhook refuses a pod
+    // with both KAI's annotations and a GPU-memory claim, and one made
+    // around it keeps the reading (and the cap) it had.
+    let reading = match dra {
+        Some(dra) if !kai_sharing => dra.read(pod),
+        _ => Reading::None,
+    };
+    let (dra_container, dra_shares) = match reading {
+        Reading::NotSynced => return None,
+        Reading::None => (None, None),
+        Reading::Gpu { container, shares } => (Some(container), Some(shares)),
+    };
+    // KAI's annotations or a GPU-memory claim: what the webhook injects.
+    let gpu_sharing = kai_sharing || dra_shares.is_some();
     // A sharing pod the webhook left without our library volume by the
     // administrator's choice: its namespace is not served, or allows
     // opting out and the pod asked (the annotation, or the label). It runs
@@ -338,16 +417,27 @@ fn meta_of(pod: &Pod, scope: &WebhookScope) -> PodMeta {
         Scope::Unserved => true,
         Scope::Served { opt_out } => opt_out && asks,
     };
-    let opted_out = kai_sharing && !injected && let_go;
-    PodMeta {
+    // A DRA GPU-memory pod is judged as a KAI one: the claim isolates
+    // nothing at run time, libvgpu as the webhook injects it does. So the
+    // webhook's library volume tells an injected pod, and a pod without it
+    // is let go only where the administrator lets it go (an unserved
+    // namespace, or an allowed opt-out); anywhere else it was made around
+    // the webhook (before the install, while it was down) and runs
+    // uncapped on a shared device: no_region, evicted under `enforce:
+    // evict`, exactly as a KAI pod would be.
+    let opted_out = gpu_sharing && !injected && let_go;
+    Some(PodMeta {
         namespace,
         name: pod.metadata.name.clone().unwrap_or_default(),
-        sharing: kai_sharing && !opted_out,
+        sharing: gpu_sharing && !opted_out,
         opted_out,
-        // The webhook's target (its `inject::plan`): the annotation, which
-        // it looks up among the init containers first, then the containers;
-        // names are unique across both, so the name alone is the target.
-        gpu_container: annotation(ANNOTATION_CONTAINER_NAME).or(first),
+        // The webhook's target (its `inject::plan`): the container naming
+        // the GPU-memory claim; else the annotation, which it looks up
+        // among the init containers first, then the containers; names are
+        // unique across both, so the name alone is the target.
+        gpu_container: dra_container
+            .or_else(|| annotation(ANNOTATION_CONTAINER_NAME))
+            .or(first),
         grant: Grant::of(
             annotation(ANNOTATION_GPU_MEMORY).as_deref(),
             annotation(ANNOTATION_GPU_FRACTION).as_deref(),
@@ -373,7 +463,8 @@ fn meta_of(pod: &Pod, scope: &WebhookScope) -> PodMeta {
                     .collect()
             })
             .unwrap_or_default(),
-    }
+        dra_shares,
+    })
 }
 
 /// Follows the reflector's events into `sync_tx` until shutdown or the
@@ -430,6 +521,155 @@ mod tests {
         for _ in 0..16 {
             tokio::task::yield_now().await;
         }
+    }
+
+    // --- DRA GPU-memory claims (module `dra`) ---
+
+    use crate::agent::dra::tests as dra;
+
+    /// `pod` as the API server stores it once the webhook injected it.
+    fn injected(mut pod: Pod) -> Pod {
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.volumes = Some(vec![
+                k8s_openapi::api::core::v1::Volume {
+                    name: "data".into(),
+                    ..Default::default()
+                },
+                k8s_openapi::api::core::v1::Volume {
+                    name: VOLUME_VGPU.into(),
+                    ..Default::default()
+                },
+            ]);
+        }
+        pod
+    }
+
+    fn source(listed: bool) -> DraSource {
+        DraSource::holding(
+            dra::classes(),
+            vec![dra::claim("two-gpus", true)],
+            vec![dra::slice()],
+            listed,
+        )
+    }
+
+    fn named_claim() -> Pod {
+        dra::pod(serde_json::json!({"resourceClaimName": "two-gpus"}), None)
+    }
+
+    #[test]
+    fn a_container_naming_a_gpu_memory_claim_is_the_gpu_container_with_its_shares() {
+        let meta = meta_of(
+            &injected(named_claim()),
+            &WebhookScope::Unknown,
+            Some(&source(true)),
+        )
+        .expect("known");
+        assert!(meta.sharing && !meta.opted_out, "{meta:?}");
+        assert_eq!(
+            meta.gpu_container.as_deref(),
+            Some("main"),
+            "not the first container"
+        );
+        assert_eq!(meta.grant, None, "no KAI grant");
+        let shares = meta.dra_shares.expect("DRA shares");
+        let devices: Vec<_> = shares
+            .iter()
+            .map(|s| (s.share_id.as_deref(), s.gpu_uuid.as_deref()))
+            .collect();
+        assert_eq!(
+            devices,
+            [
+                (Some("a1"), Some("GPU-aaaa")),
+                (Some("b2"), Some("GPU-bbbb"))
+            ]
+        );
+        // Made around the webhook (no library volume) where nobody lets it
+        // go: it still shares a device, and is expected a region.
+        let around =
+            meta_of(&named_claim(), &WebhookScope::Unknown, Some(&source(true))).expect("known");
+        assert!(around.sharing && !around.opted_out);
+    }
+
+    #[test]
+    fn until_the_claims_are_listed_a_pod_naming_claims_is_not_known() {
+        assert_eq!(
+            meta_of(
+                &injected(named_claim()),
+                &WebhookScope::Unknown,
+                Some(&source(false))
+            ),
+            None
+        );
+        // One that names none is read as before.
+        let mut plain = named_claim();
+        if let Some(spec) = plain.spec.as_mut() {
+            spec.containers.iter_mut().for_each(|c| c.resources = None);
+        }
+        let meta = meta_of(&plain, &WebhookScope::Unknown, Some(&source(false))).expect("known");
+        assert!(!meta.sharing && meta.dra_shares.is_none());
+    }
+
+    #[test]
+    fn claims_of_other_classes_kai_pods_and_dra_off_read_as_before() {
+        let nic = dra::pod(
+            serde_json::json!({"resourceClaimName": "two-gpus"}),
+            Some("nic"),
+        );
+        let meta = meta_of(&nic, &WebhookScope::Unknown, Some(&source(true))).expect("known");
+        assert!(!meta.sharing && meta.dra_shares.is_none(), "{meta:?}");
+        assert_eq!(
+            meta.gpu_container.as_deref(),
+            Some("sidecar"),
+            "the first, as before"
+        );
+        let off = meta_of(&named_claim(), &WebhookScope::Unknown, None).expect("known");
+        assert!(!off.sharing && off.dra_shares.is_none(), "{off:?}");
+        // KAI's annotation: KAI's reading, claims unread even before they list.
+        let mut kai = named_claim();
+        kai.metadata.annotations =
+            Some([(ANNOTATION_GPU_MEMORY.to_owned(), "4096".to_owned())].into());
+        let meta = meta_of(&kai, &WebhookScope::Unknown, Some(&source(false))).expect("known");
+        assert!(meta.sharing && meta.dra_shares.is_none());
+        assert_eq!(meta.grant, Some(Grant::MemoryMib(4096)));
+        assert_eq!(meta.gpu_container.as_deref(), Some("sidecar"));
+    }
+
+    #[test]
+    fn trimming_keeps_what_dra_reads_for_containers_and_init_containers() {
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "trainer-0", "namespace": "team-a", "uid": "p1",
+                         "managedFields": [{"manager": "kubelet"}]},
+            "spec": {
+                "initContainers": [
+                    {"name": "setup", "image": "busybox"},
+                    {"name": "warmup", "image": "cuda", "resources": {
+                        "limits": {"cpu": "1"}, "claims": [{"name": "gpu", "request": "gpus"}]}}],
+                "containers": [{"name": "main", "image": "cuda", "resources": {"limits": {"cpu": "2"}}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "two-gpus-tmpl"}],
+                "volumes": [{"name": VOLUME_VGPU, "hostPath": {"path": "/usr/local/vgpu"}}]},
+            "status": {"phase": "Running",
+                "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "two-gpus"}]}
+        }))
+        .expect("a pod");
+        trim(&mut pod);
+        let spec = pod.spec.as_ref().expect("spec");
+        let init: Vec<_> = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(init, ["warmup"], "only init containers naming claims");
+        assert!(
+            spec.containers[0].resources.is_none(),
+            "limits are not kept: {:?}",
+            spec.containers[0].resources
+        );
+        let meta = meta_of(&pod, &WebhookScope::Unknown, Some(&source(true))).expect("known");
+        assert_eq!(meta.gpu_container.as_deref(), Some("warmup"));
+        assert!(meta.sharing);
+        assert_eq!(meta.dra_shares.map(|s| s.len()), Some(2));
     }
 
     #[tokio::test(start_paused = true)]

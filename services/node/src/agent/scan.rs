@@ -135,7 +135,9 @@ pub(super) async fn poll(
                 host: host.as_ref().map(|h| h as &dyn HostPids),
                 refused: &scan.refused,
                 now_ms: kai_runtime::unix_ms(),
-                defer_unnamed: kube_status.settling(),
+                // Also while the DRA claims are not listed: a pod naming
+                // claims is not known until they are.
+                defer_unnamed: kube_status.settling() || pods.dra_settling(),
             },
         );
         notifier.send(assessed.notices);

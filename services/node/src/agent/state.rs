@@ -99,6 +99,7 @@ pub fn sample(n: usize) -> NodeState {
                     gpu_container: Some("main".into()),
                     running: Vec::new(),
                     grant: None,
+                    dra_shares: None,
                 }),
                 // The builder writes the layout the reader reads: a failure is a bug.
                 snapshot: kai_region::decode(&bytes).expect("a built region decodes"),

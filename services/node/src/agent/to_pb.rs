@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use kai_proto::v1 as pb;
 
-use super::model::{Checks, ContainerView, Escaped, MissingRegion};
+use super::model::{Checks, ContainerView, DraShare, Escaped, MissingRegion};
 use super::nvml::HostDevice;
 use super::state::NodeState;
 
@@ -61,8 +61,29 @@ pub fn container_to_pb(view: &ContainerView, node: &str) -> pb::ContainerUsage {
         isolation_reason: view.isolation.reason.clone(),
         near_cap_devices: view.isolation.near_cap.clone(),
         stale_slots: view.isolation.stale_slots,
-        // Filled from the pod's DRA claims (issue 40).
-        dra_shares: Vec::new(),
+        dra_shares: view
+            .pod
+            .as_ref()
+            .and_then(|p| p.dra_shares.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .map(share_to_pb)
+            .collect(),
+    }
+}
+
+/// A DRA share: the UUID empty while the slice is not known, the grant 0
+/// when the allocation does not say.
+pub fn share_to_pb(s: &DraShare) -> pb::DraShare {
+    pb::DraShare {
+        claim: s.claim.clone(),
+        request: s.request.clone(),
+        driver: s.driver.clone(),
+        pool: s.pool.clone(),
+        device: s.device.clone(),
+        share_id: s.share_id.clone().unwrap_or_default(),
+        gpu_uuid: s.gpu_uuid.clone().unwrap_or_default(),
+        granted_bytes: s.consumed_bytes.unwrap_or(0),
     }
 }
 
@@ -82,6 +103,7 @@ pub fn missing_to_pb(m: &MissingRegion, node: &str) -> pb::ContainerUsage {
         }
         .into(),
         isolation_reason: m.reason.clone(),
+        dra_shares: m.dra_shares.iter().map(share_to_pb).collect(),
         ..pb::ContainerUsage::default()
     }
 }

@@ -90,6 +90,31 @@ pub fn mock_cluster_with_scope(
     tokio::sync::mpsc::UnboundedReceiver<(String, String, serde_json::Value)>,
     tokio::task::JoinHandle<()>,
 ) {
+    mock_cluster_with_dra(
+        node,
+        pods,
+        configurations,
+        namespaces,
+        Vec::new(),
+        Vec::new(),
+    )
+}
+
+/// Like [`mock_cluster_with_scope`], and also answers the lists (and holds
+/// the watches) of every ResourceClaim with `claims` and of the node's
+/// ResourceSlices (by field selector, as the agent asks) with `slices`.
+pub fn mock_cluster_with_dra(
+    node: &str,
+    pods: Vec<serde_json::Value>,
+    configurations: Vec<serde_json::Value>,
+    namespaces: Vec<serde_json::Value>,
+    claims: Vec<serde_json::Value>,
+    slices: Vec<serde_json::Value>,
+) -> (
+    kube::Client,
+    tokio::sync::mpsc::UnboundedReceiver<(String, String, serde_json::Value)>,
+    tokio::task::JoinHandle<()>,
+) {
     use http_body_util::BodyExt;
 
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -115,6 +140,14 @@ pub fn mock_cluster_with_scope(
                         "{uri}"
                     );
                     Some(("MutatingWebhookConfigurationList", &configurations))
+                }
+                "/apis/resource.k8s.io/v1/resourceclaims" => {
+                    assert!(!uri.contains("fieldSelector"), "every claim: {uri}");
+                    Some(("ResourceClaimList", &claims))
+                }
+                "/apis/resource.k8s.io/v1/resourceslices" => {
+                    assert!(uri.contains(&selector), "{uri}");
+                    Some(("ResourceSliceList", &slices))
                 }
                 _ => None,
             };

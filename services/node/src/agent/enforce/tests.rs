@@ -30,6 +30,7 @@ fn view(uid: &str, pod: Option<&str>, state: IsolationState) -> ContainerView {
             gpu_container: None,
             running: Vec::new(),
             grant: None,
+            dra_shares: None,
         }),
         snapshot,
         observed_at_ms: 0,
@@ -58,6 +59,7 @@ fn missing(uid: &str, pod: &str) -> MissingRegion {
         container: "main".to_owned(),
         started_at: 0,
         reason: "no region".to_owned(),
+        dra_shares: Vec::new(),
     }
 }
 

@@ -166,6 +166,7 @@ impl Assessor {
                 started_at,
                 reason,
                 refused,
+                dra_shares: pod.dra_shares.clone().unwrap_or_default(),
             });
         }
 
@@ -226,9 +227,20 @@ impl Assessor {
         }
         let (mut state, mut reason) = classify(&view.snapshot, &self.settings);
         let grant = view.pod.as_ref().and_then(|p| p.grant);
-        let resolved = |uuid: &str| {
-            grant
-                .and_then(|g| grant::granted(g, input.gpu_memory_label, (input.device_total)(uuid)))
+        // A DRA claim's container: its shares are the grant, KAI's
+        // annotations and node label say nothing about it.
+        let dra = view
+            .pod
+            .as_ref()
+            .and_then(|p| Some((p.namespace.as_str(), p.dra_shares.as_deref()?)));
+        let resolved = |uuid: &str| match dra {
+            Some((namespace, shares)) => match grant::dra(namespace, shares, uuid) {
+                grant::DraGrant::Share(granted) => Some(granted),
+                grant::DraGrant::Unallocated(_) | grant::DraGrant::Unknown => None,
+            },
+            None => grant.and_then(|g| {
+                grant::granted(g, input.gpu_memory_label, (input.device_total)(uuid))
+            }),
         };
         if matches!(state, IsolationState::Capped | IsolationState::Pending)
             && let Some(why) = trust::above_grant(&view.snapshot, &resolved)
@@ -236,10 +248,31 @@ impl Assessor {
             state = IsolationState::AboveGrant;
             reason = why;
         }
-        // Uncapped where KAI writes no limit: say so, it is the fix.
+        // A device none of the claims' shares is on: the allocation gave
+        // nothing there. Reported as above the grant; with no grant there
+        // NVML's figure on it is evidence of nothing (module `grant`).
+        if matches!(state, IsolationState::Capped | IsolationState::Pending)
+            && let Some((namespace, shares)) = dra
+            && let Some(why) = view.snapshot.devices.iter().find_map(|d| {
+                match grant::dra(namespace, shares, &d.uuid) {
+                    grant::DraGrant::Unallocated(why) => Some(why),
+                    grant::DraGrant::Share(_) | grant::DraGrant::Unknown => None,
+                }
+            })
+        {
+            state = IsolationState::AboveGrant;
+            reason = why;
+        }
         if state == IsolationState::UncappedNoLimit
+            && let Some((namespace, shares)) = dra
+        {
+            // Not KAI's label: the webhook's limit from the claim.
+            reason =
+                super::classify::uncapped_reason(&view.snapshot, &dra_uncapped(namespace, shares));
+        } else if state == IsolationState::UncappedNoLimit
             && let Some(why) = grant.and_then(|g| grant::kai_wrote_none(g, input.gpu_memory_label))
         {
+            // Uncapped where KAI writes no limit: say so, it is the fix.
             reason = format!("{reason}; {why}");
         }
         let Ok(processes) = input.gpu_processes else {
@@ -428,6 +461,21 @@ fn unrecorded_namespace_pids(
         })
         .map(|p| host.namespace_pid(p.pid))
         .collect()
+}
+
+/// Why a DRA claim's container may have no limit: the webhook writes it
+/// from the claim's GPU-memory request, for a class it declares.
+fn dra_uncapped(namespace: &str, shares: &[crate::agent::model::DraShare]) -> String {
+    let claim = match shares.first() {
+        Some(s) => format!(
+            "ResourceClaim {namespace}/{} request {} (capacity.requests.{})",
+            s.claim, s.request, s.capacity
+        ),
+        None => "the container's GPU-memory claim".to_owned(),
+    };
+    format!(
+        "CUDA_DEVICE_MEMORY_LIMIT was not set; the webhook sets it from the memory {claim} asks: check that the webhook runs with --dra-memory-class for the claim's device class"
+    )
 }
 
 pub(super) fn push(

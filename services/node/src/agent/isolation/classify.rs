@@ -6,6 +6,25 @@ use kai_region::RegionSnapshot;
 
 use super::Settings;
 
+/// Why a KAI pod's region may have no limit.
+const KAI_UNCAPPED: &str =
+    "CUDA_DEVICE_MEMORY_LIMIT was not set; with KAI, check the node label nvidia.com/gpu.memory";
+
+/// The reason of an uncapped region: the devices without a limit, and
+/// `why` that may be (it differs for a KAI pod and a DRA claim's).
+pub fn uncapped_reason(snapshot: &RegionSnapshot, why: &str) -> String {
+    let uncapped: Vec<&str> = snapshot
+        .devices
+        .iter()
+        .filter(|d| d.limit == 0)
+        .map(|d| d.uuid.as_str())
+        .collect();
+    format!(
+        "libvgpu enforces no memory cap on {}: the region's limit is 0 ({why})",
+        uncapped.join(", ")
+    )
+}
+
 /// The state of a container from its region alone, worst first:
 /// over the cap, then uncapped, then pending, else capped.
 pub fn classify(snapshot: &RegionSnapshot, settings: &Settings) -> (IsolationState, String) {
@@ -51,10 +70,7 @@ pub fn classify(snapshot: &RegionSnapshot, settings: &Settings) -> (IsolationSta
     if !uncapped.is_empty() {
         return (
             IsolationState::UncappedNoLimit,
-            format!(
-                "libvgpu enforces no memory cap on {}: the region's limit is 0 (CUDA_DEVICE_MEMORY_LIMIT was not set; with KAI, check the node label nvidia.com/gpu.memory)",
-                uncapped.join(", ")
-            ),
+            uncapped_reason(snapshot, KAI_UNCAPPED),
         );
     }
     if snapshot.devices.is_empty() {

@@ -19,10 +19,15 @@
 //!   weighed against an estimate: KAI's arithmetic with NVML's total in MiB
 //!   for the label (what GPU feature discovery writes), else the
 //!   `gpu-memory` annotation.
+//!
+//! A container naming a DRA GPU-memory claim ([`dra`]) has no KAI grant:
+//! on each device the grant is what the allocation consumed of it
+//! (`consumedCapacity`), which the scheduler rounded up from the request
+//! the webhook took the cap from.
 
 use kai_vocab::grant::LABEL_GPU_MEMORY;
 
-use crate::agent::model::{GpuMemoryLabel, Grant};
+use crate::agent::model::{DraShare, GpuMemoryLabel, Grant};
 
 const MIB: u64 = 1 << 20;
 
@@ -167,5 +172,103 @@ pub fn mib_text(bytes: u64) -> String {
         format!("{} MiB", bytes / MIB)
     } else {
         super::human_bytes(bytes)
+    }
+}
+
+/// What a container's DRA shares grant on one device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DraGrant {
+    /// Shares of its claims are on the device: what they consumed, to the
+    /// byte (the sum, for two shares of one device), decisive.
+    Share(Granted),
+    /// Every share's device is known, and none is this one: the claims
+    /// allocated the container nothing here. The reason, for a person.
+    Unallocated(String),
+    /// Nothing can be told: no share yet, a share whose device has no
+    /// known UUID (the slice not read, or the driver publishes none)
+    /// could be this one, or the allocation does not say what a share
+    /// here consumed.
+    Unknown,
+}
+
+/// The grant on device `uuid` of a container of namespace `namespace`
+/// whose claims were allocated `shares`. UUIDs compare without regard to
+/// case: the driver publishes its own spelling (NVML's `GPU-…`,
+/// dra-example-driver's `gpu-…`), and a UUID's hex digits are one value
+/// either way.
+pub fn dra(namespace: &str, shares: &[DraShare], uuid: &str) -> DraGrant {
+    let here: Vec<&DraShare> = shares
+        .iter()
+        .filter(|s| {
+            s.gpu_uuid
+                .as_deref()
+                .is_some_and(|u| u.eq_ignore_ascii_case(uuid))
+        })
+        .collect();
+    if here.is_empty() {
+        if shares.is_empty() || shares.iter().any(|s| s.gpu_uuid.is_none()) {
+            return DraGrant::Unknown;
+        }
+        let on: Vec<String> = shares
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} ({})",
+                    s.gpu_uuid.as_deref().unwrap_or_default(),
+                    share_text(namespace, s)
+                )
+            })
+            .collect();
+        return DraGrant::Unallocated(format!(
+            "the region records {uuid}, a device none of this container's DRA shares is on ({}): its claims granted it nothing there, so libvgpu's cap there is none the allocation gave; reported, never evicted on this alone (the device's identity is the driver's ResourceSlice attribute)",
+            on.join("; ")
+        ));
+    }
+    let mut bytes: u64 = 0;
+    for share in &here {
+        let Some(consumed) = share.consumed_bytes else {
+            return DraGrant::Unknown;
+        };
+        bytes = bytes.saturating_add(consumed);
+    }
+    let basis: Vec<String> = here.iter().map(|s| share_text(namespace, s)).collect();
+    DraGrant::Share(Granted {
+        bytes,
+        decisive: true,
+        basis: basis.join("; "),
+    })
+}
+
+/// `ResourceClaim team-a/two-gpus request gpus: share a1 of
+/// gpu.example.com/node-1/gpu-0, consumedCapacity memory 17Gi`.
+pub fn share_text(namespace: &str, share: &DraShare) -> String {
+    let device = format!("{}/{}/{}", share.driver, share.pool, share.device);
+    let of = match &share.share_id {
+        Some(id) => format!("share {id} of {device}"),
+        None => format!("device {device}"),
+    };
+    let consumed = match share.consumed_bytes {
+        Some(bytes) => format!(
+            "consumedCapacity {} {}",
+            share.capacity,
+            quantity_text(bytes)
+        ),
+        None => format!("no consumedCapacity {}", share.capacity),
+    };
+    format!(
+        "ResourceClaim {namespace}/{} request {}: {of}, {consumed}",
+        share.claim, share.request
+    )
+}
+
+/// `17Gi`, `16500Mi`, `1000`: bytes as a Kubernetes quantity, as the
+/// claim's status writes them.
+fn quantity_text(bytes: u64) -> String {
+    const GIB: u64 = 1 << 30;
+    match bytes {
+        0 => "0".to_owned(),
+        b if b.is_multiple_of(GIB) => format!("{}Gi", b / GIB),
+        b if b.is_multiple_of(MIB) => format!("{}Mi", b / MIB),
+        b => b.to_string(),
     }
 }

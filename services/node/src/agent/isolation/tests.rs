@@ -10,7 +10,7 @@ use kai_region::writer::{ProcSpec, RegionBuilder, UsageSpec};
 
 use super::hostproc::HostProc;
 use super::*;
-use crate::agent::model::{ContainerView, GpuMemoryLabel, Grant, RunningContainer};
+use crate::agent::model::{ContainerView, DraShare, GpuMemoryLabel, Grant, RunningContainer};
 use kai_proto::v1::IsolationState;
 
 const GIB: u64 = 1 << 30;
@@ -35,6 +35,7 @@ fn meta(name: &str) -> PodMeta {
             started_at: None,
         }],
         grant: None,
+        dra_shares: None,
     }
 }
 
@@ -1850,4 +1851,288 @@ fn while_the_label_is_unknown_no_cap_is_called_raised() {
     assert_eq!(isolation.state, IsolationState::OverCap);
     assert_eq!(isolation.evidence, None, "4 GiB of an estimated 4147 MiB");
     assert!(evict.is_empty(), "{evict:?}");
+}
+
+// --- A DRA claim's share is the grant (module `grant`, docs/isolation.md, "DRA claims") ---
+
+/// Share `id` of `device` of ResourceClaim team-a/two-gpus, request
+/// `gpus`, its device's UUID `uuid` (`None`: the slice is not known), of
+/// which the allocation consumed `consumed` bytes of `memory`.
+fn share(id: &str, device: &str, uuid: Option<&str>, consumed: Option<u64>) -> DraShare {
+    DraShare {
+        claim: "two-gpus".into(),
+        request: "gpus".into(),
+        driver: "gpu.example.com".into(),
+        pool: "node-1".into(),
+        device: device.into(),
+        share_id: Some(id.into()),
+        capacity: "memory".into(),
+        gpu_uuid: uuid.map(str::to_owned),
+        consumed_bytes: consumed,
+    }
+}
+
+/// 17Gi on `GPU`: a request of 16500Mi rounded up to the device's 1Gi step.
+fn on_gpu() -> DraShare {
+    share("a1", "gpu-0", Some(GPU), Some(17 * GIB))
+}
+
+/// Pod `UID`'s region under `limit` (process 4000 using `used`), its GPU
+/// container `main` naming a claim allocated `shares`.
+fn claiming(limit: u64, used: u64, shares: Vec<DraShare>) -> ContainerView {
+    claiming_region(&using(limit, used), shares)
+}
+
+fn claiming_region(region: &RegionBuilder, shares: Vec<DraShare>) -> ContainerView {
+    let mut view = view_of(UID, region);
+    if let Some(pod) = view.pod.as_mut() {
+        pod.dra_shares = Some(shares);
+    }
+    view
+}
+
+/// The cap the webhook writes is the request (16500 MiB), at or below the
+/// share the scheduler rounded up (17Gi): capped. KAI's node label, which
+/// says nothing about a claim, changes nothing.
+#[test]
+fn a_cap_at_or_below_the_consumed_share_is_capped_whatever_kais_label() {
+    for label in [
+        label("15360"),
+        GpuMemoryLabel::Missing,
+        GpuMemoryLabel::Unknown,
+    ] {
+        for cap in [16500 * MIB, 17 * GIB] {
+            let view = claiming(cap, GIB, vec![on_gpu()]);
+            let (isolation, notices, evict) = on_node(view, label.clone(), 81559, None);
+            assert_eq!(isolation.state, IsolationState::Capped, "{isolation:?}");
+            assert!(notices.is_empty(), "{notices:?}");
+            assert!(evict.is_empty());
+        }
+    }
+}
+
+#[test]
+fn a_cap_above_the_share_is_above_grant_and_the_reason_names_the_claim() {
+    let raised = || claiming(20 * GIB, GIB, vec![on_gpu()]);
+    let (isolation, notices, evict) = on_node(raised(), label("81559"), 81559, Some(12 * GIB));
+    assert_eq!(isolation.state, IsolationState::AboveGrant);
+    assert_eq!(
+        isolation.reason,
+        format!(
+            "the cap on {GPU} is 20480 MiB, above the pod's grant of 17408 MiB (ResourceClaim team-a/two-gpus request gpus: share a1 of gpu.example.com/node-1/gpu-0, consumedCapacity memory 17Gi): the container set its own limit"
+        )
+    );
+    assert_eq!(reasons(&notices), ["GpuMemoryAboveGrant"]);
+    assert!(evict.is_empty(), "within its share as measured: {evict:?}");
+    // NVML measures the pod's own process beyond the share plus the margin.
+    let (isolation, _, evict) = on_node(raised(), label("81559"), 81559, Some(18 * GIB));
+    assert_eq!(evict.len(), 1, "{isolation:?}");
+    assert_eq!(evict[0].reason, crate::agent::enforce::Reason::AboveGrant);
+    let evidence = isolation.evidence.unwrap_or_default();
+    assert!(
+        evidence.contains("NVML measures 18 GiB") && evidence.contains("a grant of 17408 MiB"),
+        "{evidence}"
+    );
+}
+
+/// The region says it holds; NVML measures the pod's own process beyond
+/// the share: a breach the region hides, evicted as for a KAI pod. Between
+/// the cap and the share (plus the margin) it is neither.
+#[test]
+fn nvml_beyond_the_share_is_over_cap_and_evicted_and_within_it_is_not() {
+    let capped = || claiming(16500 * MIB, GIB, vec![on_gpu()]);
+    let (isolation, _, evict) = on_node(capped(), GpuMemoryLabel::Missing, 81559, Some(17 * GIB));
+    assert_eq!(
+        isolation.state,
+        IsolationState::OverCap,
+        "above the cap plus the margin"
+    );
+    assert_eq!(
+        isolation.evidence, None,
+        "but within the share and the margin"
+    );
+    assert!(evict.is_empty(), "{evict:?}");
+    let (isolation, _, evict) = on_node(capped(), GpuMemoryLabel::Missing, 81559, Some(18 * GIB));
+    assert_eq!(isolation.state, IsolationState::OverCap);
+    assert!(
+        isolation
+            .evidence
+            .as_deref()
+            .is_some_and(|e| e.contains("its grant of 17408 MiB")),
+        "{isolation:?}"
+    );
+    assert_eq!(evict.len(), 1);
+    assert_eq!(evict[0].reason, crate::agent::enforce::Reason::OverCap);
+}
+
+/// Two shares of a `count: 2` request: each device is held to its own.
+#[test]
+fn each_device_is_held_to_the_share_on_it() {
+    let two = |other: u64| {
+        let region = RegionBuilder::v1()
+            .device(GPU, 16500 * MIB)
+            .device(OTHER_GPU, other)
+            .process(
+                4000,
+                vec![UsageSpec::data(GIB, GIB), UsageSpec::data(GIB, GIB)],
+            );
+        // UUIDs as the driver spells them: a UUID's case is no difference.
+        let upper = OTHER_GPU.to_ascii_uppercase();
+        claiming_region(
+            &region,
+            vec![on_gpu(), share("b2", "gpu-1", Some(&upper), Some(8 * GIB))],
+        )
+    };
+    let (isolation, _, _) = on_node(two(8 * GIB), GpuMemoryLabel::Missing, 81559, None);
+    assert_eq!(isolation.state, IsolationState::Capped, "{isolation:?}");
+    let (isolation, _, _) = on_node(two(16500 * MIB), GpuMemoryLabel::Missing, 81559, None);
+    assert_eq!(isolation.state, IsolationState::AboveGrant);
+    assert!(
+        isolation.reason.contains(&format!(
+            "the cap on {OTHER_GPU} is 16500 MiB, above the pod's grant of 8192 MiB (ResourceClaim team-a/two-gpus request gpus: share b2 of gpu.example.com/node-1/gpu-1, consumedCapacity memory 8Gi)"
+        )),
+        "{}",
+        isolation.reason
+    );
+}
+
+/// A region device none of the shares is on, every share's device being
+/// known: the claims gave nothing there. Reported as above the grant, and
+/// never evicted on it: the device's identity is the driver's attribute,
+/// and one spelled unlike NVML's would otherwise evict every claim's pod.
+#[test]
+fn a_device_no_share_is_on_is_reported_never_evicted() {
+    let region = RegionBuilder::v1()
+        .device(OTHER_GPU, 16 * GIB)
+        .process(4000, vec![UsageSpec::data(GIB, GIB)]);
+    let view = claiming_region(&region, vec![on_gpu()]);
+    let proc_dir = fake_proc(&[(4000, &cgroup_of(UID))]);
+    let host = HostProc::new(proc_dir.path());
+    let processes = [GpuProcess {
+        gpu_uuid: OTHER_GPU.into(),
+        pid: 4000,
+        used: Some(40 * GIB),
+    }];
+    let mut views = vec![view];
+    let out = Assessor::default().assess(
+        &mut views,
+        &Input {
+            gpu_processes: Ok(&processes),
+            host: Some(&host),
+            ..input(NOW_MS)
+        },
+    );
+    let isolation = &views[0].isolation;
+    assert_eq!(isolation.state, IsolationState::AboveGrant);
+    assert_eq!(
+        isolation.reason,
+        format!(
+            "the region records {OTHER_GPU}, a device none of this container's DRA shares is on ({GPU} (ResourceClaim team-a/two-gpus request gpus: share a1 of gpu.example.com/node-1/gpu-0, consumedCapacity memory 17Gi)): its claims granted it nothing there, so libvgpu's cap there is none the allocation gave; reported, never evicted on this alone (the device's identity is the driver's ResourceSlice attribute)"
+        )
+    );
+    assert_eq!(reasons(&out.notices), ["GpuMemoryAboveGrant"]);
+    assert_eq!(isolation.evidence, None);
+    assert!(crate::agent::enforce::candidates(&views, &out.missing, &out.escaped).is_empty());
+}
+
+/// While a share's device has no known UUID (its slice not read yet) the
+/// grant on a device cannot be told: nothing is called raised, and NVML's
+/// figure is weighed against the region's cap alone.
+#[test]
+fn while_a_shares_device_is_unknown_no_cap_is_called_raised() {
+    let unknown = || {
+        claiming(
+            40 * GIB,
+            GIB,
+            vec![share("a1", "gpu-0", None, Some(17 * GIB))],
+        )
+    };
+    let (isolation, notices, _) = on_node(unknown(), GpuMemoryLabel::Missing, 81559, None);
+    assert_eq!(isolation.state, IsolationState::Capped, "{isolation:?}");
+    assert!(notices.is_empty());
+    // Nor while the allocation does not say what it consumed.
+    let unsaid = claiming(40 * GIB, GIB, vec![share("a1", "gpu-0", Some(GPU), None)]);
+    let (isolation, _, _) = on_node(unsaid, GpuMemoryLabel::Missing, 81559, None);
+    assert_eq!(isolation.state, IsolationState::Capped, "{isolation:?}");
+    // Not allocated yet: no share at all.
+    let pending = claiming(40 * GIB, GIB, Vec::new());
+    let (isolation, _, _) = on_node(pending, GpuMemoryLabel::Missing, 81559, None);
+    assert_eq!(isolation.state, IsolationState::Capped, "{isolation:?}");
+    let (isolation, _, evict) = on_node(unknown(), GpuMemoryLabel::Missing, 81559, Some(41 * GIB));
+    assert_eq!(isolation.state, IsolationState::OverCap);
+    assert_eq!(evict.len(), 1);
+}
+
+/// Uncapped: the reason points at the webhook's limit from the claim, not
+/// at KAI's node label; under `enforce: evict` it goes on NVML's word, as
+/// a KAI pod does.
+#[test]
+fn an_uncapped_claims_container_is_told_of_the_claim_not_of_kais_label() {
+    for label in [GpuMemoryLabel::Missing, label("15Gi"), label("81559")] {
+        let uncapped = claiming(0, GIB, vec![on_gpu()]);
+        let (isolation, notices, evict) = on_node(uncapped, label, 81559, Some(2 * GIB));
+        assert_eq!(isolation.state, IsolationState::UncappedNoLimit);
+        assert_eq!(
+            isolation.reason,
+            format!(
+                "libvgpu enforces no memory cap on {GPU}: the region's limit is 0 (CUDA_DEVICE_MEMORY_LIMIT was not set; the webhook sets it from the memory ResourceClaim team-a/two-gpus request gpus (capacity.requests.memory) asks: check that the webhook runs with --dra-memory-class for the claim's device class)"
+            )
+        );
+        assert!(!notices[0].message.contains("gpu.memory"), "{notices:?}");
+        assert_eq!(evict.len(), 1);
+        assert_eq!(
+            evict[0].reason,
+            crate::agent::enforce::Reason::UncappedNoLimit
+        );
+    }
+}
+
+/// A claim's container without a region is no_region like a KAI pod's,
+/// and its view carries the shares (gRPC `dra_shares`).
+#[test]
+fn a_claims_container_without_a_region_is_missing_with_its_shares() {
+    let now_secs = (NOW_MS / 1000) as i64;
+    let pod = PodMeta {
+        running: vec![RunningContainer {
+            name: "main".into(),
+            id: String::new(),
+            started_at: Some(now_secs - 120),
+        }],
+        dra_shares: Some(vec![on_gpu(), share("b2", "gpu-1", None, None)]),
+        ..meta("claimer-0")
+    };
+    let pods = vec![(UID.to_owned(), pod)];
+    let out = Assessor::default().assess(
+        &mut [],
+        &Input {
+            sharing_pods: &pods,
+            ..input(NOW_MS)
+        },
+    );
+    assert_eq!(out.missing.len(), 1);
+    assert_eq!(reasons(&out.notices), ["GpuRegionMissing"]);
+    let wire = crate::agent::to_pb::missing_to_pb(&out.missing[0], "node-1");
+    let shares: Vec<_> = wire
+        .dra_shares
+        .iter()
+        .map(|s| (s.share_id.as_str(), s.gpu_uuid.as_str(), s.granted_bytes))
+        .collect();
+    assert_eq!(shares, [("a1", GPU, 17 * GIB), ("b2", "", 0)]);
+    assert_eq!(
+        (
+            wire.dra_shares[0].claim.as_str(),
+            wire.dra_shares[0].device.as_str()
+        ),
+        ("two-gpus", "gpu-0")
+    );
+    let view = claiming(16500 * MIB, GIB, vec![on_gpu()]);
+    let wire = crate::agent::to_pb::container_to_pb(&view, "node-1");
+    assert_eq!(wire.dra_shares.len(), 1);
+    assert_eq!(wire.dra_shares[0].request, "gpus");
+    assert!(
+        crate::agent::to_pb::container_to_pb(&view_of(UID, &using(GIB, 0)), "n")
+            .dra_shares
+            .is_empty(),
+        "a KAI pod's has none"
+    );
 }

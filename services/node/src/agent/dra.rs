@@ -1,0 +1,654 @@
+//! DRA consumable-capacity GPU claims of this node's pods (issue 40;
+//! docs/isolation.md, "DRA claims"): which container of a pod names a
+//! claim of a declared GPU-memory class (`--dra-memory-class`), and the
+//! shares the scheduler allocated it, each with its device's UUID from
+//! this node's ResourceSlices. A share's consumed memory is the grant the
+//! container's region cap is held to (`isolation::grant`).
+//!
+//! With a class declared and the API server, two reflectors: every
+//! ResourceClaim (RBAC cannot scope claims to a node, and a pod's claims
+//! are in its namespace), and the ResourceSlices of this node
+//! (`spec.nodeName`). Both are trimmed to what [`read`] reads, so a busy
+//! cluster's claims cost little. The reading itself is kai-dra's, the
+//! webhook's: both must agree on which container a claim caps.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, Device, DeviceAllocationResult, DeviceClaim, DeviceRequest,
+    DeviceRequestAllocationResult, DeviceSubRequest, ExactDeviceRequest, ResourceClaim,
+    ResourceClaimSpec, ResourceClaimStatus, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kai_dra::{MemoryClasses, UUID_ATTRIBUTE};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::model::DraShare;
+
+/// What a pod's claims say about its GPU memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reading {
+    /// No container names a claim of a declared class (or the pod names
+    /// no claim at all): the pod is read as it was before DRA.
+    None,
+    /// The pod names claims, and the claims or slices have not been
+    /// listed yet: nothing can be said about it.
+    NotSynced,
+    /// `container` (the first, init containers first, as they run) names
+    /// GPU-memory claims; `shares` are what was allocated for them, empty
+    /// while no claim is allocated.
+    Gpu {
+        container: String,
+        shares: Vec<DraShare>,
+    },
+}
+
+/// Reflectors of the claims and of this node's slices.
+pub struct DraSource {
+    classes: MemoryClasses,
+    claims: Store<ResourceClaim>,
+    slices: Store<ResourceSlice>,
+    /// Each has listed once: claims, slices.
+    listed: [watch::Receiver<bool>; 2],
+}
+
+impl DraSource {
+    /// Watches every ResourceClaim and the ResourceSlices of `node` until
+    /// `shutdown`.
+    pub fn watch(
+        client: Client,
+        node: &str,
+        classes: MemoryClasses,
+        shutdown: &CancellationToken,
+    ) -> Self {
+        let (claims, writer) = reflector::store();
+        let stream = watcher(
+            Api::<ResourceClaim>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(trim_claim)
+        .reflect(writer);
+        let claims_listed = follow(stream, "resourceclaims", shutdown);
+        let (slices, writer) = reflector::store();
+        let on_node = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        let stream = watcher(Api::<ResourceSlice>::all(client), on_node)
+            .default_backoff()
+            .modify(trim_slice)
+            .reflect(writer);
+        let slices_listed = follow(stream, "resourceslices", shutdown);
+        Self {
+            classes,
+            claims,
+            slices,
+            listed: [claims_listed, slices_listed],
+        }
+    }
+
+    /// Both reflectors have listed once. A watch that fails later keeps
+    /// what was listed, as the pod source does while reconnecting: a
+    /// running pod's claim is allocated before it is scheduled, so what
+    /// is cached already says what it gets.
+    pub fn synced(&self) -> bool {
+        self.listed.iter().all(|l| *l.borrow())
+    }
+
+    /// Resolves once both reflectors have listed.
+    pub async fn listed(&self) {
+        for listed in &self.listed {
+            let _ = listed.clone().wait_for(|done| *done).await;
+        }
+    }
+
+    /// A source holding `claims` and `slices`, listed or not, for tests.
+    #[cfg(test)]
+    pub(crate) fn holding(
+        classes: MemoryClasses,
+        claims: Vec<ResourceClaim>,
+        slices: Vec<ResourceSlice>,
+        listed: bool,
+    ) -> Self {
+        let (claim_store, mut claim_writer) = reflector::store();
+        for claim in claims {
+            claim_writer.apply_watcher_event(&watcher::Event::Apply(claim));
+        }
+        let (slice_store, mut slice_writer) = reflector::store();
+        for slice in slices {
+            slice_writer.apply_watcher_event(&watcher::Event::Apply(slice));
+        }
+        Self {
+            classes,
+            claims: claim_store,
+            slices: slice_store,
+            listed: [watch::channel(listed).1, watch::channel(listed).1],
+        }
+    }
+
+    /// What `pod`'s claims say now.
+    pub fn read(&self, pod: &Pod) -> Reading {
+        if !names_claims(pod) {
+            return Reading::None;
+        }
+        if !self.synced() {
+            return Reading::NotSynced;
+        }
+        let slices = self.slices.state();
+        read(
+            pod,
+            &self.classes,
+            &|namespace, name| self.claims.get(&ObjectRef::new(name).within(namespace)),
+            &slices,
+        )
+    }
+}
+
+/// Whether any container of `pod` names a pod claim.
+fn names_claims(pod: &Pod) -> bool {
+    pod.spec.as_ref().is_some_and(|spec| {
+        spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty())
+            && spec
+                .init_containers
+                .iter()
+                .flatten()
+                .chain(&spec.containers)
+                .any(|c| {
+                    c.resources
+                        .as_ref()
+                        .and_then(|r| r.claims.as_ref())
+                        .is_some_and(|c| !c.is_empty())
+                })
+    })
+}
+
+/// What `pod`'s claims say, from the claims `claim(namespace, name)`
+/// finds and this node's `slices`. Pure; the caller decides whether its
+/// caches are complete. A claim that is not there (not made yet from its
+/// template, or already deleted after the pod finished) names nothing: a
+/// running pod's claims are made and allocated before it is scheduled.
+pub fn read(
+    pod: &Pod,
+    classes: &MemoryClasses,
+    claim: &dyn Fn(&str, &str) -> Option<Arc<ResourceClaim>>,
+    slices: &[Arc<ResourceSlice>],
+) -> Reading {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Reading::None;
+    };
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let containers = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers);
+    for container in containers {
+        let entries = container
+            .resources
+            .as_ref()
+            .and_then(|r| r.claims.as_deref())
+            .unwrap_or_default();
+        let mut gpu = false;
+        let mut shares = Vec::new();
+        for entry in kai_dra::claim_refs(entries) {
+            let Some(name) = kai_dra::claim_name(pod, entry.pod_claim) else {
+                continue;
+            };
+            let Some(claim) = claim(namespace, name) else {
+                continue;
+            };
+            // The API server validates quantities: an error here is a
+            // claim no API server stored. Logged, and read as naming none.
+            let requests = match kai_dra::gpu_requests(&claim.spec, classes) {
+                Ok(requests) => requests,
+                Err(error) => {
+                    tracing::warn!(%namespace, claim = %name, %error, "cannot read the claim's GPU memory requests; not holding its pod to them");
+                    continue;
+                }
+            };
+            let covered: Vec<_> = requests
+                .iter()
+                .filter(|r| kai_dra::covers(entry.request, &r.name))
+                .collect();
+            if covered.is_empty() {
+                continue;
+            }
+            gpu = true;
+            let allocated = match kai_dra::shares(&claim, classes) {
+                Ok(allocated) => allocated,
+                Err(error) => {
+                    tracing::warn!(%namespace, claim = %name, %error, "cannot read the claim's consumed capacity; its shares are not known");
+                    Vec::new()
+                }
+            };
+            for share in allocated {
+                let Some(request) = covered.iter().find(|r| r.name == share.request) else {
+                    continue;
+                };
+                let gpu_uuid = kai_dra::device_uuid(
+                    slices.iter().map(AsRef::as_ref),
+                    &share.driver,
+                    &share.pool,
+                    &share.device,
+                )
+                .map(str::to_owned);
+                shares.push(DraShare {
+                    claim: share.claim,
+                    request: share.request,
+                    driver: share.driver,
+                    pool: share.pool,
+                    device: share.device,
+                    share_id: share.share_id,
+                    capacity: request.capacity.clone(),
+                    gpu_uuid,
+                    consumed_bytes: share.consumed_bytes,
+                });
+            }
+        }
+        if gpu {
+            return Reading::Gpu {
+                container: container.name.clone(),
+                shares,
+            };
+        }
+    }
+    Reading::None
+}
+
+/// Drives a reflector's `stream` until `shutdown`; the receiver turns true
+/// at its first complete list.
+fn follow<K: Send + 'static>(
+    stream: impl futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    what: &'static str,
+    shutdown: &CancellationToken,
+) -> watch::Receiver<bool> {
+    let (listed_tx, listed) = watch::channel(false);
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        let on_event = |event| {
+            if matches!(event, watcher::Event::InitDone) && !listed_tx.send_replace(true) {
+                tracing::info!(what, "DRA cache listed");
+            }
+        };
+        // Until both list, pods naming claims are neither named nor
+        // expected a region, and nothing about them is called raised.
+        let on_error = |error: watcher::Error| {
+            tracing::warn!(what, %error, "DRA watch error (needs list and watch on resource.k8s.io {what}); pods naming claims are not judged until it lists; retrying with backoff");
+        };
+        kai_runtime::shutdown::drive(stream, &shutdown, on_event, on_error).await;
+    });
+    listed
+}
+
+/// Keeps what [`read`] reads of a claim: its name, the requests' classes,
+/// counts and capacity requests, and the allocation's results. Selectors
+/// (CEL), configuration and `reservedFor` (one entry per pod sharing the
+/// claim) are dropped.
+fn trim_claim(claim: &mut ResourceClaim) {
+    let metadata = std::mem::take(&mut claim.metadata);
+    claim.metadata = ObjectMeta {
+        name: metadata.name,
+        namespace: metadata.namespace,
+        uid: metadata.uid,
+        resource_version: metadata.resource_version,
+        ..ObjectMeta::default()
+    };
+    let requests = claim
+        .spec
+        .devices
+        .take()
+        .and_then(|d| d.requests)
+        .map(|all| all.into_iter().map(trim_request).collect());
+    claim.spec = ResourceClaimSpec {
+        devices: Some(DeviceClaim {
+            requests,
+            ..DeviceClaim::default()
+        }),
+    };
+    let results = claim
+        .status
+        .take()
+        .and_then(|s| s.allocation)
+        .and_then(|a| a.devices)
+        .and_then(|d| d.results);
+    claim.status = results.map(|results| ResourceClaimStatus {
+        allocation: Some(AllocationResult {
+            devices: Some(DeviceAllocationResult {
+                results: Some(results.into_iter().map(trim_result).collect()),
+                config: None,
+            }),
+            ..AllocationResult::default()
+        }),
+        ..ResourceClaimStatus::default()
+    });
+}
+
+fn trim_request(request: DeviceRequest) -> DeviceRequest {
+    DeviceRequest {
+        name: request.name,
+        exactly: request.exactly.map(|e| ExactDeviceRequest {
+            allocation_mode: e.allocation_mode,
+            capacity: e.capacity,
+            count: e.count,
+            device_class_name: e.device_class_name,
+            ..ExactDeviceRequest::default()
+        }),
+        first_available: request.first_available.map(|subs| {
+            subs.into_iter()
+                .map(|s| DeviceSubRequest {
+                    allocation_mode: s.allocation_mode,
+                    capacity: s.capacity,
+                    count: s.count,
+                    device_class_name: s.device_class_name,
+                    name: s.name,
+                    ..DeviceSubRequest::default()
+                })
+                .collect()
+        }),
+    }
+}
+
+fn trim_result(result: DeviceRequestAllocationResult) -> DeviceRequestAllocationResult {
+    DeviceRequestAllocationResult {
+        consumed_capacity: result.consumed_capacity,
+        device: result.device,
+        driver: result.driver,
+        pool: result.pool,
+        request: result.request,
+        share_id: result.share_id,
+        ..DeviceRequestAllocationResult::default()
+    }
+}
+
+/// Keeps what [`kai_dra::device_uuid`] reads of a slice: driver, pool and
+/// each device's name and UUID attribute.
+fn trim_slice(slice: &mut ResourceSlice) {
+    let metadata = std::mem::take(&mut slice.metadata);
+    slice.metadata = ObjectMeta {
+        name: metadata.name,
+        resource_version: metadata.resource_version,
+        ..ObjectMeta::default()
+    };
+    let spec = std::mem::take(&mut slice.spec);
+    let qualified = format!("{}/{UUID_ATTRIBUTE}", spec.driver);
+    slice.spec = ResourceSliceSpec {
+        devices: spec.devices.map(|all| {
+            all.into_iter()
+                .map(|d| Device {
+                    name: d.name,
+                    attributes: d.attributes.map(|mut a| {
+                        a.retain(|k, _| k == UUID_ATTRIBUTE || *k == qualified);
+                        a
+                    }),
+                    ..Device::default()
+                })
+                .collect()
+        }),
+        driver: spec.driver,
+        node_name: spec.node_name,
+        pool: spec.pool,
+        ..ResourceSliceSpec::default()
+    };
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    pub(crate) fn classes() -> MemoryClasses {
+        MemoryClasses::new(vec!["gpu.example.com=memory".parse().expect("parses")])
+    }
+
+    /// ResourceClaim `two-gpus` of team-a: request `gpus` (two devices of
+    /// 16500Mi each, rounded up to 17Gi) and `nic`, another class's;
+    /// allocated on gpu-0 and gpu-1 of pool node-1 unless `allocated` is
+    /// false.
+    pub(crate) fn claim(name: &str, allocated: bool) -> ResourceClaim {
+        let mut claim: ResourceClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "team-a", "uid": "c1", "resourceVersion": "7",
+                         "managedFields": [{"manager": "kube-scheduler"}]},
+            "spec": {"devices": {"requests": [
+                {"name": "gpus", "exactly": {"deviceClassName": "gpu.example.com", "count": 2,
+                    "capacity": {"requests": {"memory": "16500Mi"}},
+                    "selectors": [{"cel": {"expression": "device.driver == 'gpu.example.com'"}}]}},
+                {"name": "nic", "exactly": {"deviceClassName": "net.example.com"}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpus", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0",
+                 "shareID": "a1", "consumedCapacity": {"memory": "17Gi"}},
+                {"request": "nic", "driver": "net.example.com", "pool": "node-1", "device": "nic-0"},
+                {"request": "gpus", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-1",
+                 "shareID": "b2", "consumedCapacity": {"memory": "17Gi"}}]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}]}},
+                "reservedFor": [{"resource": "pods", "name": "trainer-0", "uid": "p1"}]}
+        }))
+        .expect("a claim");
+        if !allocated {
+            claim.status = None;
+        }
+        claim
+    }
+
+    /// This node's slice: gpu-0 and gpu-1 with their UUIDs.
+    pub(crate) fn slice() -> ResourceSlice {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "node-1-gpu.example.com-x", "resourceVersion": "3"},
+            "spec": {"driver": "gpu.example.com", "nodeName": "node-1",
+                "pool": {"name": "node-1", "generation": 1, "resourceSliceCount": 1},
+                "devices": [
+                    {"name": "gpu-0", "allowMultipleAllocations": true,
+                     "attributes": {"uuid": {"string": "GPU-aaaa"}, "index": {"int": 0}},
+                     "capacity": {"memory": {"value": "80Gi"}}},
+                    {"name": "gpu-1", "attributes": {"gpu.example.com/uuid": {"string": "GPU-bbbb"}}}]}
+        }))
+        .expect("a slice")
+    }
+
+    /// A pod of team-a whose container `main` names `entry` of pod claim
+    /// `gpu`, which is `source` (`{"resourceClaimName": …}` or a template),
+    /// beside a sidecar that names nothing.
+    pub(crate) fn pod(source: serde_json::Value, request: Option<&str>) -> Pod {
+        let mut pod_claim = serde_json::json!({"name": "gpu"});
+        if let (Some(into), Some(from)) = (pod_claim.as_object_mut(), source.as_object()) {
+            into.extend(from.clone());
+        }
+        let mut entry = serde_json::json!({"name": "gpu"});
+        if let Some(request) = request {
+            entry["request"] = serde_json::json!(request);
+        }
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "trainer-0", "namespace": "team-a", "uid": "p1"},
+            "spec": {"containers": [
+                {"name": "sidecar"},
+                {"name": "main", "resources": {"claims": [entry]}}],
+                "resourceClaims": [pod_claim]},
+        }))
+        .expect("a pod")
+    }
+
+    fn reading(pod: &Pod, claims: &[ResourceClaim], classes: &MemoryClasses) -> Reading {
+        let claims: Vec<Arc<ResourceClaim>> = claims.iter().cloned().map(Arc::new).collect();
+        let find = |namespace: &str, name: &str| {
+            claims
+                .iter()
+                .find(|c| {
+                    c.metadata.namespace.as_deref() == Some(namespace)
+                        && c.metadata.name.as_deref() == Some(name)
+                })
+                .cloned()
+        };
+        read(pod, classes, &find, &[Arc::new(slice())])
+    }
+
+    /// A share as the tests compare it: device, UUID, consumed bytes.
+    type Brief<'a> = (&'a str, Option<&'a str>, Option<u64>);
+
+    /// The GPU container and its shares, in brief.
+    fn summary(reading: &Reading) -> Option<(&str, Vec<Brief<'_>>)> {
+        match reading {
+            Reading::Gpu { container, shares } => Some((
+                container.as_str(),
+                shares
+                    .iter()
+                    .map(|s| (s.device.as_str(), s.gpu_uuid.as_deref(), s.consumed_bytes))
+                    .collect(),
+            )),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_named_claim_gives_its_container_one_share_per_device_with_the_slices_uuid() {
+        let pod = pod(serde_json::json!({"resourceClaimName": "two-gpus"}), None);
+        let got = reading(&pod, &[claim("two-gpus", true)], &classes());
+        assert_eq!(
+            summary(&got),
+            Some((
+                "main",
+                vec![
+                    ("gpu-0", Some("GPU-aaaa"), Some(17 * GIB)),
+                    ("gpu-1", Some("GPU-bbbb"), Some(17 * GIB)),
+                ]
+            ))
+        );
+        let Reading::Gpu { shares, .. } = got else {
+            unreachable!("checked above")
+        };
+        assert_eq!(
+            shares[0],
+            DraShare {
+                claim: "two-gpus".into(),
+                request: "gpus".into(),
+                driver: "gpu.example.com".into(),
+                pool: "node-1".into(),
+                device: "gpu-0".into(),
+                share_id: Some("a1".into()),
+                capacity: "memory".into(),
+                gpu_uuid: Some("GPU-aaaa".into()),
+                consumed_bytes: Some(17 * GIB),
+            }
+        );
+    }
+
+    #[test]
+    fn a_template_claim_is_found_by_the_name_the_pods_status_gives() {
+        let mut pod = pod(
+            serde_json::json!({"resourceClaimTemplateName": "two-gpus-tmpl"}),
+            None,
+        );
+        assert_eq!(
+            reading(&pod, &[claim("trainer-0-gpu-x7k2", true)], &classes()),
+            Reading::None,
+            "not made yet: the pod cannot run, and names nothing"
+        );
+        pod.status = Some(
+            serde_json::from_value(serde_json::json!({"resourceClaimStatuses": [
+                {"name": "gpu", "resourceClaimName": "trainer-0-gpu-x7k2"}]}))
+            .expect("a status"),
+        );
+        let got = reading(&pod, &[claim("trainer-0-gpu-x7k2", true)], &classes());
+        assert_eq!(summary(&got).map(|(c, s)| (c, s.len())), Some(("main", 2)));
+    }
+
+    #[test]
+    fn a_claim_not_yet_allocated_names_its_container_with_no_shares() {
+        let pod = pod(serde_json::json!({"resourceClaimName": "two-gpus"}), None);
+        let got = reading(&pod, &[claim("two-gpus", false)], &classes());
+        assert_eq!(summary(&got), Some(("main", vec![])));
+    }
+
+    #[test]
+    fn a_request_named_by_the_entry_restricts_it_and_other_classes_name_nothing() {
+        let only_nic = pod(
+            serde_json::json!({"resourceClaimName": "two-gpus"}),
+            Some("nic"),
+        );
+        assert_eq!(
+            reading(&only_nic, &[claim("two-gpus", true)], &classes()),
+            Reading::None
+        );
+        let gpus = pod(
+            serde_json::json!({"resourceClaimName": "two-gpus"}),
+            Some("gpus"),
+        );
+        let got = reading(&gpus, &[claim("two-gpus", true)], &classes());
+        assert_eq!(summary(&got).map(|(c, s)| (c, s.len())), Some(("main", 2)));
+        let undeclared = MemoryClasses::new(vec!["gpu.nvidia.com=memory".parse().expect("parses")]);
+        let plain = pod(serde_json::json!({"resourceClaimName": "two-gpus"}), None);
+        assert_eq!(
+            reading(&plain, &[claim("two-gpus", true)], &undeclared),
+            Reading::None,
+            "a class nobody declared is no GPU memory"
+        );
+    }
+
+    #[test]
+    fn a_device_the_slices_do_not_name_has_no_uuid() {
+        let pod = pod(serde_json::json!({"resourceClaimName": "two-gpus"}), None);
+        let mut other_pool = claim("two-gpus", true);
+        for result in other_pool
+            .status
+            .as_mut()
+            .and_then(|s| s.allocation.as_mut())
+            .and_then(|a| a.devices.as_mut())
+            .and_then(|d| d.results.as_mut())
+            .into_iter()
+            .flatten()
+        {
+            result.pool = "node-2".into();
+        }
+        let got = reading(&pod, &[other_pool], &classes());
+        assert_eq!(
+            summary(&got),
+            Some((
+                "main",
+                vec![
+                    ("gpu-0", None, Some(17 * GIB)),
+                    ("gpu-1", None, Some(17 * GIB))
+                ]
+            ))
+        );
+    }
+
+    #[test]
+    fn trimmed_objects_read_the_same_and_keep_no_selectors_nor_consumers() {
+        let mut trimmed = claim("two-gpus", true);
+        trim_claim(&mut trimmed);
+        let mut slim = slice();
+        trim_slice(&mut slim);
+        let pod = pod(serde_json::json!({"resourceClaimName": "two-gpus"}), None);
+        let find = |_: &str, _: &str| Some(Arc::new(trimmed.clone()));
+        assert_eq!(
+            read(&pod, &classes(), &find, &[Arc::new(slim.clone())]),
+            reading(&pod, &[claim("two-gpus", true)], &classes())
+        );
+        let text = serde_json::to_string(&trimmed).expect("json");
+        for gone in ["selectors", "reservedFor", "nodeSelector", "managedFields"] {
+            assert!(!text.contains(gone), "{gone} in {text}");
+        }
+        assert_eq!(trimmed.metadata.namespace.as_deref(), Some("team-a"));
+        let text = serde_json::to_string(&slim).expect("json");
+        for gone in ["index", "capacity", "allowMultipleAllocations"] {
+            assert!(!text.contains(gone), "{gone} in {text}");
+        }
+    }
+
+    #[test]
+    fn only_pods_whose_containers_name_claims_wait_for_the_caches() {
+        let with = pod(serde_json::json!({"resourceClaimName": "two-gpus"}), None);
+        assert!(names_claims(&with));
+        let mut without = with.clone();
+        if let Some(spec) = without.spec.as_mut() {
+            for c in &mut spec.containers {
+                c.resources = None;
+            }
+        }
+        assert!(!names_claims(&without), "a pod claim no container names");
+        assert!(!names_claims(&Pod::default()));
+    }
+}
