@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kai_dra::{MemoryClass, MemoryClasses};
 use kai_runtime::https::{ServeLimits, Shed};
 use kai_runtime::telemetry::LogArgs;
 
@@ -60,6 +61,20 @@ pub struct InjectConfig {
     #[arg(long, env = "CSI_DRIVER", default_value = DEFAULT_CSI_DRIVER,
           value_parser = csi_driver_name)]
     pub csi_driver: String,
+    /// A DRA device class that hands out GPU memory in slices, and its
+    /// memory capacity: `<class>=<capacity>` (e.g. `gpu.nvidia.com=memory`),
+    /// repeatable or comma-separated. None (the default) turns DRA off: no
+    /// claim is looked up and pods with claims are left as they are.
+    // Declared, never guessed: a class name says nothing about its devices,
+    // and a driver that isolates its own shares must not get libvgpu too
+    // (docs/webhook.md, "DRA consumable-capacity claims").
+    #[arg(
+        long = "dra-memory-class",
+        env = "KAI_DRA_MEMORY_CLASS",
+        value_name = "CLASS=CAPACITY",
+        value_delimiter = ','
+    )]
+    pub dra_memory_classes: Vec<MemoryClass>,
 }
 
 /// How libvgpu.so, ld.so.preload and the region directory reach the
@@ -107,6 +122,16 @@ impl InjectConfig {
     /// The host directory mounted at `<mount>` (the hostPath source).
     pub fn host_dir(&self) -> &str {
         self.host_vgpu_dir.as_deref().unwrap_or(&self.vgpu_mount)
+    }
+
+    /// Whether pods' DRA claims are read at all (any class declared).
+    pub fn dra(&self) -> bool {
+        !self.dra_memory_classes.is_empty()
+    }
+
+    /// The declared classes, as kai-dra reads claims with them.
+    pub fn memory_classes(&self) -> MemoryClasses {
+        MemoryClasses::new(self.dra_memory_classes.clone())
     }
 }
 
@@ -365,6 +390,7 @@ mod tests {
                 tenant_env: TenantEnv::Replace,
                 delivery: Delivery::Csi,
                 csi_driver: "vgpu.kai-resource-isolator.io".into(),
+                dra_memory_classes: vec![],
             }
         );
         assert_eq!(
@@ -442,6 +468,56 @@ mod tests {
     }
 
     #[test]
+    fn dra_memory_classes_are_repeatable_and_checked() {
+        let off = parse(&[]).expect("valid").inject;
+        assert!(!off.dra() && off.memory_classes().is_empty());
+        let classes = |argv: &[&str]| {
+            parse(argv).map(|args| {
+                let inject = args.inject;
+                assert!(inject.dra());
+                inject
+                    .dra_memory_classes
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(
+            classes(&["--dra-memory-class", "gpu.nvidia.com=memory"]).expect("valid"),
+            ["gpu.nvidia.com=memory"]
+        );
+        assert_eq!(
+            classes(&[
+                "--dra-memory-class=gpu.nvidia.com=memory",
+                "--dra-memory-class=gpu.example.com=example.com/mem,vgpu.example.com=memory",
+            ])
+            .expect("valid"),
+            [
+                "gpu.nvidia.com=memory",
+                "gpu.example.com=example.com/mem",
+                "vgpu.example.com=memory"
+            ]
+        );
+        let cfg = parse(&["--dra-memory-class", "gpu.example.com=mem"])
+            .expect("valid")
+            .inject;
+        assert_eq!(
+            cfg.memory_classes().capacity_of("gpu.example.com"),
+            Some("mem")
+        );
+        // A typo stops start-up, saying what was expected.
+        for bad in ["gpu.nvidia.com", "GPU=memory", "=memory"] {
+            let refused = parse(&["--dra-memory-class", bad]).err();
+            assert!(
+                refused.is_some_and(|e| e
+                    .to_string()
+                    .contains("expected <device class>=<memory capacity>")),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
     fn mount_is_validated_and_normalised() {
         let cfg = parse(&[
             "--container-vgpu-mount=/opt/vgpu/",
@@ -459,6 +535,7 @@ mod tests {
                 tenant_env: TenantEnv::Replace,
                 delivery: Delivery::Csi,
                 csi_driver: DEFAULT_CSI_DRIVER.into(),
+                dra_memory_classes: vec![],
             }
         );
         // The empty entry names nothing: a pod asking for a resource named

@@ -4,9 +4,11 @@
 //! and patch builder, [`review`] wraps it in the AdmissionReview protocol
 //! (kube's admission types), [`server`] serves it over HTTPS (warp on
 //! kai-runtime's TLS accept loop) with hot-reloaded certificates; [`guard`]
-//! keeps the node agent's evictions and Events on its own node.
+//! keeps the node agent's evictions and Events on its own node; [`dra`]
+//! looks up the DRA claims a pod names, for the planner to read.
 
 pub mod config;
+pub mod dra;
 pub mod guard;
 pub mod inject;
 pub mod metrics;

@@ -40,8 +40,13 @@ impl Family {
 
     /// Adds one to the counter of `value`.
     fn count(&self, value: &str) {
+        self.add(value, 1);
+    }
+
+    /// Adds `n` to the counter of `value`.
+    fn add(&self, value: &str, n: u64) {
         match self.0.iter().find(|(v, _)| *v == value) {
-            Some((_, counter)) => counter.increment(1),
+            Some((_, counter)) => counter.increment(n),
             // A caller passed an unlisted value: a bug, not input.
             None => tracing::warn!(value, "not a listed metric label; not counted"),
         }
@@ -62,6 +67,8 @@ pub struct Metrics {
     tenant_env: Family,
     unreadable: Family,
     shed: Family,
+    /// By result: `found`, `not_found`, `failed`.
+    claim_lookups: Family,
     opt_out_ignored: Counter,
     in_flight_bytes: Gauge,
 }
@@ -141,6 +148,14 @@ impl Default for Metrics {
                     .into_iter()
                     .chain(kai_runtime::https::Shed::iter().map(kai_runtime::https::Shed::as_str)),
             ),
+            claim_lookups: family(
+                (
+                    "kai_webhook_dra_claim_lookups_total",
+                    "DRA ResourceClaims and ResourceClaimTemplates looked up for pods that name them, by result.",
+                    "result",
+                ),
+                &["found", "not_found", "failed"],
+            ),
             opt_out_ignored: recorder.counter(
                 "kai_webhook_opt_out_ignored_total",
                 "GPU-sharing pods that asked to opt out in a namespace that does not allow it.",
@@ -168,6 +183,11 @@ impl Metrics {
         }
         if reviewed.opt_out_ignored {
             self.opt_out_ignored.increment(1);
+        }
+        for (result, count) in reviewed.claim_lookups.counts() {
+            if count > 0 {
+                self.claim_lookups.add(result, u64::from(count));
+            }
         }
     }
 
@@ -266,6 +286,45 @@ mod tests {
         let sum = Duration::from_micros(30).as_secs_f64() + Duration::from_millis(2).as_secs_f64();
         let sum = format!("kai_webhook_admission_review_duration_seconds_sum {sum}\n");
         assert!(page.contains(&sum), "{sum} in\n{page}");
+    }
+
+    #[test]
+    fn dra_claim_lookups_are_counted_by_result() {
+        let m = Metrics::default();
+        let reviewed = |lookups: crate::dra::Lookups, decision| Reviewed {
+            body: Vec::new(),
+            decision,
+            uid: String::new(),
+            namespace: String::new(),
+            pod: String::new(),
+            container: None,
+            detail: None,
+            opt_out_ignored: false,
+            tenant_env: None,
+            unreadable: None,
+            claim_lookups: lookups,
+        };
+        let found_two = crate::dra::Lookups {
+            found: 2,
+            ..Default::default()
+        };
+        let one_failed = crate::dra::Lookups {
+            found: 1,
+            failed: 1,
+            ..Default::default()
+        };
+        m.record_reviewed(&reviewed(found_two, Outcome::Injected), Duration::ZERO);
+        m.record_reviewed(&reviewed(one_failed, Outcome::Denied), Duration::ZERO);
+        let page = m.render();
+        for line in [
+            "kai_webhook_dra_claim_lookups_total{result=\"found\"} 3\n",
+            "kai_webhook_dra_claim_lookups_total{result=\"failed\"} 1\n",
+            "kai_webhook_dra_claim_lookups_total{result=\"not_found\"} 0\n",
+            "kai_webhook_admission_reviews_total{decision=\"denied\"} 1\n",
+            "kai_webhook_admission_reviews_total{decision=\"injected\"} 1\n",
+        ] {
+            assert!(page.contains(line), "{line} in\n{page}");
+        }
     }
 
     #[test]

@@ -9,7 +9,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    EnvFromSource, EnvVar, ResourceRequirements, Volume, VolumeDevice, VolumeMount,
+    EnvFromSource, EnvVar, PodResourceClaim, ResourceClaim, ResourceRequirements, Volume,
+    VolumeDevice, VolumeMount,
 };
 use serde::{Deserialize, Deserializer};
 
@@ -49,6 +50,10 @@ pub struct Spec {
     pub volumes: Option<Vec<Volume>>,
     /// The pod's defaults for its containers' user and group.
     pub security_context: Option<RunAs>,
+    /// DRA claims (`resourceClaimName` / `resourceClaimTemplateName`),
+    /// read when DRA memory classes are declared. Absent in most pods, so
+    /// they pay nothing for it.
+    pub resource_claims: Option<Vec<PodResourceClaim>>,
 }
 
 /// A container or init container.
@@ -65,8 +70,9 @@ pub struct Container {
     /// Raw block devices: read only for their paths, which may not sit at
     /// or under ours, as no mount of the pod's own may.
     pub volume_devices: Option<Vec<VolumeDevice>>,
-    /// Read only to explain, in the log, why a pod asking for a sharing
-    /// resource without KAI's annotations was left alone.
+    /// Read to explain, in the log, why a pod asking for a sharing
+    /// resource without KAI's annotations was left alone, and for the DRA
+    /// claims the container names (`claims`).
     pub resources: Option<ResourceRequirements>,
     /// Its own user and group, which win over the pod's.
     pub security_context: Option<RunAs>,
@@ -83,6 +89,14 @@ pub struct RunAs {
 }
 
 impl Container {
+    /// The pod claims the container names (`resources.claims`).
+    pub fn claims(&self) -> &[ResourceClaim] {
+        self.resources
+            .as_ref()
+            .and_then(|r| r.claims.as_deref())
+            .unwrap_or_default()
+    }
+
     /// The user and group the container runs as: its own `securityContext`,
     /// else the pod's, field by field, as kubelet decides them
     /// (`DetermineEffectiveSecurityContext`). `None` where neither says.

@@ -14,7 +14,8 @@ use kube::core::admission::{
 use serde_json::Value;
 
 use crate::config::InjectConfig;
-use crate::inject::{self, Decision, OptOut};
+use crate::dra::{self, ClaimSpecs, Lookups};
+use crate::inject::{self, Claims, Decision, OptOut};
 use crate::outcome::Outcome;
 use crate::pod::Pod;
 
@@ -102,21 +103,70 @@ pub struct Reviewed {
     /// A Pod CREATE denied because its pod could not be read: the reason
     /// (`invalid_pod`, `no_object`).
     pub unreadable: Option<&'static str>,
+    /// How the DRA claim lookups went (all zero: none made).
+    pub claim_lookups: Lookups,
 }
 
 /// Reviews one AdmissionReview body arriving on `/mutate`, where the
-/// tenant's opt-out annotation is not honoured.
+/// tenant's opt-out annotation is not honoured, without the API server.
 pub fn review(body: &[u8], cfg: &InjectConfig) -> Result<Reviewed, ReviewError> {
     review_with(body, cfg, OptOut::Ignored)
 }
 
 /// Reviews one AdmissionReview body; `opt_out` says whether the route
-/// honours `kai-resource-isolator.io/inject: "false"`.
+/// honours `kai-resource-isolator.io/inject: "false"`. Nothing is looked
+/// up: with DRA memory classes declared, a pod whose containers name
+/// claims is denied, its claims unread ([`review_looking_up`] reads them).
 pub fn review_with(
     body: &[u8],
     cfg: &InjectConfig,
     opt_out: OptOut,
 ) -> Result<Reviewed, ReviewError> {
+    match read(body)? {
+        Read::Answered(reviewed) => Ok(reviewed),
+        Read::PodCreate(pending) => {
+            pending.finish(cfg, opt_out, &Claims::default(), Lookups::default())
+        }
+    }
+}
+
+/// [`review_with`], looking up the DRA claims and templates the pod's
+/// containers name through `api` first (none for a pod that names none,
+/// or with no DRA memory class declared).
+pub async fn review_looking_up(
+    body: &[u8],
+    cfg: &InjectConfig,
+    opt_out: OptOut,
+    api: &impl ClaimSpecs,
+) -> Result<Reviewed, ReviewError> {
+    match read(body)? {
+        Read::Answered(reviewed) => Ok(reviewed),
+        Read::PodCreate(pending) => {
+            let (claims, lookups) =
+                dra::look_up(&pending.pod, &pending.reviewed.namespace, cfg, api).await;
+            pending.finish(cfg, opt_out, &claims, lookups)
+        }
+    }
+}
+
+/// A body, read.
+enum Read {
+    /// Answered without planning: not a Pod CREATE, or a pod that cannot
+    /// be read.
+    Answered(Reviewed),
+    /// A Pod CREATE, to plan (boxed: it holds the pod).
+    PodCreate(Box<Pending>),
+}
+
+/// A Pod CREATE read, its answer not yet decided.
+struct Pending {
+    pod: Pod,
+    response: AdmissionResponse,
+    reviewed: Reviewed,
+}
+
+/// Decodes a review and, for a Pod CREATE, its pod.
+fn read(body: &[u8]) -> Result<Read, ReviewError> {
     let not_json = |e: serde_json::Error| BadRequest::NotJson(e.to_string());
     // Read as a Value first, to follow the API server's JSON rules: its map
     // keeps the last of repeated keys (serde's derive would refuse them)
@@ -140,7 +190,7 @@ pub fn review_with(
     }
     let request: AdmissionRequest<DynamicObject> =
         review.try_into().map_err(|_| BadRequest::NoRequest)?;
-    let mut response = AdmissionResponse::from(&request);
+    let response = AdmissionResponse::from(&request);
     let mut reviewed = Reviewed {
         body: Vec::new(),
         decision: Outcome::PassThrough,
@@ -152,35 +202,61 @@ pub fn review_with(
         opt_out_ignored: false,
         tenant_env: None,
         unreadable: None,
+        claim_lookups: Lookups::default(),
     };
 
     // Only a Pod CREATE is ours; UPDATE/DELETE/CONNECT and subresources
     // (binding, ephemeralcontainers, …) pass through untouched.
     let main_resource = request.sub_resource.as_deref().is_none_or(str::is_empty);
-    if request.operation == Operation::Create && main_resource {
-        let pod = match pod_of(&request, object) {
-            Ok(pod) => pod,
-            // The API server sent a Pod CREATE we cannot read. Passing it
-            // would admit a pod we never looked at (uncapped, if it shares
-            // a GPU), and an HTTP 400 does the same under failurePolicy
-            // Ignore: deny it, saying why.
-            Err(error @ (BadRequest::InvalidPod(_) | BadRequest::NoObject)) => {
-                let message = format!("kai-resource-isolator cannot read this pod: {error}");
-                reviewed.decision = Outcome::Denied;
-                reviewed.unreadable = Some(error.label());
-                reviewed.body = encode(deny(response, &message))?;
-                reviewed.detail = Some(message);
-                return Ok(reviewed);
-            }
-            Err(error) => return Err(error.into()),
-        };
-        if reviewed.pod.is_empty() {
-            reviewed.pod = display_name(&pod);
+    if !(request.operation == Operation::Create && main_resource) {
+        reviewed.body = encode(response)?;
+        return Ok(Read::Answered(reviewed));
+    }
+    let pod = match pod_of(&request, object) {
+        Ok(pod) => pod,
+        // The API server sent a Pod CREATE we cannot read. Passing it
+        // would admit a pod we never looked at (uncapped, if it shares
+        // a GPU), and an HTTP 400 does the same under failurePolicy
+        // Ignore: deny it, saying why.
+        Err(error @ (BadRequest::InvalidPod(_) | BadRequest::NoObject)) => {
+            let message = format!("kai-resource-isolator cannot read this pod: {error}");
+            reviewed.decision = Outcome::Denied;
+            reviewed.unreadable = Some(error.label());
+            reviewed.body = encode(deny(response, &message))?;
+            reviewed.detail = Some(message);
+            return Ok(Read::Answered(reviewed));
         }
-        if reviewed.namespace.is_empty() {
-            reviewed.namespace = pod.metadata.namespace.clone().unwrap_or_default();
-        }
-        let decision = inject::plan(&pod, cfg, opt_out);
+        Err(error) => return Err(error.into()),
+    };
+    if reviewed.pod.is_empty() {
+        reviewed.pod = display_name(&pod);
+    }
+    if reviewed.namespace.is_empty() {
+        reviewed.namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    }
+    Ok(Read::PodCreate(Box::new(Pending {
+        pod,
+        response,
+        reviewed,
+    })))
+}
+
+impl Pending {
+    /// Plans the pod, given what was found of its claims, and answers.
+    fn finish(
+        self: Box<Self>,
+        cfg: &InjectConfig,
+        opt_out: OptOut,
+        claims: &Claims,
+        lookups: Lookups,
+    ) -> Result<Reviewed, ReviewError> {
+        let Self {
+            pod,
+            mut response,
+            mut reviewed,
+        } = *self;
+        reviewed.claim_lookups = lookups;
+        let decision = inject::plan_with(&pod, cfg, opt_out, claims);
         reviewed.decision = decision.outcome();
         reviewed.opt_out_ignored = opt_out == OptOut::Ignored
             && inject::asks_to_opt_out(&pod)
@@ -206,9 +282,9 @@ pub fn review_with(
                 reviewed.detail = Some(message);
             }
         }
+        reviewed.body = encode(response)?;
+        Ok(reviewed)
     }
-    reviewed.body = encode(response)?;
-    Ok(reviewed)
 }
 
 /// `response` turned into a denial with `message`. As the Go webhook we

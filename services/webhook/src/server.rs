@@ -38,7 +38,7 @@ pub enum StartError {
     Tls(#[from] TlsError),
     #[error("invalid TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
-    #[error("the node guard needs the API server: {0}")]
+    #[error("the node guard and DRA claim lookups need the API server: {0}")]
     Kube(#[from] kube::Error),
     #[error(transparent)]
     Bind(#[from] BindError),
@@ -58,6 +58,9 @@ struct State {
     inject: InjectConfig,
     /// The API server, for the node guard; `None` when it is off.
     kube: Option<kube::Client>,
+    /// The API server, for DRA claim lookups; `None` when no DRA memory
+    /// class is declared.
+    claims: Option<kube::Client>,
     metrics: Arc<metrics::Metrics>,
     shutdown: CancellationToken,
     /// How each request body is read.
@@ -88,10 +91,22 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> Result<Ru
     });
 
     let (listener, addr) = kai_runtime::net::bind(settings.listen).await?;
-    let kube = match settings.node_guard {
+    // One client for both: the node guard's and the DRA lookups'.
+    let client = match settings.node_guard || settings.inject.dra() {
         true => Some(kube::Client::try_default().await?),
         false => None,
     };
+    let kube = client.clone().filter(|_| settings.node_guard);
+    let claims = client.filter(|_| settings.inject.dra());
+    if settings.inject.dra() {
+        let classes: Vec<String> = settings
+            .inject
+            .dra_memory_classes
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        tracing::info!(?classes, "reading DRA GPU-memory claims");
+    }
     let limits = settings.limits;
     let serve_limits = limits.serve(Some(Arc::new({
         let metrics = metrics.clone();
@@ -100,6 +115,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> Result<Ru
     let state = Arc::new(State {
         inject: settings.inject,
         kube,
+        claims,
         budget: ByteBudget::new(limits.max_in_flight_bytes, metrics.in_flight_bytes()),
         metrics,
         shutdown: shutdown.clone(),
@@ -146,7 +162,7 @@ fn routes(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = Rejec
         .and(post.clone())
         .then(|opt_out, body, state: Arc<State>| async move {
             match read(body, &state).await {
-                Ok((bytes, permit)) => answer(&bytes, permit, &state, opt_out),
+                Ok((bytes, permit)) => answer(&bytes, permit, &state, opt_out).await,
                 Err(refused) => refused,
             }
         });
@@ -234,10 +250,11 @@ async fn read(
 
 /// Reviews a complete body, counts and logs the outcome. `permit` holds
 /// the body's bytes of the budget; decoding reserves its estimated cost
-/// on top, for as long as it runs. No span: the review's one log line
-/// names its uid, namespace and pod, and a span recording them again cost
-/// each review as much as formatting that line (docs/benchmarks.md).
-fn answer(body: &[u8], mut permit: BytePermit, state: &State, opt_out: OptOut) -> Response {
+/// on top, for as long as it runs (DRA lookups included: the decoded pod
+/// is held meanwhile). No span: the review's one log line names its uid,
+/// namespace and pod, and a span recording them again cost each review as
+/// much as formatting that line (docs/benchmarks.md).
+async fn answer(body: &[u8], mut permit: BytePermit, state: &State, opt_out: OptOut) -> Response {
     let started = Instant::now();
     let cost = decode_cost(body);
     if cost > state.budget.max() {
@@ -255,7 +272,11 @@ fn answer(body: &[u8], mut permit: BytePermit, state: &State, opt_out: OptOut) -
     if !permit.grow_to(cost) {
         return overloaded(state);
     }
-    let result = review::review_with(body, &state.inject, opt_out);
+    let result = match &state.claims {
+        // Without DRA, as before: no future, no lookup.
+        None => review::review_with(body, &state.inject, opt_out),
+        Some(client) => review::review_looking_up(body, &state.inject, opt_out, client).await,
+    };
     drop(permit);
     match result {
         Ok(reviewed) => {

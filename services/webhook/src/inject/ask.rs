@@ -55,12 +55,7 @@ impl Ask {
         if opt_out == OptOut::Honoured && asks_to_opt_out(pod) {
             return Err(Decision::OptedOut);
         }
-        let sm_percent = match annotation(ANNOTATION_GPU_CORES) {
-            None => None,
-            Some(value) => Some(
-                parse_percent(value).ok_or_else(|| Decision::from(Denial::GpuCores { value }))?,
-            ),
-        };
+        let sm_percent = sm_percent(pod)?;
         let memory_mib = annotation(ANNOTATION_GPU_MEMORY)
             .filter(|_| cfg.memory_limit_fallback)
             .and_then(parse_mib);
@@ -68,6 +63,17 @@ impl Ask {
             memory_mib,
             sm_percent,
         })
+    }
+}
+
+/// `kai-resource-isolator.io/gpu-cores` of a sharing pod (a KAI pod or a
+/// DRA GPU-memory pod): a percentage, or a denial.
+pub fn sm_percent(pod: &Pod) -> Result<Option<u8>, Decision> {
+    match pod.annotation(ANNOTATION_GPU_CORES) {
+        None => Ok(None),
+        Some(value) => parse_percent(value)
+            .map(Some)
+            .ok_or_else(|| Denial::GpuCores { value }.into()),
     }
 }
 

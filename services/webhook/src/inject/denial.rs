@@ -3,6 +3,7 @@
 //! tenant's env in [`super::plan`]) return these typed, borrowing from the
 //! pod; the message is written once, at the edge ([`super::Decision`]).
 
+use super::dra::{ClaimObject, LookupError};
 use super::{ANNOTATION_CONTAINER_NAME, ANNOTATION_GPU_CORES, Decision, VOLUME_VGPU};
 use crate::config::Delivery;
 
@@ -71,6 +72,84 @@ pub enum Denial<'a> {
         container: &'a str,
         names: Vec<&'a str>,
     },
+    // === DRA GPU-memory claims (docs/webhook.md, "DRA consumable-capacity claims") ===
+    #[error(
+        "pod claim {pod_claim:?} names {object}, which does not exist in the pod's namespace: kai-resource-isolator reads the GPU memory a claim asks for when the pod is created, so the claim or template must exist before the pod (apply it first)"
+    )]
+    ClaimMissing {
+        pod_claim: &'a str,
+        object: &'a ClaimObject,
+    },
+    #[error(
+        "pod claim {pod_claim:?}: {object} {why}; kai-resource-isolator cannot tell whether it asks for GPU memory, and denies the pod rather than start it without its cap (retry once the API server answers)"
+    )]
+    ClaimUnread {
+        pod_claim: &'a str,
+        object: String,
+        why: LookupError,
+    },
+    #[error(
+        "pod claim {pod_claim:?}: {object} asks for GPU memory kai-resource-isolator cannot read: {why}"
+    )]
+    ClaimQuantity {
+        pod_claim: &'a str,
+        object: &'a ClaimObject,
+        why: String,
+    },
+    #[error(
+        "the pod has KAI's GPU-sharing annotation {annotation:?}, and container {container:?} gets GPU memory from a DRA claim ({claim}): a GPU share comes from KAI or from the claim, not both; remove the annotation (the claim's memory then caps the container) or the claim"
+    )]
+    KaiAndClaim {
+        annotation: &'static str,
+        container: &'a str,
+        claim: String,
+    },
+    #[error(
+        "containers {} each get GPU memory from a DRA claim: kai-resource-isolator caps one such container per pod for now; give the GPU-memory claim to one container",
+        quoted(.containers)
+    )]
+    ManyGpuContainers { containers: Vec<&'a str> },
+    #[error(
+        "container {container:?} gets GPU memory from {request} with allocationMode All: kai-resource-isolator caps the container at the memory its claim states, and a limit decided on the node is not built yet; ask for an exact count of devices, each with capacity.requests.{capacity}"
+    )]
+    AllDevices {
+        container: &'a str,
+        request: String,
+        capacity: String,
+    },
+    #[error(
+        "container {container:?} gets GPU memory from {request}, which states no capacity.requests.{capacity}: kai-resource-isolator caps the container at the memory its claim states, and a limit decided on the node is not built yet; state capacity.requests.{capacity} in the request"
+    )]
+    NoStatedMemory {
+        container: &'a str,
+        request: String,
+        capacity: String,
+    },
+    #[error(
+        "container {container:?} gets GPU memory of different sizes ({}): libvgpu holds every GPU of a container to one limit, and which device is which is not known at admission; ask for the same memory in each request",
+        .sizes.join("; ")
+    )]
+    DifferingMemory {
+        container: &'a str,
+        sizes: Vec<String>,
+    },
+    #[error(
+        "container {container:?} gets {size} of GPU memory from {request}: libvgpu's limit is a whole number of MiB; ask for at least 1Mi"
+    )]
+    MemoryBelowMib {
+        container: &'a str,
+        request: String,
+        size: String,
+    },
+}
+
+/// `"a", "b"`.
+fn quoted(names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|name| format!("{name:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn how_we_mount(delivery: Delivery) -> &'static str {

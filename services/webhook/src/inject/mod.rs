@@ -8,8 +8,10 @@
 //!
 //! One job per module, in the order [`plan`] runs them:
 //!
+//! - [`dra`]: which DRA claims a pod names, and from what the review found
+//!   of them, the container a GPU-memory claim gives a GPU and its limit;
 //! - [`ask`]: what the annotations ask for (a share, opting out, limits);
-//! - [`target`]: which container gets libvgpu;
+//! - [`target`]: which container gets libvgpu (without a GPU-memory claim);
 //! - [`defences`]: what the pod may not declare (volumes only we declare,
 //!   mounts and devices over ours, propagation), as [`denial`]s;
 //! - [`env`]: the target's env read (ours, KAI's, the tenant's), by the
@@ -24,6 +26,7 @@ use crate::outcome::Outcome;
 mod ask;
 mod defences;
 mod denial;
+mod dra;
 mod env;
 mod items;
 mod patch;
@@ -33,11 +36,12 @@ mod target;
 mod vars;
 
 pub use self::ask::{OptOut, asks_to_opt_out};
+pub use self::dra::{ClaimObject, Claims, LookupError, claims_to_look_up};
 pub use self::items::{
     CSI, Dir, HOST_PATH, Layout, MountSpec, Source, VolumeSpec, csi_attributes, layout,
 };
 pub use self::patch::{Op, Patch};
-pub use self::plan::plan;
+pub use self::plan::{plan, plan_with};
 pub use self::vars::{DEVICES, Hook, Limit, Masked, OurEnv};
 
 // Shared with the node agent, which recognises the same pods.
@@ -111,8 +115,9 @@ pub enum Decision {
     Inject { target: Target, patch: Patch },
     /// Everything is already in place (reinvocation or re-submitted pod).
     AlreadyInjected { target: Target },
-    /// No KAI GPU-sharing annotation; `share_resource` names a sharing
-    /// resource the pod requests anyway, which is worth a log line.
+    /// No KAI GPU-sharing annotation and no DRA GPU-memory claim;
+    /// `share_resource` names a sharing resource the pod requests anyway,
+    /// which is worth a log line.
     NotSharing { share_resource: Option<String> },
     /// The pod opted out with `kai-resource-isolator.io/inject: "false"`.
     OptedOut,

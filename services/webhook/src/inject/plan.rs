@@ -7,9 +7,10 @@ use std::cmp::Reverse;
 
 use k8s_openapi::api::core::v1::{Volume, VolumeMount};
 
-use super::ask::{Ask, OptOut};
+use super::ask::{Ask, OptOut, asks_to_opt_out, sm_percent};
 use super::defences;
 use super::denial::Denial;
+use super::dra::{self, Claims};
 use super::env::{EnvRead, Wanted, kai_config_map};
 use super::items::{Layout, Source, csi_attributes, layout};
 use super::patch::{Op, Patch};
@@ -19,20 +20,55 @@ use super::{Decision, VOLUME_VGPU};
 use crate::config::{InjectConfig, TenantEnv};
 use crate::pod::{Pod, RunAs};
 
-/// Plans the mutation of `pod` under `cfg`.
+/// Plans the mutation of `pod` under `cfg`, with no DRA claim looked up
+/// (what [`plan_with`] does for a pod that names none, or with DRA off).
 pub fn plan(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Decision {
-    match steps(pod, cfg, opt_out) {
+    plan_with(pod, cfg, opt_out, &Claims::default())
+}
+
+/// Plans the mutation of `pod` under `cfg`, given what the review found of
+/// the claims [`super::claims_to_look_up`] listed.
+pub fn plan_with(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut, claims: &Claims) -> Decision {
+    match steps(pod, cfg, opt_out, claims) {
         Ok(decision) | Err(decision) => decision,
     }
 }
 
 /// The steps of [`plan`]; `Err` is a decision that ends it early.
-fn steps(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Result<Decision, Decision> {
-    // 1. What the annotations ask for (or not a sharing pod at all).
-    let ask = Ask::read(pod, cfg, opt_out)?;
-    // 2. The container that gets libvgpu.
+fn steps(
+    pod: &Pod,
+    cfg: &InjectConfig,
+    opt_out: OptOut,
+    claims: &Claims,
+) -> Result<Decision, Decision> {
+    // 1-2. What the pod asks for (or not a sharing pod at all), and the
+    // container that gets libvgpu: the one a DRA claim gives GPU memory,
+    // else the KAI annotations'.
+    let (ask, target, container, kai_config_map) = match dra::read(pod, cfg, claims)? {
+        Some(gpu) => {
+            if opt_out == OptOut::Honoured && asks_to_opt_out(pod) {
+                return Err(Decision::OptedOut);
+            }
+            let gpu = gpu.one()?;
+            // The claim's memory is the only cap, so its literal is
+            // written whatever `--memory-limit-fallback` says. No KAI
+            // reference is ours to keep: KAI does not share this GPU, so
+            // an entry that looks like KAI's is the tenant's.
+            let ask = Ask {
+                memory_mib: Some(gpu.memory_mib),
+                sm_percent: sm_percent(pod)?,
+            };
+            (ask, gpu.target, gpu.container, None)
+        }
+        None => {
+            let ask = Ask::read(pod, cfg, opt_out)?;
+            let spec = pod.spec.as_ref().ok_or(Decision::NoContainers)?;
+            let (target, container) = target::find(pod, spec)?;
+            let config_map = kai_config_map(pod, &target);
+            (ask, target, container, config_map)
+        }
+    };
     let spec = pod.spec.as_ref().ok_or(Decision::NoContainers)?;
-    let (target, container) = target::find(pod, spec)?;
     // 3. What the pod may not declare.
     let layout = layout(cfg.delivery);
     let run_as = container.effective_run_as(spec.security_context.as_ref());
@@ -46,7 +82,7 @@ fn steps(pod: &Pod, cfg: &InjectConfig, opt_out: OptOut) -> Result<Decision, Dec
         target: &target,
         cfg,
         limits: our_limits(ask, env_from),
-        kai_config_map: kai_config_map(pod, &target),
+        kai_config_map,
     };
     let env = container
         .env

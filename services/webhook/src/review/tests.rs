@@ -1,6 +1,8 @@
 use base64::Engine;
 
 use super::*;
+use crate::dra::Lookups;
+use crate::inject::{ClaimObject, LookupError};
 
 /// A review of a Pod `operation` carrying `object` (JSON text, so tests
 /// can write repeated and escaped keys).
@@ -272,4 +274,217 @@ fn null_reads_as_absent() {
     let no_containers =
         r#"{"metadata": {"annotations": {"gpu-memory": "1"}}, "spec": {"containers": null}}"#;
     assert_eq!(outcome(&body("CREATE", no_containers)), Ok("no_containers"));
+}
+
+// === DRA GPU-memory claims ===
+
+/// A review of a Pod CREATE in `namespace`.
+fn body_in(namespace: &str, object: &Value) -> Vec<u8> {
+    String::from_utf8(body("CREATE", &object.to_string()))
+        .expect("utf-8")
+        .replace(
+            r#""operation""#,
+            &format!(r#""namespace":"{namespace}","operation""#),
+        )
+        .into_bytes()
+}
+
+/// The API server as a table of answers, keeping the lookups it got.
+#[derive(Default)]
+struct FakeClaims {
+    answers: Vec<(ClaimObject, Result<Value, LookupError>)>,
+    asked: std::sync::Mutex<Vec<(String, ClaimObject)>>,
+}
+
+impl FakeClaims {
+    fn with(answers: Vec<(ClaimObject, Result<Value, LookupError>)>) -> Self {
+        Self {
+            answers,
+            ..Self::default()
+        }
+    }
+
+    fn asked(&self) -> Vec<(String, ClaimObject)> {
+        self.asked.lock().expect("not poisoned").clone()
+    }
+}
+
+impl ClaimSpecs for FakeClaims {
+    async fn spec(
+        &self,
+        namespace: &str,
+        object: &ClaimObject,
+    ) -> Result<k8s_openapi::api::resource::v1::ResourceClaimSpec, LookupError> {
+        self.asked
+            .lock()
+            .expect("not poisoned")
+            .push((namespace.to_owned(), object.clone()));
+        let answer = self.answers.iter().find(|(o, _)| o == object);
+        match answer.map(|(_, answer)| answer) {
+            Some(Ok(spec)) => Ok(serde_json::from_value(spec.clone()).expect("a claim spec")),
+            Some(Err(error)) => Err(error.clone()),
+            None => Err(LookupError::NotFound),
+        }
+    }
+}
+
+fn dra_cfg() -> InjectConfig {
+    InjectConfig {
+        dra_memory_classes: vec!["gpu.nvidia.com=memory".parse().expect("parses")],
+        ..InjectConfig::default()
+    }
+}
+
+fn gpu_claim(memory: &str) -> Value {
+    serde_json::json!({"devices": {"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": "gpu.nvidia.com", "capacity": {"requests": {"memory": memory}}}}]}})
+}
+
+fn gpu_pod() -> Value {
+    serde_json::json!({"metadata": {"name": "trainer"}, "spec": {
+        "containers": [{"name": "app", "resources": {"claims": [{"name": "gpu"}]}}],
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared-gpu"}]}})
+}
+
+fn shared_gpu() -> ClaimObject {
+    ClaimObject::Claim("shared-gpu".into())
+}
+
+async fn dra_review(object: &Value, api: &FakeClaims) -> Reviewed {
+    review_looking_up(&body_in("team-a", object), &dra_cfg(), OptOut::Ignored, api)
+        .await
+        .expect("reviewed")
+}
+
+fn message(out: &Reviewed) -> String {
+    let answer: Value = serde_json::from_slice(&out.body).expect("JSON");
+    answer["response"]["status"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_gpu_memory_claim_is_looked_up_in_the_pods_namespace_and_injected() {
+    let api = FakeClaims::with(vec![(shared_gpu(), Ok(gpu_claim("16Gi")))]);
+    let out = dra_review(&gpu_pod(), &api).await;
+    assert_eq!(
+        (out.decision.label(), out.container.as_deref()),
+        ("injected", Some("app"))
+    );
+    assert_eq!(
+        out.claim_lookups,
+        Lookups {
+            found: 1,
+            ..Lookups::default()
+        }
+    );
+    assert_eq!(api.asked(), [("team-a".to_owned(), shared_gpu())]);
+    let answer: Value = serde_json::from_slice(&out.body).expect("JSON");
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(answer["response"]["patch"].as_str().expect("a patch"))
+        .expect("base64");
+    let patch = String::from_utf8(patch).expect("utf-8");
+    assert!(
+        patch.contains(r#"{"name":"CUDA_DEVICE_MEMORY_LIMIT","value":"16384m"}"#),
+        "{patch}"
+    );
+}
+
+#[tokio::test]
+async fn pods_without_claims_make_no_call_and_are_reviewed_as_before() {
+    let api = FakeClaims::default();
+    let kai = serde_json::json!({"metadata": {"annotations": {"gpu-memory": "1"}},
+        "spec": {"containers": [{"name": "m"}]}});
+    let plain = serde_json::json!({"spec": {"containers": [{"name": "m"}]}});
+    for pod in [&kai, &plain] {
+        let looking = dra_review(pod, &api).await;
+        let before = review(&body_in("team-a", pod), &InjectConfig::default()).expect("reviewed");
+        assert_eq!(looking.claim_lookups, Lookups::default());
+        // The same answer, byte for byte, as without DRA.
+        assert_eq!(looking, before);
+    }
+    // Nor anything but a Pod CREATE.
+    let update = String::from_utf8(body_in("team-a", &gpu_pod()))
+        .expect("utf-8")
+        .replace(r#""operation":"CREATE""#, r#""operation":"UPDATE""#);
+    let out = review_looking_up(update.as_bytes(), &dra_cfg(), OptOut::Ignored, &api)
+        .await
+        .expect("reviewed");
+    assert_eq!(out.decision.label(), "pass_through");
+    assert!(api.asked().is_empty(), "{:?}", api.asked());
+}
+
+#[tokio::test]
+async fn claims_of_other_classes_are_looked_up_and_the_pod_left_alone() {
+    let nic = serde_json::json!({"devices": {"requests": [{"name": "nic", "exactly": {
+        "deviceClassName": "net.example.com"}}]}});
+    let api = FakeClaims::with(vec![(shared_gpu(), Ok(nic))]);
+    let out = dra_review(&gpu_pod(), &api).await;
+    assert_eq!(out.decision.label(), "not_gpu_sharing");
+    let answer: Value = serde_json::from_slice(&out.body).expect("JSON");
+    assert_eq!(answer["response"]["allowed"], true);
+    assert!(answer["response"].get("patch").is_none());
+    assert_eq!(api.asked().len(), 1);
+}
+
+#[tokio::test]
+async fn a_missing_claim_or_template_is_denied_asking_for_it_first() {
+    let api = FakeClaims::default();
+    let out = dra_review(&gpu_pod(), &api).await;
+    assert_eq!(out.decision.label(), "denied");
+    assert_eq!(
+        out.claim_lookups,
+        Lookups {
+            not_found: 1,
+            ..Lookups::default()
+        }
+    );
+    let said = message(&out);
+    assert!(
+        said.contains("ResourceClaim \"shared-gpu\", which does not exist")
+            && said.contains("apply it first"),
+        "{said}"
+    );
+    let mut templated = gpu_pod();
+    templated["spec"]["resourceClaims"] =
+        serde_json::json!([{"name": "gpu", "resourceClaimTemplateName": "gpu-16g"}]);
+    let said = message(&dra_review(&templated, &api).await);
+    assert!(
+        said.contains("ResourceClaimTemplate \"gpu-16g\", which does not exist"),
+        "{said}"
+    );
+}
+
+#[tokio::test]
+async fn an_api_error_is_denied_with_the_error() {
+    let api = FakeClaims::with(vec![(
+        shared_gpu(),
+        Err(LookupError::Failed(
+            "resourceclaims.resource.k8s.io \"shared-gpu\" is forbidden".into(),
+        )),
+    )]);
+    let out = dra_review(&gpu_pod(), &api).await;
+    assert_eq!(out.decision.label(), "denied");
+    assert_eq!(
+        out.claim_lookups,
+        Lookups {
+            failed: 1,
+            ..Lookups::default()
+        }
+    );
+    let said = message(&out);
+    assert!(said.contains("is forbidden"), "{said}");
+    assert_eq!(out.detail.as_deref(), Some(said.as_str()));
+}
+
+#[test]
+fn without_the_api_server_a_pod_naming_claims_is_denied_unread() {
+    let out = review(&body_in("team-a", &gpu_pod()), &dra_cfg()).expect("reviewed");
+    assert_eq!(out.decision.label(), "denied");
+    assert!(
+        message(&out).contains("it was not looked up"),
+        "{}",
+        message(&out)
+    );
 }

@@ -1,0 +1,611 @@
+//! DRA GPU-memory pods through the whole plan: the claims the review must
+//! look up, the target, the literal, the rules and their denials.
+
+use json_patch::PatchOperation;
+use serde_json::{Value, json};
+
+use super::size;
+use crate::config::{Delivery, InjectConfig, TenantEnv};
+use crate::inject::{
+    ClaimObject, Claims, ContainerList, Decision, LookupError, OptOut, Target, VOLUME_VGPU,
+    claims_to_look_up, plan, plan_with,
+};
+use crate::pod::Pod;
+
+const GPU_CLASS: &str = "gpu.nvidia.com";
+
+/// CSI delivery (the default) with the chart's default class declared.
+fn cfg() -> InjectConfig {
+    InjectConfig {
+        dra_memory_classes: vec!["gpu.nvidia.com=memory".parse().expect("parses")],
+        ..InjectConfig::default()
+    }
+}
+
+fn pod_of(value: &Value) -> Pod {
+    serde_json::from_value(value.clone()).expect("test pod is valid")
+}
+
+/// A claim spec with one request per `(name, class, memory)`.
+fn claim(requests: &[(&str, &str, Option<&str>)]) -> Value {
+    let requests: Vec<Value> = requests
+        .iter()
+        .map(|(name, class, memory)| {
+            let mut exactly = json!({"deviceClassName": class});
+            if let Some(memory) = memory {
+                exactly["capacity"] = json!({"requests": {"memory": memory}});
+            }
+            json!({"name": name, "exactly": exactly})
+        })
+        .collect();
+    json!({"devices": {"requests": requests}})
+}
+
+/// One GPU request of `memory`.
+fn gpu(memory: &str) -> Value {
+    claim(&[("gpu", GPU_CLASS, Some(memory))])
+}
+
+/// What the review found: each object's spec.
+fn found(objects: Vec<(ClaimObject, Value)>) -> Claims {
+    Claims::new(
+        objects
+            .into_iter()
+            .map(|(object, spec)| {
+                let spec = serde_json::from_value(spec).expect("a claim spec");
+                (object, Ok(spec))
+            })
+            .collect(),
+    )
+}
+
+fn named(name: &str) -> ClaimObject {
+    ClaimObject::Claim(name.to_owned())
+}
+
+/// A pod whose `containers` name the pod claims `claims`
+/// (`[{"name": .., "resourceClaimName": ..}]`).
+fn dra_pod(containers: Value, claims: Value) -> Value {
+    json!({
+        "metadata": {"name": "p", "namespace": "team-a"},
+        "spec": {"containers": containers, "resourceClaims": claims}
+    })
+}
+
+/// The usual pod: a sidecar first, then `app`, which names claim `gpu`
+/// (ResourceClaim `shared-gpu`).
+fn app_pod(app_env: Option<Value>) -> Value {
+    let mut app = json!({"name": "app", "image": "cuda",
+        "resources": {"claims": [{"name": "gpu"}]}});
+    if let Some(env) = app_env {
+        app["env"] = env;
+    }
+    dra_pod(
+        json!([{"name": "sidecar"}, app]),
+        json!([{"name": "gpu", "resourceClaimName": "shared-gpu"}]),
+    )
+}
+
+fn app_claims(memory: &str) -> Claims {
+    found(vec![(named("shared-gpu"), gpu(memory))])
+}
+
+fn plan_of(pod: &Value, cfg: &InjectConfig, claims: &Claims) -> Decision {
+    plan_with(&pod_of(pod), cfg, OptOut::Ignored, claims)
+}
+
+/// The plan's patch applied to the pod's JSON, as the API server does.
+fn apply(pod: &Value, cfg: &InjectConfig, claims: &Claims) -> (Decision, Value) {
+    let decision = plan_of(pod, cfg, claims);
+    let mut doc = pod.clone();
+    if let Decision::Inject { patch, target } = &decision {
+        let ops = patch.operations(target, cfg).expect("patch serialises");
+        let text = serde_json::to_string(&ops).expect("patch serialises");
+        let rfc: json_patch::Patch = serde_json::from_str(&text).expect("RFC 6902");
+        json_patch::patch(&mut doc, &rfc).expect("patch applies");
+    }
+    (decision, doc)
+}
+
+fn denial(decision: &Decision) -> &str {
+    match decision {
+        Decision::Deny { message } | Decision::DenyTenantEnv { message } => message,
+        other => panic!("not denied: {other:?}"),
+    }
+}
+
+#[test]
+fn the_claims_to_look_up_are_those_containers_name_each_once() {
+    let pod = json!({
+        "metadata": {"name": "p"},
+        "spec": {
+            "initContainers": [{"name": "warm", "resources": {"claims": [{"name": "t"}]}}],
+            "containers": [
+                {"name": "a", "resources": {"claims": [{"name": "c"}, {"name": "t", "request": "gpu"}]}},
+                {"name": "b", "resources": {"claims": [{"name": "c"}, {"name": "undeclared"}]}},
+            ],
+            "resourceClaims": [
+                {"name": "c", "resourceClaimName": "shared"},
+                {"name": "t", "resourceClaimTemplateName": "tmpl"},
+                {"name": "unused", "resourceClaimName": "nobody-names-it"},
+            ]
+        }
+    });
+    assert_eq!(
+        claims_to_look_up(&pod_of(&pod), &cfg()),
+        [
+            ClaimObject::Template("tmpl".into()),
+            ClaimObject::Claim("shared".into())
+        ]
+    );
+    // DRA off: nothing read, whatever the pod says.
+    assert!(claims_to_look_up(&pod_of(&pod), &InjectConfig::default()).is_empty());
+    // No claims: nothing to look up (every pod before DRA).
+    let plain = json!({"spec": {"containers": [{"name": "a"}]}});
+    assert!(claims_to_look_up(&pod_of(&plain), &cfg()).is_empty());
+}
+
+#[test]
+fn the_container_a_gpu_memory_claim_names_is_the_target_with_the_literal() {
+    let pod = app_pod(Some(json!([{"name": "KEEP", "value": "1"}])));
+    let (decision, doc) = apply(&pod, &cfg(), &app_claims("16Gi"));
+    let Decision::Inject { target, .. } = &decision else {
+        panic!("{decision:?}");
+    };
+    assert_eq!(
+        target,
+        &Target {
+            list: ContainerList::Regular,
+            index: 1,
+            name: "app".into()
+        }
+    );
+    assert_eq!(
+        doc["spec"]["containers"][1]["env"],
+        json!([
+            {"name": "KEEP", "value": "1"},
+            {"name": "POD_UID", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.uid"}}},
+            {"name": "CONTAINER_NAME", "value": "app"},
+            {"name": "CONTAINER_VGPU_MOUNT", "value": "/usr/local/vgpu"},
+            {"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "16384m"},
+        ])
+    );
+    assert_eq!(
+        doc["spec"]["volumes"],
+        json!([{"name": VOLUME_VGPU, "csi": {
+            "driver": "vgpu.kai-resource-isolator.io", "readOnly": false,
+            "volumeAttributes": {"kai-resource-isolator.io/container": "app"}}}])
+    );
+    let mounts: Vec<&str> = doc["spec"]["containers"][1]["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .filter_map(|m| m["mountPath"].as_str())
+        .collect();
+    assert_eq!(
+        mounts,
+        ["/usr/local/vgpu", "/etc/ld.so.preload", "/tmp/vgpulock"]
+    );
+    // Only the target is touched.
+    assert_eq!(doc["spec"]["containers"][0], json!({"name": "sidecar"}));
+}
+
+#[test]
+fn the_limit_is_the_stated_memory_in_whole_mib_rounded_down() {
+    let limit = |memory: &str| {
+        let (_, doc) = apply(&app_pod(None), &cfg(), &app_claims(memory));
+        doc["spec"]["containers"][1]["env"][3]["value"].clone()
+    };
+    assert_eq!(limit("16Gi"), "16384m");
+    assert_eq!(limit("16500Mi"), "16500m");
+    // 10^10 bytes is 9536.74 MiB: the cap stays below what was asked.
+    assert_eq!(limit("10G"), "9536m");
+}
+
+#[test]
+fn a_dra_pod_gets_the_run_as_attributes_and_hostpath_delivery_too() {
+    let mut pod = app_pod(None);
+    pod["spec"]["securityContext"] = json!({"runAsUser": 1000, "runAsGroup": 3000});
+    pod["spec"]["containers"][1]["securityContext"] = json!({"runAsUser": 2000});
+    let (_, doc) = apply(&pod, &cfg(), &app_claims("8Gi"));
+    assert_eq!(
+        doc["spec"]["volumes"][0]["csi"]["volumeAttributes"],
+        json!({"kai-resource-isolator.io/container": "app",
+               "kai-resource-isolator.io/run-as-user": "2000",
+               "kai-resource-isolator.io/run-as-group": "3000"})
+    );
+    let host_path = InjectConfig {
+        delivery: Delivery::HostPath,
+        ..cfg()
+    };
+    let (decision, doc) = apply(&app_pod(None), &host_path, &app_claims("8Gi"));
+    assert!(matches!(decision, Decision::Inject { .. }), "{decision:?}");
+    let volumes: Vec<&str> = doc["spec"]["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .filter_map(|v| v["hostPath"]["path"].as_str())
+        .collect();
+    assert_eq!(
+        volumes,
+        [
+            "/usr/local/vgpu",
+            "/usr/local/vgpu/containers",
+            "/usr/local/vgpu/vgpulock"
+        ]
+    );
+}
+
+#[test]
+fn an_init_container_can_be_the_target() {
+    let pod = json!({
+        "metadata": {"name": "p"},
+        "spec": {
+            "initContainers": [{"name": "fetch"}, {"name": "warm", "resources": {"claims": [{"name": "gpu"}]}}],
+            "containers": [{"name": "app"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu-8g"}]
+        }
+    });
+    let claims = found(vec![(ClaimObject::Template("gpu-8g".into()), gpu("8Gi"))]);
+    let (decision, doc) = apply(&pod, &cfg(), &claims);
+    let Decision::Inject { target, .. } = &decision else {
+        panic!("{decision:?}");
+    };
+    assert_eq!(
+        (target.list, target.index, target.name.as_str()),
+        (ContainerList::Init, 1, "warm")
+    );
+    let env = &doc["spec"]["initContainers"][1]["env"];
+    assert_eq!(env[1], json!({"name": "CONTAINER_NAME", "value": "warm"}));
+    assert_eq!(
+        env[3],
+        json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "8192m"})
+    );
+    assert_eq!(doc["spec"]["containers"][0], json!({"name": "app"}));
+}
+
+#[test]
+fn a_dra_pod_gets_an_empty_patch_on_reinvocation() {
+    let pod = app_pod(Some(json!([{"name": "X", "value": "y"}])));
+    let claims = app_claims("16Gi");
+    let (_, once) = apply(&pod, &cfg(), &claims);
+    let (again, twice) = apply(&once, &cfg(), &claims);
+    assert!(
+        matches!(&again, Decision::AlreadyInjected { target } if target.name == "app"),
+        "{again:?}"
+    );
+    assert_eq!(once, twice);
+}
+
+#[test]
+fn claims_of_undeclared_classes_leave_the_pod_as_before() {
+    let pod = json!({
+        "metadata": {"name": "p"},
+        "spec": {
+            "containers": [{"name": "app", "resources": {"claims": [{"name": "nic"}], "limits": {"nvidia.com/gpu": "1"}}}],
+            "resourceClaims": [{"name": "nic", "resourceClaimName": "fast-nic"}]
+        }
+    });
+    let claims = found(vec![(
+        named("fast-nic"),
+        claim(&[("nic", "net.example.com", None)]),
+    )]);
+    let before = plan(&pod_of(&pod), &InjectConfig::default(), OptOut::Ignored);
+    assert_eq!(
+        before,
+        Decision::NotSharing {
+            share_resource: Some("nvidia.com/gpu".into())
+        }
+    );
+    assert_eq!(plan_of(&pod, &cfg(), &claims), before);
+    // DRA off: a GPU-memory claim is nothing to the webhook either.
+    let gpu_pod = app_pod(None);
+    assert_eq!(
+        plan_of(&gpu_pod, &InjectConfig::default(), &app_claims("16Gi")),
+        Decision::NotSharing {
+            share_resource: None
+        }
+    );
+}
+
+#[test]
+fn a_container_naming_another_request_of_the_claim_gets_nothing() {
+    let pod = dra_pod(
+        json!([
+            {"name": "net", "resources": {"claims": [{"name": "both", "request": "nic"}]}},
+            {"name": "app", "resources": {"claims": [{"name": "both", "request": "gpu"}]}},
+        ]),
+        json!([{"name": "both", "resourceClaimName": "gpu-and-nic"}]),
+    );
+    let claims = found(vec![(
+        named("gpu-and-nic"),
+        claim(&[
+            ("gpu", GPU_CLASS, Some("4Gi")),
+            ("nic", "net.example.com", None),
+        ]),
+    )]);
+    let decision = plan_of(&pod, &cfg(), &claims);
+    assert!(
+        matches!(&decision, Decision::Inject { target, .. } if target.name == "app"),
+        "{decision:?}"
+    );
+}
+
+#[test]
+fn a_tenants_memory_limit_is_replaced_or_denied_by_the_policy() {
+    let pod = app_pod(Some(json!([
+        {"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "80g"},
+        {"name": "CUDA_DEVICE_MEMORY_LIMIT_1", "value": "80g"},
+    ])));
+    let claims = app_claims("16Gi");
+    let (decision, doc) = apply(&pod, &cfg(), &claims);
+    assert!(
+        matches!(&decision, Decision::Inject { patch, .. } if patch.removes_tenant_env()),
+        "{decision:?}"
+    );
+    let limits: Vec<&Value> = doc["spec"]["containers"][1]["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .filter(|e| {
+            e["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("CUDA_DEVICE_MEMORY_LIMIT"))
+        })
+        .collect();
+    assert_eq!(
+        limits,
+        [&json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "16384m"})]
+    );
+    let deny = InjectConfig {
+        tenant_env: TenantEnv::Deny,
+        ..cfg()
+    };
+    let decision = plan_of(&pod, &deny, &claims);
+    assert!(
+        matches!(decision, Decision::DenyTenantEnv { .. }),
+        "{decision:?}"
+    );
+    assert!(
+        denial(&decision).contains(
+            "container \"app\" sets CUDA_DEVICE_MEMORY_LIMIT, CUDA_DEVICE_MEMORY_LIMIT_1 itself"
+        ),
+        "{decision:?}"
+    );
+}
+
+#[test]
+fn a_reference_shaped_like_kais_is_the_tenants_on_a_dra_pod() {
+    // KAI does not share this GPU: an entry in the shape of KAI's
+    // reference would override our literal with the tenant's ConfigMap.
+    let mut pod = app_pod(Some(
+        json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom":
+        {"configMapKeyRef": {"name": "mine-1", "key": "CUDA_DEVICE_MEMORY_LIMIT", "optional": true}}}]),
+    ));
+    pod["metadata"]["annotations"] = json!({"runai/shared-gpu-configmap": "mine"});
+    let (_, doc) = apply(&pod, &cfg(), &app_claims("16Gi"));
+    let env = doc["spec"]["containers"][1]["env"].as_array().expect("env");
+    assert!(
+        env.iter()
+            .all(|e| e.get("valueFrom").is_none() || e["name"] == "POD_UID"),
+        "{env:?}"
+    );
+    assert_eq!(
+        env.last(),
+        Some(&json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "16384m"}))
+    );
+}
+
+#[test]
+fn the_literal_is_written_whatever_the_kai_fallback_flag_says() {
+    let no_fallback = InjectConfig {
+        memory_limit_fallback: false,
+        ..cfg()
+    };
+    let (_, doc) = apply(&app_pod(None), &no_fallback, &app_claims("2Gi"));
+    assert_eq!(
+        doc["spec"]["containers"][1]["env"][3],
+        json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "2048m"})
+    );
+}
+
+#[test]
+fn gpu_cores_caps_a_dra_container_too() {
+    let mut pod = app_pod(None);
+    pod["metadata"]["annotations"] = json!({"kai-resource-isolator.io/gpu-cores": "30"});
+    let (_, doc) = apply(&pod, &cfg(), &app_claims("2Gi"));
+    let env = doc["spec"]["containers"][1]["env"].as_array().expect("env");
+    assert!(
+        env.contains(&json!({"name": "CUDA_DEVICE_SM_LIMIT", "value": "30"})),
+        "{env:?}"
+    );
+    pod["metadata"]["annotations"] = json!({"kai-resource-isolator.io/gpu-cores": "300"});
+    let decision = plan_of(&pod, &cfg(), &app_claims("2Gi"));
+    assert!(denial(&decision).contains("gpu-cores"), "{decision:?}");
+}
+
+#[test]
+fn opting_out_is_honoured_only_where_allowed() {
+    let mut pod = app_pod(None);
+    pod["metadata"]["annotations"] = json!({"kai-resource-isolator.io/inject": "False"});
+    let claims = app_claims("16Gi");
+    assert_eq!(
+        plan_with(&pod_of(&pod), &cfg(), OptOut::Honoured, &claims),
+        Decision::OptedOut
+    );
+    let ignored = plan_with(&pod_of(&pod), &cfg(), OptOut::Ignored, &claims);
+    assert!(matches!(ignored, Decision::Inject { .. }), "{ignored:?}");
+}
+
+#[test]
+fn differing_sizes_are_denied_naming_each_request_and_size() {
+    let pod = dra_pod(
+        json!([{"name": "app", "resources": {"claims": [{"name": "a"}, {"name": "b"}]}}]),
+        json!([{"name": "a", "resourceClaimName": "small"}, {"name": "b", "resourceClaimTemplateName": "big"}]),
+    );
+    let claims = found(vec![
+        (named("small"), gpu("8Gi")),
+        (ClaimObject::Template("big".into()), gpu("16Gi")),
+    ]);
+    let decision = plan_of(&pod, &cfg(), &claims);
+    assert_eq!(
+        denial(&decision),
+        "container \"app\" gets GPU memory of different sizes (claim \"a\" (ResourceClaim \"small\") request \"gpu\": 8Gi; claim \"b\" (ResourceClaimTemplate \"big\") request \"gpu\": 16Gi): libvgpu holds every GPU of a container to one limit, and which device is which is not known at admission; ask for the same memory in each request"
+    );
+    // The same size twice (two GPUs of 8Gi each) is one limit.
+    let same = found(vec![
+        (named("small"), gpu("8Gi")),
+        (ClaimObject::Template("big".into()), gpu("8192Mi")),
+    ]);
+    let decision = plan_of(&pod, &cfg(), &same);
+    assert!(matches!(decision, Decision::Inject { .. }), "{decision:?}");
+}
+
+#[test]
+fn a_request_without_stated_memory_or_for_all_devices_is_denied() {
+    let pod = app_pod(None);
+    let unstated = found(vec![(
+        named("shared-gpu"),
+        claim(&[("gpu", GPU_CLASS, None)]),
+    )]);
+    assert_eq!(
+        denial(&plan_of(&pod, &cfg(), &unstated)),
+        "container \"app\" gets GPU memory from claim \"gpu\" (ResourceClaim \"shared-gpu\") request \"gpu\", which states no capacity.requests.memory: kai-resource-isolator caps the container at the memory its claim states, and a limit decided on the node is not built yet; state capacity.requests.memory in the request"
+    );
+    let all = found(vec![(
+        named("shared-gpu"),
+        json!({"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": GPU_CLASS, "allocationMode": "All",
+            "capacity": {"requests": {"memory": "8Gi"}}}}]}}),
+    )]);
+    let message = denial(&plan_of(&pod, &cfg(), &all)).to_owned();
+    assert!(
+        message.contains("request \"gpu\" with allocationMode All")
+            && message
+                .contains("ask for an exact count of devices, each with capacity.requests.memory"),
+        "{message}"
+    );
+    let tiny = app_claims("512Ki");
+    let message = denial(&plan_of(&pod, &cfg(), &tiny)).to_owned();
+    assert!(
+        message.contains("gets 512Ki of GPU memory") && message.contains("at least 1Mi"),
+        "{message}"
+    );
+}
+
+#[test]
+fn two_containers_with_gpu_memory_claims_are_denied_naming_them() {
+    let pod = json!({
+        "metadata": {"name": "p"},
+        "spec": {
+            "initContainers": [{"name": "warm", "resources": {"claims": [{"name": "gpu"}]}}],
+            "containers": [{"name": "app", "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared-gpu"}]
+        }
+    });
+    let decision = plan_of(&pod, &cfg(), &app_claims("8Gi"));
+    assert!(
+        denial(&decision).starts_with(
+            "containers \"warm\", \"app\" each get GPU memory from a DRA claim: kai-resource-isolator caps one such container per pod for now"
+        ),
+        "{decision:?}"
+    );
+}
+
+#[test]
+fn kais_annotations_and_a_gpu_memory_claim_are_denied_naming_both() {
+    for annotation in ["gpu-fraction", "gpu-memory"] {
+        let mut pod = app_pod(None);
+        pod["metadata"]["annotations"] = json!({annotation: "1"});
+        let decision = plan_of(&pod, &cfg(), &app_claims("8Gi"));
+        assert_eq!(
+            denial(&decision),
+            format!(
+                "the pod has KAI's GPU-sharing annotation {annotation:?}, and container \"app\" gets GPU memory from a DRA claim (claim \"gpu\" (ResourceClaim \"shared-gpu\") request \"gpu\"): a GPU share comes from KAI or from the claim, not both; remove the annotation (the claim's memory then caps the container) or the claim"
+            )
+        );
+    }
+    // KAI's annotations with a claim of another class: KAI's pod as before.
+    let mut pod = app_pod(None);
+    pod["metadata"]["annotations"] = json!({"gpu-fraction": "0.5"});
+    let nic = found(vec![(
+        named("shared-gpu"),
+        claim(&[("nic", "net.example.com", None)]),
+    )]);
+    let decision = plan_of(&pod, &cfg(), &nic);
+    assert!(
+        matches!(&decision, Decision::Inject { target, .. } if target.name == "sidecar"),
+        "the first container, as for any KAI pod: {decision:?}"
+    );
+}
+
+#[test]
+fn a_claim_not_found_or_not_read_is_denied_saying_why() {
+    let pod = app_pod(None);
+    let missing = Claims::new(vec![(named("shared-gpu"), Err(LookupError::NotFound))]);
+    assert_eq!(
+        denial(&plan_of(&pod, &cfg(), &missing)),
+        "pod claim \"gpu\" names ResourceClaim \"shared-gpu\", which does not exist in the pod's namespace: kai-resource-isolator reads the GPU memory a claim asks for when the pod is created, so the claim or template must exist before the pod (apply it first)"
+    );
+    let failed = Claims::new(vec![(
+        named("shared-gpu"),
+        Err(LookupError::Failed("Forbidden: cannot get".into())),
+    )]);
+    let message = denial(&plan_of(&pod, &cfg(), &failed)).to_owned();
+    assert!(
+        message.starts_with(
+            "pod claim \"gpu\": ResourceClaim \"shared-gpu\" could not be read: Forbidden: cannot get;"
+        ) && message.contains("denies the pod rather than start it without its cap"),
+        "{message}"
+    );
+    // Even a KAI pod: the claim may be a GPU's.
+    let mut kai = pod.clone();
+    kai["metadata"]["annotations"] = json!({"gpu-fraction": "0.5"});
+    assert!(denial(&plan_of(&kai, &cfg(), &failed)).contains("could not be read"));
+    // Nothing looked up (the review without the API server).
+    let message = denial(&plan(&pod_of(&pod), &cfg(), OptOut::Ignored)).to_owned();
+    assert!(message.contains("it was not looked up"), "{message}");
+}
+
+#[test]
+fn a_memory_that_is_no_quantity_is_denied() {
+    let claims = app_claims("lots");
+    let message = denial(&plan_of(&app_pod(None), &cfg(), &claims)).to_owned();
+    assert!(
+        message.contains("asks for GPU memory kai-resource-isolator cannot read")
+            && message.contains("\"lots\""),
+        "{message}"
+    );
+}
+
+#[test]
+fn the_patch_names_only_the_target() {
+    let (decision, _) = apply(&app_pod(None), &cfg(), &app_claims("1Gi"));
+    let Decision::Inject { patch, target } = &decision else {
+        panic!("{decision:?}");
+    };
+    let ops = patch.operations(target, &cfg()).expect("serialises");
+    let text = serde_json::to_string(&ops).expect("serialises");
+    let rfc: json_patch::Patch = serde_json::from_str(&text).expect("RFC 6902");
+    for op in &rfc.0 {
+        let path = match op {
+            PatchOperation::Add(add) => add.path.to_string(),
+            other => panic!("{other:?}"),
+        };
+        assert!(
+            path == "/spec/volumes" || path.starts_with("/spec/containers/1/"),
+            "{path}"
+        );
+    }
+}
+
+#[test]
+fn sizes_read_as_a_claim_writes_them() {
+    assert_eq!(size(16 << 30), "16Gi");
+    assert_eq!(size(16500 << 20), "16500Mi");
+    assert_eq!(size(3072), "3Ki");
+    assert_eq!(size(1536), "1536");
+    assert_eq!(size(10_000_000_000), "10G");
+    assert_eq!(size(1_000_000_001), "1000000001");
+    assert_eq!(size(0), "0");
+}
