@@ -62,6 +62,7 @@ fn container(node: usize, serial: u64) -> ContainerView {
             gpu_container: Some("main".into()),
             running: Vec::new(),
             grant: None,
+            dra_shares: None,
         }),
         snapshot: RegionSnapshot {
             layout: LayoutVersion::V1 { major: 1, minor: 2 },
