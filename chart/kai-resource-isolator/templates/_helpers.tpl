@@ -397,7 +397,13 @@ Events or evicts, and where ServiceAccount tokens carry the node's name
 {{- if include "kai.matchConditionsSupported" . -}}
 {{- $conditions := list -}}
 {{- if .Values.webhook.scopeToSharingPods -}}
-{{- $conditions = append $conditions (dict "name" "kai-gpu-sharing-pods" "expression" "has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations)") -}}
+{{- $kai := "has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations)" -}}
+{{- if include "kai.dra" . -}}
+{{- /* Pods with DRA claims too: only the webhook can tell, by reading the
+claims, whether one is of a GPU-memory class (docs/dra.md). */ -}}
+{{- $kai = printf "(%s) || (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)" $kai -}}
+{{- end -}}
+{{- $conditions = append $conditions (dict "name" "kai-gpu-sharing-pods" "expression" $kai) -}}
 {{- end -}}
 {{- $conditions = concat $conditions (.Values.webhook.matchConditions | default list) -}}
 {{- if $conditions -}}{{- toYaml $conditions -}}{{- end -}}
@@ -501,4 +507,23 @@ checksum annotations agree.
 {{- /* Pod annotation: a new certificate pair rolls the pods (the CA files are read at start). */ -}}
 {{- define "kai.grpcTlsChecksum" -}}
 {{- include "kai.grpcTlsData" . | sha256sum -}}
+{{- end -}}
+
+{{- /*
+DRA consumable-capacity GPU shares (docs/dra.md): on where classes are listed
+and the API server serves resource.k8s.io/v1 (Kubernetes 1.34+; the webhook
+and the agent read that version only). A release stored before the value
+existed (helm upgrade --reuse-values) has no dra key: off.
+*/ -}}
+{{- define "kai.dra" -}}
+{{- if and (.Values.dra | default dict).deviceClasses (semverCompare ">=1.34.0-0" .Capabilities.KubeVersion.Version) (.Capabilities.APIVersions.Has "resource.k8s.io/v1") -}}true{{- end -}}
+{{- end -}}
+
+{{- /* The webhook's and the agent's --dra-memory-class flags, one per class. */ -}}
+{{- define "kai.draArgs" -}}
+{{- if include "kai.dra" . -}}
+{{- range .Values.dra.deviceClasses }}
+- --dra-memory-class={{ .name }}={{ .memoryCapacity }}
+{{- end }}
+{{- end -}}
 {{- end -}}

@@ -99,11 +99,17 @@ def validates(scenario, extra=()):
 
 # --- the webhook selects what it should ----------------------------------
 
+KAI_PODS = ("has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations"
+            " || 'gpu-memory' in object.metadata.annotations)")
+# With DRA on (the default where resource.k8s.io/v1 is served), pods with
+# claims are sent too: only the webhook, reading the claims, can tell a
+# GPU-memory claim from any other (docs/dra.md).
 SHARING_PODS = {
     "name": "kai-gpu-sharing-pods",
-    "expression": "has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations"
-                  " || 'gpu-memory' in object.metadata.annotations)",
+    "expression": f"({KAI_PODS}) || (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)",
 }
+KAI_ONLY_PODS = {"name": "kai-gpu-sharing-pods", "expression": KAI_PODS}
+NO_DRA = ("--set-json", "dra.deviceClasses=[]")
 
 
 def webhook_selection():
@@ -246,18 +252,29 @@ def rbac_least_privilege():
     namespaces = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
     # Its Node's nvidia.com/gpu.memory: KAI's limit for each pod.
     nodes = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}
-    assert one(docs, "ClusterRole", "-node")["rules"] == [pods, events, configuration, namespaces, nodes]
+    # DRA shares: the claims of its pods (any namespace) and its node's slices.
+    dra = {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceslices"], "verbs": ["list", "watch"]}
+    assert one(docs, "ClusterRole", "-node")["rules"] == [pods, events, configuration, namespaces, nodes, dra]
+    no_dra = render(extra=NO_DRA)
+    assert one(no_dra, "ClusterRole", "-node")["rules"] == [pods, events, configuration, namespaces, nodes]
     role = one(docs, "Role", "-aggregator")
     assert role["rules"] == [pods], role["rules"]
     assert role["metadata"]["namespace"] == NS
     bindings = {b["roleRef"]["name"]: b["subjects"] for b in docs if b["kind"] in ("RoleBinding", "ClusterRoleBinding")}
     assert bindings[f"{RELEASE}-kai-resource-isolator-node"] == [{"kind": "ServiceAccount", "name": f"{RELEASE}-kai-resource-isolator-node", "namespace": NS}]
     assert bindings[f"{RELEASE}-kai-resource-isolator-aggregator"] == [{"kind": "ServiceAccount", "name": f"{RELEASE}-kai-resource-isolator-aggregator", "namespace": NS}]
-    # The webhook reads pods for the node guard only (get, no list).
-    assert one(docs, "ClusterRole", "-webhook")["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+    # The webhook reads pods for the node guard only (get, no list), and the
+    # claims and claim templates a pod names with DRA on (get, no list).
+    guard_pods = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}
+    claims = {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceclaimtemplates"], "verbs": ["get"]}
+    assert one(docs, "ClusterRole", "-webhook")["rules"] == [guard_pods, claims]
     assert pod_spec(one(docs, "Deployment", "-webhook"))["automountServiceAccountToken"] is True
-    # Without the guard it has no API access at all.
-    off = render(extra=("--set", "monitor.isolation.nodeGuard=false"))
+    assert one(no_dra, "ClusterRole", "-webhook")["rules"] == [guard_pods]
+    dra_only = render(extra=("--set", "monitor.isolation.nodeGuard=false"))
+    assert one(dra_only, "ClusterRole", "-webhook")["rules"] == [claims]
+    assert pod_spec(one(dra_only, "Deployment", "-webhook"))["automountServiceAccountToken"] is True
+    # Without either it has no API access at all.
+    off = render(extra=("--set", "monitor.isolation.nodeGuard=false", *NO_DRA))
     assert not [d for d in off if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-webhook")]
     assert pod_spec(one(off, "Deployment", "-webhook"))["automountServiceAccountToken"] is False
     assert one(off, "ServiceAccount", "-webhook")["automountServiceAccountToken"] is False
@@ -319,7 +336,9 @@ def monitor_disabled():
     docs = render("monitor-disabled-values.yaml", ("--set", "libraryDelivery=hostPath"))
     names = [d["metadata"]["name"] for d in docs]
     assert not any(n.endswith("-aggregator") for n in names), names
-    assert "ClusterRole" not in kinds(docs)
+    # The one API right left is the webhook's reading of DRA claims.
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"] == [f"{RELEASE}-kai-resource-isolator-webhook"]
+    assert "ClusterRole" not in kinds(render("monitor-disabled-values.yaml", ("--set", "libraryDelivery=hostPath", *NO_DRA)))
     assert [d["metadata"]["name"] for d in docs if d["kind"] == "DaemonSet"] == [f"{RELEASE}-kai-resource-isolator-libsync"]
     # With CSI delivery the node DaemonSet still runs, for the plugin alone:
     # no agent, its Service, volumes or API token.
@@ -331,7 +350,7 @@ def monitor_disabled():
     assert pod_spec(node)["automountServiceAccountToken"] is False
     assert sorted(v["name"] for v in pod_spec(node)["volumes"]) == ["csi-socket", "host-vgpu", "kubelet-dir", "plugins-registry"]
     assert not [d for d in csi_only if d["kind"] == "Service" and d["metadata"]["name"].endswith("-node")]
-    assert "ClusterRole" not in kinds(csi_only)
+    assert [d["metadata"]["name"] for d in csi_only if d["kind"] == "ClusterRole"] == [f"{RELEASE}-kai-resource-isolator-webhook"]
     # The API token is the agent's alone: never in the privileged plugin.
     full = one(render(), "DaemonSet", "-node")
     assert pod_spec(full)["automountServiceAccountToken"] is False
@@ -805,7 +824,9 @@ def failure_policy():
     # An API server without matchConditions (< 1.28) would send every pod the
     # selectors match: the default falls back to fail-open there.
     assert webhook("--kube-version", "1.27.3") == ("Ignore", None)
-    assert webhook("--kube-version", "1.28.0") == ("Fail", [SHARING_PODS])
+    assert webhook("--kube-version", "1.28.0") == ("Fail", [KAI_ONLY_PODS]), "no resource.k8s.io/v1 before 1.34"
+    assert webhook("--kube-version", "1.34.0") == ("Fail", [SHARING_PODS])
+    assert webhook(*NO_DRA) == ("Fail", [KAI_ONLY_PODS])
     # The old behaviour on request; an explicit Fail holds even without scope.
     assert webhook("--set", "webhook.failurePolicy=Ignore") == ("Ignore", [SHARING_PODS])
     assert webhook("--set", "webhook.scopeToSharingPods=false") == ("Ignore", None)
@@ -822,20 +843,42 @@ def node_guard():
         webhook = pod_spec(one(docs, "Deployment", "-webhook"))
         env = {e["name"]: e.get("value") for e in webhook["containers"][0]["env"]}
         roles = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-webhook")]
+        gets_pods = any(r.get("resources") == ["pods"] for role in roles for r in role["rules"])
         on = bool(hooks)
-        # The webhook gets a token, the NODE_GUARD switch and `get pods` together.
-        assert on == (env.get("NODE_GUARD") == "true") == webhook["automountServiceAccountToken"] == bool(roles), extra
+        # The webhook gets a token, the NODE_GUARD switch and `get pods`
+        # together (the token also with DRA on: NO_DRA keeps that apart).
+        assert on == (env.get("NODE_GUARD") == "true") == webhook["automountServiceAccountToken"] == gets_pods, extra
         return hooks[0]["webhooks"][0] if on else None
-    w = guard("--kube-version", "1.30.0")
+    w = guard("--kube-version", "1.30.0", *NO_DRA)
     assert w["failurePolicy"] == "Fail" and w["clientConfig"]["service"]["path"] == "/validate-node-agent"
     assert w["matchConditions"] == [{"name": "kai-node-agent",
                                      "expression": f"request.userInfo.username == 'system:serviceaccount:{NS}:{RELEASE}-kai-resource-isolator-node'"}]
     assert {tuple(r["resources"]) for r in w["rules"]} == {("pods/eviction",), ("events",)}
     # No node name in tokens before 1.30; nothing to guard without Events or evictions; off on request.
     assert guard("--kube-version", "1.29.9") is None
-    assert guard("--set", "monitor.isolation.events=false") is None
-    assert guard("--set", "monitor.isolation.events=false", "--set", "monitor.isolation.enforce=evict") is not None
-    assert guard("--set", "monitor.isolation.nodeGuard=false") is None
+    assert guard("--set", "monitor.isolation.events=false", *NO_DRA) is None
+    assert guard("--set", "monitor.isolation.events=false", "--set", "monitor.isolation.enforce=evict", *NO_DRA) is not None
+    assert guard("--set", "monitor.isolation.nodeGuard=false", *NO_DRA) is None
+
+
+def dra_classes():
+    def flags(docs):
+        agent = containers(one(docs, "DaemonSet", "-node"))["agent"]["args"]
+        webhook = containers(one(docs, "Deployment", "-webhook"))["webhook"]["args"]
+        pick = lambda args: [a for a in args if a.startswith("--dra-memory-class")]
+        assert pick(agent) == pick(webhook), "the webhook and the agent read the same classes"
+        return pick(agent)
+    # The NVIDIA DRA driver's consumable shares by default.
+    assert flags(render()) == ["--dra-memory-class=gpu.nvidia.com=memory"]
+    two = render(extra=("--set-json", 'dra.deviceClasses=[{"name":"gpu.example.com","memoryCapacity":"memory"},'
+                                      '{"name":"vgpu.example.com","memoryCapacity":"example.com/mem"}]'))
+    validate_docs(two)
+    assert flags(two) == ["--dra-memory-class=gpu.example.com=memory", "--dra-memory-class=vgpu.example.com=example.com/mem"]
+    # Off: on request, and where the API server has no resource.k8s.io/v1.
+    for extra in (NO_DRA, ("--kube-version", "1.33.4")):
+        docs = render(extra=extra)
+        assert flags(docs) == [], extra
+        assert not [r for d in docs if d["kind"] == "ClusterRole" for r in d.get("rules", []) if "resource.k8s.io" in r.get("apiGroups", [])], extra
 
 
 def gke():
@@ -1375,9 +1418,10 @@ def rendered_grants(docs):
 def rbac_false_documented():
     # Everything rbac.create=true can grant a ServiceAccount of ours or the
     # proxy's group: node guard on (1.33, Events on), the opt-out label set,
-    # eviction on, both auth modes on. An RBAC change in a template without
-    # the matching line in docs/migration.md fails here.
-    docs = render(extra=("--kube-version", K8S) + sets(
+    # eviction on, both auth modes on, DRA on (1.34: resource.k8s.io/v1). An
+    # RBAC change in a template without the matching line in
+    # docs/migration.md fails here.
+    docs = render(extra=("--kube-version", "1.34.0") + sets(
         "rbac.create=true", "monitor.isolation.nodeGuard=true", "monitor.isolation.events=true",
         "monitor.isolation.enforce=evict", "webhook.optOutNamespaceLabel=kai-resource-isolator.io/allow-opt-out=true",
         "monitor.agent.auth.metrics=rbac", "monitor.aggregator.auth.mode=kubernetes"))
@@ -1668,6 +1712,7 @@ def cases(check):
     check("webhook pods go on serving, unready, for shutdownDelaySeconds after SIGTERM, within their grace period", webhook_shutdown_delay)
     check("failurePolicy: Fail where matchConditions scope it to sharing pods, Ignore where the API lacks them, explicit values win", failure_policy)
     check("node guard: a fail-closed validating webhook for the agent's evictions and Events on 1.30+, with the webhook's token and get pods", node_guard)
+    check("dra.deviceClasses: the same --dra-memory-class flags for the webhook and the agent; none on request or before resource.k8s.io/v1 (1.34)", dra_classes)
     check("GKE: host paths, affinity, ResourceQuota for system-node-critical, NVML from the host", gke)
     check("priority-class ResourceQuota only outside kube-system and only for critical classes", priority_quota_only_where_needed)
     check("monitor.isolation.enforce: flag follows the value, eviction RBAC only with evict", enforcement)
@@ -1701,6 +1746,8 @@ def cases(check):
     check("schema rejects an unknown key under webhook.limits", rejects("webhook.limits.maxBody=1"))
     check("schema rejects a relative containerVgpuMount", rejects("paths.containerVgpuMount=usr/local/vgpu"))
     check("schema rejects an unknown key under monitor", rejects("monitor.enable=true"))
+    check("schema rejects a DRA class without its memory capacity", rejects_json("dra.deviceClasses", '[{"name":"gpu.nvidia.com"}]'))
+    check("schema rejects a DRA class that is no Kubernetes name", rejects_json("dra.deviceClasses", '[{"name":"GPU","memoryCapacity":"memory"}]'))
     check("schema rejects an unknown monitor.isolation.enforce mode", rejects("monitor.isolation.enforce=kill"))
     check("schema rejects a near-cap percent over 100", rejects("monitor.isolation.nearCapPercent=150"))
     check("NOTES warn when Go's unread hostInstallBase default would put libsync on /usr/local", go_gke_paths_warn)
