@@ -140,6 +140,7 @@ class Shares:
             d.create(self.node, c, ns)
         r = d.create(self.node, d.pod(name, [c["metadata"]["name"] for c in claims], **kw), ns, check=False)
         assert not isinstance(r, dict), f"pod {name} admitted: {json.dumps(r['spec'])[:1500]}"
+        print(f"{name}: {r.stderr.strip()}")
         return r.stderr
 
     def env(self, name, var, ns=TEAM):
@@ -499,6 +500,7 @@ def test_two_gpu_containers_denied(isolator):
             d.create(s.node, d.claim(n, memory="8Gi", compute="1", index=0), TEAM)
         r = d.create(s.node, obj, TEAM, check=False)
         assert not isinstance(r, dict), "pod twoc admitted"
+        print(f"twoc: {r.stderr.strip()}")
         assert "left" in r.stderr and "right" in r.stderr, r.stderr
     finally:
         s.delete(["twoc"], ["twoc-a", "twoc-b"])
@@ -616,6 +618,7 @@ def test_evict_needs_nvml(isolator):
         own_cap = grant + 4096
         regional = s.pod("regional", [d.claim("regional", memory="16Gi", compute="20", index=0)])
         seen = s.pod("seen", [d.claim("seen", memory="16Gi", compute="20", index=0)])
+        (share,) = d.allocated(node, "seen", TEAM)  # read now: the eviction releases it
         p_regional = s.region(regional, own_cap, grant + 1000)  # above the grant per region only
         p_seen = s.region(seen, own_cap, grant + 100)
         s.nvml({"gpu-0": {p_regional: 1000, p_seen: grant + 600}})
@@ -625,7 +628,13 @@ def test_evict_needs_nvml(isolator):
         assert ev, "no GpuIsolationEviction Event on pod seen"
         print(f"seen: {ev[0]['message']}")
         assert str(grant) in ev[0]["message"], ev[0]["message"]
+        # it names the claim and the share it was held to
+        assert f"{TEAM}/seen" in ev[0]["message"] and share["shareID"] in ev[0]["message"], ev[0]["message"]
+        # both were assessed in the passes that evicted seen: regional is
+        # there, not being deleted, with no eviction of its own
         assert not gone(node, "regional"), "pod regional was evicted on its region alone"
+        meta = node.kjson("get", "pod", "regional", "-n", TEAM)["metadata"]
+        assert not meta.get("deletionTimestamp"), meta
         assert not s.events("regional", "GpuIsolationEviction")
         s.row("regional", "gpu-0", "above_grant", lambda x: x["state"] == "above_grant")
     finally:
