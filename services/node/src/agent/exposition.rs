@@ -140,6 +140,12 @@ impl Metrics {
 }
 
 impl Metrics {
+    /// The node-decided DRA limits' counters, registered on this
+    /// recorder when DRA is read (none otherwise: the page is as before).
+    pub fn dra_limit_counts(&self) -> super::dra_limits::Counts {
+        super::dra_limits::Counts::register(&self.recorder)
+    }
+
     /// Who may read `/metrics`, the checks counted here (`kai_access_*`).
     pub fn metrics_access(&self, auth: &super::config::MetricsAuth) -> kai_access::Access {
         match auth {

@@ -2,6 +2,7 @@
 
 mod config;
 pub mod dra;
+pub mod dra_limits;
 pub mod enforce;
 mod error;
 mod exposition;
@@ -135,6 +136,17 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         own_metrics.watch_streams.clone(),
         own_metrics.scrapes.clone(),
     );
+    // The node-decided DRA limits: only with a declared class and the API
+    // server.
+    let dra_limits = match client {
+        Some(client) if pods.reads_dra() => dra_limits::Writer::spawn(
+            client.clone(),
+            dra_limits::Backoff::default(),
+            own_metrics.dra_limit_counts(),
+            shutdown.clone(),
+        ),
+        _ => dra_limits::Writer::disabled(),
+    };
     tasks.push(tokio::spawn(
         poll(
             Scanner {
@@ -151,6 +163,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
                     shutdown.clone(),
                 ),
                 notifier,
+                dra_limits,
                 scans: scans.clone(),
                 counts: own_metrics.enforce.clone(),
             },

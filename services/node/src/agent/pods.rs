@@ -22,6 +22,7 @@ use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
 use super::dra::{DraSource, Reading};
+use super::dra_limits;
 pub use super::model::{Lookup, PodSourceStatus};
 use super::model::{PodMeta, RunningContainer};
 use super::scope::{Scope, WebhookScope};
@@ -189,6 +190,23 @@ impl PodSource {
         }
     }
 
+    /// A Kubernetes source whose reflector holds `pods` (trimmed as the
+    /// reflector trims them) in state `sync`, for tests.
+    #[cfg(test)]
+    pub(crate) fn holding(pods: Vec<Pod>, sync: PodSync, dra: Option<DraSource>) -> Self {
+        let (store, mut writer) = reflector::store();
+        for mut pod in pods {
+            trim(&mut pod);
+            writer.apply_watcher_event(&watcher::Event::Apply(pod));
+        }
+        Self::Kube {
+            store,
+            sync: tokio::sync::watch::channel(sync).1,
+            scope: WebhookScope::Unknown,
+            dra: dra.map(Arc::new),
+        }
+    }
+
     pub fn status(&self) -> PodSourceStatus {
         match self {
             Self::None => PodSourceStatus::Disabled,
@@ -259,6 +277,44 @@ impl PodSource {
                 })
                 .collect(),
         }
+    }
+
+    /// Whether DRA claims are read (a Kubernetes source with a declared
+    /// memory class): the node-decided limits are written only then.
+    pub fn reads_dra(&self) -> bool {
+        matches!(self, Self::Kube { dra: Some(_), .. })
+    }
+
+    /// Every limits ConfigMap this node's pods wait for now
+    /// ([`dra_limits::Wanted::of`]); `None` while that cannot be told: no
+    /// DRA, the pods never listed, or the claims or slices not listed yet
+    /// (a pod's shares are not known before).
+    pub fn dra_limits(&self) -> Option<Vec<dra_limits::Wanted>> {
+        let Self::Kube {
+            store,
+            sync,
+            scope,
+            dra: Some(dra),
+        } = self
+        else {
+            return None;
+        };
+        if *sync.borrow() == PodSync::Syncing || !dra.synced() {
+            return None;
+        }
+        let wanted = store
+            .state()
+            .iter()
+            // Few pods carry the annotation: read only those.
+            .filter(|pod| {
+                pod.metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(dra_limits::ANNOTATION_DRA_LIMITS_CONFIGMAP))
+            })
+            .filter_map(|pod| dra_limits::Wanted::of(pod, &meta_of(pod, scope, Some(dra))?))
+            .collect();
+        Some(wanted)
     }
 
     pub fn lookup(&self, uid: &str) -> Lookup {

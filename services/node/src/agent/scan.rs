@@ -19,7 +19,7 @@ use super::orphans::{self, Orphans};
 use super::pods::PodSource;
 use super::state::{self, NodeState};
 use super::store::{self, RegionStore};
-use super::{enforce, isolation};
+use super::{dra_limits, enforce, isolation};
 
 /// What the scan loop reads from.
 pub(super) struct Scanner {
@@ -29,6 +29,8 @@ pub(super) struct Scanner {
     pub(super) devices: Arc<Devices>,
     pub(super) notifier: isolation::events::Notifier,
     pub(super) enforcer: enforce::driver::Enforcer,
+    /// Writes the ConfigMaps of node-decided DRA limits (off without DRA).
+    pub(super) dra_limits: dra_limits::Writer,
     pub(super) scans: Arc<AtomicU64>,
     pub(super) counts: enforce::Counts,
 }
@@ -51,6 +53,7 @@ pub(super) async fn poll(
         devices,
         notifier,
         enforcer,
+        dra_limits,
         scans,
         counts,
     } = scanner;
@@ -146,6 +149,11 @@ pub(super) async fn poll(
             &assessed.missing,
             &assessed.escaped,
         ));
+        // Every scan (and so at least every interval) while pods wait: a
+        // pod's shares are known once its claims and slices are listed.
+        if dra_limits.enabled() {
+            dra_limits.send(pods.dra_limits());
+        }
         if let (true, Some(host)) = (config.reclaim_stale_slots, host.clone()) {
             let targets = enforce::stale::targets(&containers, &config.containers_dir);
             let counts = counts.clone();

@@ -63,8 +63,9 @@ pub fn mock_api(
 }
 
 /// Like [`mock_api`], and also accepts Events (events.k8s.io/v1 create and
-/// the recorder's merge patches), each sent on the returned channel as
-/// `(method, namespace, body)`.
+/// the recorder's merge patches) and ConfigMap creates, each sent on the
+/// returned channel as `(method, namespace, body)` (told apart by the
+/// body's `kind`).
 pub fn mock_cluster(
     node: &str,
     pods: Vec<serde_json::Value>,
@@ -165,8 +166,13 @@ pub fn mock_cluster_with_dra(
                 }
                 continue;
             }
+            // Events, and the ConfigMaps of node-decided DRA limits.
             let namespace = path
                 .strip_prefix("/apis/events.k8s.io/v1/namespaces/")
+                .or_else(|| {
+                    path.strip_prefix("/api/v1/namespaces/")
+                        .filter(|rest| method == "POST" && rest.ends_with("/configmaps"))
+                })
                 .and_then(|rest| rest.split('/').next())
                 .unwrap_or_else(|| panic!("unexpected request {method} {uri}"))
                 .to_owned();

@@ -1,0 +1,415 @@
+//! The node-decided GPU memory limit of DRA pods (issue 40, part 2;
+//! docs/isolation.md, "The node-decided limit").
+//!
+//! A GPU-memory claim that states no memory (or asks `allocationMode:
+//! All`) gets the slice the scheduler picks, known only once the claim is
+//! allocated. libvgpu reads `CUDA_DEVICE_MEMORY_LIMIT` from the
+//! environment when it creates its region, so the limit must be in the
+//! container's env when it starts. As KAI's binder does for its pods, the
+//! webhook points that variable at a key of a ConfigMap that does not
+//! exist yet (`configMapKeyRef`, not optional: the kubelet holds the
+//! container in `CreateContainerConfigError` until it does) and names the
+//! ConfigMap in the pod's annotation [`ANNOTATION_DRA_LIMITS_CONFIGMAP`].
+//! This module writes it, once the node knows the slice:
+//!
+//! - [`Wanted::of`] is pure: which pod waits for which ConfigMap and what
+//!   goes in it, from the pod and what the agent knows of it;
+//! - [`Writer`] is the small task the scan loop feeds every scan: each pod
+//!   is written once (by UID), an existing ConfigMap counts as written
+//!   (never updated: whatever its content, the grant check holds the
+//!   region's cap to the allocation), other failures are retried with
+//!   backoff for as long as the pod waits;
+//! - [`CreateConfigMap`] is the one API call, implemented for
+//!   [`kube::Client`] and faked in the tests.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kai_exposition::{Counter, Recorder};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::model::PodMeta;
+
+/// The pod annotation the webhook sets on a pod whose DRA GPU container's
+/// limit is decided here: the name of the ConfigMap, in the pod's
+/// namespace, its `CUDA_DEVICE_MEMORY_LIMIT` is read from (key: the
+/// container's name). Defined here until kai-vocab carries it; the webhook
+/// and the node guard must spell it the same.
+pub const ANNOTATION_DRA_LIMITS_CONFIGMAP: &str = "kai-resource-isolator.io/dra-limits-configmap";
+
+/// The label every ConfigMap written here carries.
+pub const LABEL_MANAGED_BY: (&str, &str) =
+    ("app.kubernetes.io/managed-by", "kai-resource-isolator");
+
+/// The field manager of the writes.
+const FIELD_MANAGER: &str = "kai-node-agent";
+
+const MIB: u64 = 1 << 20;
+
+/// One ConfigMap a pod on this node waits for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    pub uid: String,
+    pub namespace: String,
+    pub pod: String,
+    /// The annotation's value.
+    pub configmap: String,
+    /// The pod's DRA GPU container: the key.
+    pub container: String,
+    /// The least any of the container's shares consumed, in bytes.
+    pub least_bytes: u64,
+    /// The most, when the shares differ (libvgpu applies one limit to
+    /// every device: the least is the one no device is granted less than).
+    pub most_bytes: Option<u64>,
+}
+
+impl Wanted {
+    /// The ConfigMap `pod` waits for, given what the agent knows of it
+    /// (`meta`, [`super::pods`]'s reading). `None` unless the pod carries
+    /// the annotation, is not being deleted, its GPU container names
+    /// GPU-memory claims (`meta.dra_shares`: a KAI pod, a plain pod, or
+    /// claims of other classes have none) and every one of that
+    /// container's shares has its consumed memory recorded: until then the
+    /// limit is not known, and the container cannot start without it.
+    pub fn of(pod: &Pod, meta: &PodMeta) -> Option<Self> {
+        let configmap = pod
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(ANNOTATION_DRA_LIMITS_CONFIGMAP)?;
+        if pod.metadata.deletion_timestamp.is_some() {
+            return None;
+        }
+        let shares = meta.dra_shares.as_deref()?;
+        let consumed: Option<Vec<u64>> = shares.iter().map(|s| s.consumed_bytes).collect();
+        let consumed = consumed?;
+        let least = *consumed.iter().min()?;
+        let most = *consumed.iter().max()?;
+        Some(Self {
+            uid: pod.metadata.uid.clone()?,
+            namespace: pod.metadata.namespace.clone()?,
+            pod: pod.metadata.name.clone()?,
+            configmap: configmap.clone(),
+            container: meta.gpu_container.clone()?,
+            least_bytes: least,
+            most_bytes: (most != least).then_some(most),
+        })
+    }
+
+    /// The limit in whole MiB (floor: libvgpu's `<MiB>m` must not exceed
+    /// any share); 0 when a share is under 1 MiB.
+    pub fn mib(&self) -> u64 {
+        self.least_bytes / MIB
+    }
+
+    /// The ConfigMap: `{<container>: "<MiB>m"}`, owned by the pod (so the
+    /// garbage collector deletes it with the pod; `blockOwnerDeletion`
+    /// false, which needs no permission on the pod's finalizers), with
+    /// our managed-by label.
+    pub fn configmap(&self) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(self.configmap.clone()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(BTreeMap::from([(
+                    LABEL_MANAGED_BY.0.to_owned(),
+                    LABEL_MANAGED_BY.1.to_owned(),
+                )])),
+                owner_references: Some(vec![OwnerReference {
+                    api_version: "v1".to_owned(),
+                    kind: "Pod".to_owned(),
+                    name: self.pod.clone(),
+                    uid: self.uid.clone(),
+                    controller: Some(false),
+                    block_owner_deletion: Some(false),
+                }]),
+                ..ObjectMeta::default()
+            },
+            data: Some(BTreeMap::from([(
+                self.container.clone(),
+                format!("{}m", self.mib()),
+            )])),
+            ..ConfigMap::default()
+        }
+    }
+}
+
+// === the API call ===
+
+/// What one create answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Created {
+    Created,
+    /// 409: there already is one by that name. Done: it is never updated.
+    AlreadyExists,
+    /// Anything else (the node guard's refusal, a lost connection): retry.
+    Failed {
+        message: String,
+    },
+}
+
+/// Creates a ConfigMap in its namespace.
+pub trait CreateConfigMap: Send + Sync + 'static {
+    fn create(&self, configmap: &ConfigMap) -> impl Future<Output = Created> + Send;
+}
+
+impl CreateConfigMap for kube::Client {
+    async fn create(&self, configmap: &ConfigMap) -> Created {
+        let namespace = configmap.metadata.namespace.as_deref().unwrap_or_default();
+        let api: kube::Api<ConfigMap> = kube::Api::namespaced(self.clone(), namespace);
+        let params = kube::api::PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..kube::api::PostParams::default()
+        };
+        match api.create(&params, configmap).await {
+            Ok(_) => Created::Created,
+            // A create conflicts only with an object of the same name.
+            Err(kube::Error::Api(status)) if status.code == 409 => Created::AlreadyExists,
+            Err(error) => Created::Failed {
+                message: error.to_string(),
+            },
+        }
+    }
+}
+
+// === the counters ===
+
+/// `kai_node_agent_dra_limit_configmaps_total{result}`, registered only
+/// when DRA is read (every result from then on, at 0). Cloning shares
+/// the counts.
+#[derive(Clone, Debug)]
+pub struct Counts {
+    created: Counter,
+    already_existed: Counter,
+    failed: Counter,
+}
+
+impl Counts {
+    pub fn register(recorder: &Recorder) -> Self {
+        let result = |result| {
+            recorder.counter(
+                "kai_node_agent_dra_limit_configmaps_total",
+                "ConfigMaps of node-decided DRA GPU memory limits: created, found already there (left as they are), or failed (retried with backoff; also a limit under 1 MiB, never written).",
+                &[("result", result)],
+            )
+        };
+        Self {
+            created: result("created"),
+            already_existed: result("already_existed"),
+            failed: result("failed"),
+        }
+    }
+}
+
+// === the task ===
+
+/// Delays between attempts on one pod.
+#[derive(Clone, Copy, Debug)]
+pub struct Backoff {
+    pub first: Duration,
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    /// Short: the container waits on it (the kubelet retries its start
+    /// with its own backoff, up to five minutes).
+    fn default() -> Self {
+        Self {
+            first: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Sends what the pods wait for to the writing task (a no-op when off).
+#[derive(Clone, Default)]
+pub struct Writer {
+    tx: Option<mpsc::UnboundedSender<Vec<Wanted>>>,
+}
+
+impl Writer {
+    /// Off: without a declared DRA memory class or without the API server.
+    pub fn disabled() -> Self {
+        Self::default()
+    }
+
+    /// Starts the task, which writes through `writer` until `shutdown`.
+    pub fn spawn<W: CreateConfigMap>(
+        writer: W,
+        backoff: Backoff,
+        counts: Counts,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(Task::new(writer, backoff, counts).run(rx, shutdown));
+        Self { tx: Some(tx) }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    /// Every ConfigMap the node's pods wait for now; `None` while that
+    /// cannot be told (the pods, claims or slices not listed yet), which
+    /// changes nothing: a pod is forgotten only once a complete reading
+    /// leaves it out.
+    pub fn send(&self, wanted: Option<Vec<Wanted>>) {
+        if let (Some(tx), Some(wanted)) = (&self.tx, wanted) {
+            let _ = tx.send(wanted);
+        }
+    }
+}
+
+/// The writing loop's state: which pods are written, which wait for a retry.
+pub(crate) struct Task<W> {
+    writer: W,
+    backoff: Backoff,
+    counts: Counts,
+    /// Pods (UIDs) whose ConfigMap is there (created or found), or that
+    /// will never get one (a limit under 1 MiB).
+    done: HashSet<String>,
+    /// Pods to try again: when, and their schedule.
+    retry: HashMap<String, (Instant, kai_runtime::backoff::Backoff)>,
+}
+
+impl<W: CreateConfigMap> Task<W> {
+    pub(crate) fn new(writer: W, backoff: Backoff, counts: Counts) -> Self {
+        Self {
+            writer,
+            backoff,
+            counts,
+            done: HashSet::new(),
+            retry: HashMap::new(),
+        }
+    }
+
+    async fn run(
+        mut self,
+        mut rx: mpsc::UnboundedReceiver<Vec<Wanted>>,
+        shutdown: CancellationToken,
+    ) {
+        let mut current: Vec<Wanted> = Vec::new();
+        loop {
+            self.round(&current).await;
+            let next_due = self.next_due(&current);
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                got = rx.recv() => {
+                    let Some(mut latest) = got else { break };
+                    // Only the newest reading matters.
+                    while let Ok(newer) = rx.try_recv() {
+                        latest = newer;
+                    }
+                    self.keep(&latest);
+                    current = latest;
+                }
+                () = sleep_until(next_due) => {}
+            }
+        }
+    }
+
+    /// Forgets every pod `current` (a complete reading) does not name:
+    /// gone from the node, or no longer waiting. Should one come back,
+    /// the ConfigMap it finds counts as written.
+    pub(crate) fn keep(&mut self, current: &[Wanted]) {
+        let uids: HashSet<&str> = current.iter().map(|w| w.uid.as_str()).collect();
+        self.done.retain(|uid| uids.contains(uid.as_str()));
+        self.retry.retain(|uid, _| uids.contains(uid.as_str()));
+    }
+
+    /// Writes what `current` names and is neither done nor waiting for
+    /// its retry.
+    pub(crate) async fn round(&mut self, current: &[Wanted]) {
+        for wanted in current {
+            let waiting = self
+                .retry
+                .get(&wanted.uid)
+                .is_some_and(|(at, _)| *at > Instant::now());
+            if !waiting && !self.done.contains(&wanted.uid) {
+                self.write(wanted).await;
+            }
+        }
+    }
+
+    /// The earliest retry of a pod `current` still names.
+    pub(crate) fn next_due(&self, current: &[Wanted]) -> Option<Instant> {
+        current
+            .iter()
+            .filter(|w| !self.done.contains(&w.uid))
+            .filter_map(|w| self.retry.get(&w.uid).map(|(at, _)| *at))
+            .min()
+    }
+
+    #[tracing::instrument(name = "dra_limits_configmap", skip_all, fields(namespace = %w.namespace, pod = %w.pod, configmap = %w.configmap, container = %w.container))]
+    async fn write(&mut self, w: &Wanted) {
+        let mib = w.mib();
+        if mib == 0 {
+            // "0m" would be no limit at all to libvgpu: leave the container
+            // waiting for its ConfigMap (fail closed) rather than uncapped.
+            tracing::error!(
+                bytes = w.least_bytes,
+                "a share of the claim is under 1 MiB: no limit written; the container will not start"
+            );
+            self.counts.failed.increment(1);
+            self.done.insert(w.uid.clone());
+            return;
+        }
+        if let Some(most) = w.most_bytes {
+            tracing::info!(
+                least = w.least_bytes,
+                most,
+                "the container's shares differ: the limit is the least (libvgpu applies one limit to every device)"
+            );
+        }
+        match self.writer.create(&w.configmap()).await {
+            Created::Created => {
+                tracing::info!(limit_mib = mib, "wrote the container's GPU memory limit");
+                self.counts.created.increment(1);
+                self.done.insert(w.uid.clone());
+                self.retry.remove(&w.uid);
+            }
+            Created::AlreadyExists => {
+                tracing::info!(
+                    limit_mib = mib,
+                    "the limits ConfigMap is already there; left as it is"
+                );
+                self.counts.already_existed.increment(1);
+                self.done.insert(w.uid.clone());
+                self.retry.remove(&w.uid);
+            }
+            Created::Failed { message } => {
+                self.counts.failed.increment(1);
+                let delay = self.delay(&w.uid);
+                tracing::warn!(limit_mib = mib, error = %message, retry_in = ?delay, "cannot write the limits ConfigMap (needs create on configmaps, allowed by the node guard); the container waits for it");
+            }
+        }
+    }
+
+    /// Schedules the next attempt on `uid`, doubling its delay.
+    fn delay(&mut self, uid: &str) -> Duration {
+        let Backoff { first, max } = self.backoff;
+        let (at, schedule) = self.retry.entry(uid.to_owned()).or_insert_with(|| {
+            (
+                Instant::now(),
+                kai_runtime::backoff::Backoff::new(first, max),
+            )
+        });
+        let delay = schedule.next_delay();
+        *at = Instant::now() + delay;
+        delay
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests;
