@@ -12,7 +12,7 @@ use futures_util::future::join_all;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimSpec, ResourceClaimTemplate};
 
 use crate::config::InjectConfig;
-use crate::inject::{ClaimObject, Claims, LookupError, claims_to_look_up};
+use crate::inject::{ClaimObject, Claims, LookupError, NameSuffix, claims_to_look_up};
 use crate::pod::Pod;
 
 /// How long one lookup may take. Below the chart's webhook timeout (10 s),
@@ -127,6 +127,15 @@ async fn look_up_within(
         Claims::new(objects.into_iter().zip(answers).collect()),
         lookups,
     )
+}
+
+/// A random suffix for a limits ConfigMap's name, from the system's
+/// generator (`getrandom`); `None` when it fails, and a pod that needs one
+/// is then denied (docs/webhook.md, "A limit decided on the node").
+pub fn draw_suffix() -> Option<NameSuffix> {
+    NameSuffix::draw(&ring::rand::SystemRandom::new())
+        .inspect_err(|_| tracing::error!("cannot draw a random limits ConfigMap name"))
+        .ok()
 }
 
 #[cfg(test)]

@@ -11,12 +11,23 @@
 //! only when the pod concerned runs on that node. A Validating Admission
 //! Policy cannot do it: the Eviction names the pod, not its node, and CEL
 //! cannot look the pod up.
+//!
+//! The agent also creates the ConfigMap a DRA pod's node-decided memory
+//! limit is read from (`configmaps` `create`, cluster-wide in RBAC). That
+//! is allowed only for the ConfigMap the pod names in
+//! [`ANNOTATION_DRA_LIMITS_CONFIG_MAP`], owned by that pod alone, the pod
+//! running on the agent's node: a stolen token cannot create ConfigMaps
+//! for other nodes' pods (KAI's binder ConfigMaps among them) or any other
+//! ConfigMap.
 
 use std::future::Future;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+
+use crate::inject::ANNOTATION_DRA_LIMITS_CONFIG_MAP;
 
 /// The user-info extra the API server fills from a pod-bound token.
 pub const NODE_NAME_CLAIM: &str = "authentication.kubernetes.io/node-name";
@@ -64,32 +75,47 @@ pub fn target(req: &AdmissionRequest<DynamicObject>) -> Target {
     }
 }
 
-/// Where a pod runs: `Ok(None)` when there is no such pod.
-pub trait PodNodes {
-    fn node_of(
+/// What the guard reads of a pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodFacts {
+    /// `spec.nodeName` (empty while unscheduled).
+    pub node: String,
+    pub uid: String,
+    /// Its [`ANNOTATION_DRA_LIMITS_CONFIG_MAP`].
+    pub limits_config_map: Option<String>,
+}
+
+/// The pods the guard judges requests about.
+pub trait Pods {
+    /// The pod `namespace/name`: `Ok(None)` when there is no such pod.
+    fn pod(
         &self,
         namespace: &str,
         name: &str,
-    ) -> impl Future<Output = Result<Option<String>, String>> + Send;
+    ) -> impl Future<Output = Result<Option<PodFacts>, String>> + Send;
 }
 
 /// The API server's answer, through the webhook's own ServiceAccount
 /// (`get pods`).
-impl PodNodes for kube::Client {
-    async fn node_of(&self, namespace: &str, name: &str) -> Result<Option<String>, String> {
+impl Pods for kube::Client {
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodFacts>, String> {
         let pods: kube::Api<Pod> = kube::Api::namespaced(self.clone(), namespace);
         match pods.get_opt(name).await {
-            Ok(pod) => Ok(pod.map(|p| p.spec.and_then(|s| s.node_name).unwrap_or_default())),
+            Ok(pod) => Ok(pod.map(|p| PodFacts {
+                limits_config_map: p
+                    .metadata
+                    .annotations
+                    .and_then(|mut a| a.remove(ANNOTATION_DRA_LIMITS_CONFIG_MAP)),
+                uid: p.metadata.uid.unwrap_or_default(),
+                node: p.spec.and_then(|s| s.node_name).unwrap_or_default(),
+            })),
             Err(e) => Err(e.to_string()),
         }
     }
 }
 
 /// Allowed, or why not.
-pub async fn decide(
-    req: &AdmissionRequest<DynamicObject>,
-    pods: &impl PodNodes,
-) -> Result<(), String> {
+pub async fn decide(req: &AdmissionRequest<DynamicObject>, pods: &impl Pods) -> Result<(), String> {
     let claim = req
         .user_info
         .extra
@@ -101,13 +127,16 @@ pub async fn decide(
             "the node agent's token names no node ({NODE_NAME_CLAIM}): it must be a pod-bound ServiceAccount token on Kubernetes 1.30 or later"
         ));
     };
+    if req.resource.group.is_empty() && req.resource.resource == "configmaps" {
+        return limits_config_map(req, node, pods).await;
+    }
     match target(req) {
         Target::Node(name) if &name == node => Ok(()),
         Target::Node(name) => Err(format!(
             "the node agent of {node} may not write Events about node {name}"
         )),
-        Target::Pod { namespace, name } => match pods.node_of(&namespace, &name).await {
-            Ok(Some(on)) if &on == node => Ok(()),
+        Target::Pod { namespace, name } => match pods.pod(&namespace, &name).await {
+            Ok(Some(pod)) if &pod.node == node => Ok(()),
             // Nothing to protect. An Eviction of it is the API server's
             // 404; an Event about it is most often the agent's about the
             // pod it has just evicted, which a grace period of 0 removes at
@@ -127,8 +156,75 @@ pub async fn decide(
     }
 }
 
+/// A ConfigMap the agent of `node` creates: allowed only when it is the
+/// limits ConfigMap of a pod on `node` (its one ownerReference is that pod,
+/// uid and all, and the pod's [`ANNOTATION_DRA_LIMITS_CONFIG_MAP`] is its
+/// name). Every refusal names only the asking node, as the others do: a
+/// pod elsewhere is not said to be where it is, nor what it is annotated.
+async fn limits_config_map(
+    req: &AdmissionRequest<DynamicObject>,
+    node: &str,
+    pods: &impl Pods,
+) -> Result<(), String> {
+    if req.operation != Operation::Create {
+        let operation = format!("{:?}", req.operation).to_lowercase();
+        return Err(format!(
+            "the node agent of {node} may only create ConfigMaps, not {operation} them"
+        ));
+    }
+    let meta = req.object.as_ref().map(|o| &o.metadata);
+    let name = meta
+        .and_then(|m| m.name.clone())
+        .unwrap_or_else(|| req.name.clone());
+    let namespace = req
+        .namespace
+        .clone()
+        .or_else(|| meta.and_then(|m| m.namespace.clone()))
+        .unwrap_or_default();
+    let what = format!("ConfigMap {namespace}/{name}");
+    let owners = meta
+        .and_then(|m| m.owner_references.as_deref())
+        .unwrap_or_default();
+    let [owner] = owners else {
+        return Err(format!(
+            "the node agent of {node} may create {what} only with one ownerReference: the pod on {node} whose {ANNOTATION_DRA_LIMITS_CONFIG_MAP} annotation names it"
+        ));
+    };
+    let OwnerReference {
+        api_version,
+        kind,
+        name: pod,
+        uid,
+        ..
+    } = owner;
+    if !(kind == "Pod" && api_version == "v1") {
+        return Err(format!(
+            "the node agent of {node} may create {what} only for a pod; its ownerReference is {api_version} {kind} {pod:?}"
+        ));
+    }
+    let refused = |why: &str| format!("the node agent of {node} may not create {what}: {why}");
+    match pods.pod(&namespace, pod).await {
+        Err(e) => Err(format!("cannot look up pod {namespace}/{pod}: {e}")),
+        Ok(None) => Err(refused(&format!(
+            "its owner, pod {namespace}/{pod}, does not exist"
+        ))),
+        Ok(Some(found)) if found.node != node => Err(refused(&format!(
+            "pod {namespace}/{pod} does not run on {node}"
+        ))),
+        Ok(Some(found)) if found.uid != *uid => Err(refused(&format!(
+            "its ownerReference's uid is not that of pod {namespace}/{pod}"
+        ))),
+        Ok(Some(found)) if found.limits_config_map.as_deref() != Some(name.as_str()) => {
+            Err(refused(&format!(
+                "pod {namespace}/{pod} does not name it in its {ANNOTATION_DRA_LIMITS_CONFIG_MAP} annotation"
+            )))
+        }
+        Ok(Some(_)) => Ok(()),
+    }
+}
+
 /// The review's answer, as JSON.
-pub async fn review(body: &[u8], pods: &impl PodNodes) -> Result<(Vec<u8>, bool), String> {
+pub async fn review(body: &[u8], pods: &impl Pods) -> Result<(Vec<u8>, bool), String> {
     let review: AdmissionReview<DynamicObject> =
         serde_json::from_slice(body).map_err(|e| format!("not an AdmissionReview: {e}"))?;
     let req: AdmissionRequest<DynamicObject> = review
@@ -154,10 +250,10 @@ mod tests {
 
     use super::*;
 
-    struct Pods(HashMap<(&'static str, &'static str), &'static str>);
+    struct Known(HashMap<(&'static str, &'static str), PodFacts>);
 
-    impl PodNodes for Pods {
-        async fn node_of(&self, namespace: &str, name: &str) -> Result<Option<String>, String> {
+    impl Pods for Known {
+        async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodFacts>, String> {
             if name == "unreachable" {
                 return Err("connection refused".into());
             }
@@ -165,14 +261,30 @@ mod tests {
                 .0
                 .iter()
                 .find(|((ns, n), _)| *ns == namespace && *n == name)
-                .map(|(_, node)| (*node).to_owned()))
+                .map(|(_, pod)| pod.clone()))
         }
     }
 
-    fn pods() -> Pods {
-        Pods(HashMap::from([
-            (("team-a", "mine"), "gpu-a"),
-            (("team-a", "theirs"), "gpu-b"),
+    /// A pod on `node` with uid `uid-<name>`, naming `config_map`.
+    fn on(node: &str, name: &str, config_map: Option<&str>) -> PodFacts {
+        PodFacts {
+            node: node.to_owned(),
+            uid: format!("uid-{name}"),
+            limits_config_map: config_map.map(str::to_owned),
+        }
+    }
+
+    fn pods() -> Known {
+        Known(HashMap::from([
+            (
+                ("team-a", "mine"),
+                on("gpu-a", "mine", Some("mine-vgpu-dra-abcde12345")),
+            ),
+            (
+                ("team-a", "theirs"),
+                on("gpu-b", "theirs", Some("theirs-vgpu-dra-abcde12345")),
+            ),
+            (("team-a", "plain"), on("gpu-a", "plain", None)),
         ]))
     }
 
@@ -182,6 +294,17 @@ mod tests {
         name: &str,
         object: serde_json::Value,
         node: Option<&str>,
+    ) -> AdmissionRequest<DynamicObject> {
+        request_as(resource, sub, name, object, node, "CREATE")
+    }
+
+    fn request_as(
+        resource: &str,
+        sub: Option<&str>,
+        name: &str,
+        object: serde_json::Value,
+        node: Option<&str>,
+        operation: &str,
     ) -> AdmissionRequest<DynamicObject> {
         let mut user = serde_json::json!({"username": "system:serviceaccount:kai:kai-node"});
         if let Some(node) = node {
@@ -198,7 +321,7 @@ mod tests {
                 "uid": "u1", "kind": {"group": group, "version": version, "kind": "X"},
                 "resource": {"group": group, "version": version, "resource": resource},
                 "subResource": sub, "namespace": "team-a", "name": name,
-                "operation": "CREATE", "userInfo": user, "object": object, "dryRun": false,
+                "operation": operation, "userInfo": user, "object": object, "dryRun": false,
             }
         });
         let review: AdmissionReview<DynamicObject> =
@@ -253,6 +376,149 @@ mod tests {
         assert!(decide(&event("Secret", "x"), &pods).await.is_err());
         // The pod the agent has just evicted may be gone already.
         assert_eq!(decide(&event("Pod", "gone"), &pods).await, Ok(()));
+    }
+
+    /// A ConfigMap `name` the agent of gpu-a creates, owned by `owners`.
+    fn config_map(name: &str, owners: serde_json::Value) -> AdmissionRequest<DynamicObject> {
+        config_map_as(name, owners, "CREATE")
+    }
+
+    fn config_map_as(
+        name: &str,
+        owners: serde_json::Value,
+        operation: &str,
+    ) -> AdmissionRequest<DynamicObject> {
+        let object = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "team-a", "ownerReferences": owners,
+                         "labels": {"app.kubernetes.io/managed-by": "kai-resource-isolator"}},
+            "data": {"app": "16384m"}});
+        request_as("configmaps", None, name, object, Some("gpu-a"), operation)
+    }
+
+    /// The ownerReference of pod `name` (uid `uid-<name>`).
+    fn pod_owner(name: &str) -> serde_json::Value {
+        serde_json::json!({"apiVersion": "v1", "kind": "Pod", "name": name,
+            "uid": format!("uid-{name}"), "blockOwnerDeletion": false})
+    }
+
+    fn refusal(verdict: Result<(), String>) -> String {
+        verdict.expect_err("refused")
+    }
+
+    #[tokio::test]
+    async fn the_agent_creates_the_limits_config_map_of_its_own_nodes_pod() {
+        let allowed = config_map(
+            "mine-vgpu-dra-abcde12345",
+            serde_json::json!([pod_owner("mine")]),
+        );
+        assert_eq!(decide(&allowed, &pods()).await, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_config_map_for_a_pod_elsewhere_is_refused_naming_only_the_asking_node() {
+        let elsewhere = config_map(
+            "theirs-vgpu-dra-abcde12345",
+            serde_json::json!([pod_owner("theirs")]),
+        );
+        assert_eq!(
+            refusal(decide(&elsewhere, &pods()).await),
+            "the node agent of gpu-a may not create ConfigMap team-a/theirs-vgpu-dra-abcde12345: pod team-a/theirs does not run on gpu-a"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_config_map_without_one_pod_owner_is_refused() {
+        let pods = pods();
+        let name = "mine-vgpu-dra-abcde12345";
+        for owners in [
+            serde_json::Value::Null,
+            serde_json::json!([]),
+            serde_json::json!([pod_owner("mine"), pod_owner("plain")]),
+        ] {
+            let said = refusal(decide(&config_map(name, owners.clone()), &pods).await);
+            assert_eq!(
+                said,
+                "the node agent of gpu-a may create ConfigMap team-a/mine-vgpu-dra-abcde12345 only with one ownerReference: the pod on gpu-a whose kai-resource-isolator.io/dra-limits-configmap annotation names it",
+                "{owners}"
+            );
+        }
+        // KAI's binder ConfigMaps are owned by KAI's objects, not a pod.
+        for (api_version, kind) in [("apps/v1", "ReplicaSet"), ("v2", "Pod"), ("v1", "Node")] {
+            let owner = serde_json::json!([{"apiVersion": api_version, "kind": kind,
+                "name": "mine", "uid": "uid-mine"}]);
+            let said = refusal(decide(&config_map(name, owner), &pods).await);
+            assert_eq!(
+                said,
+                format!(
+                    "the node agent of gpu-a may create ConfigMap team-a/{name} only for a pod; its ownerReference is {api_version} {kind} \"mine\""
+                )
+            );
+        }
+        // The pod's name with another uid: not this pod.
+        let stale = serde_json::json!([{"apiVersion": "v1", "kind": "Pod", "name": "mine",
+            "uid": "uid-of-an-earlier-mine"}]);
+        assert_eq!(
+            refusal(decide(&config_map(name, stale), &pods).await),
+            "the node agent of gpu-a may not create ConfigMap team-a/mine-vgpu-dra-abcde12345: its ownerReference's uid is not that of pod team-a/mine"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_config_map_the_pod_does_not_name_is_refused() {
+        let pods = pods();
+        let other = config_map("kai-binder-cm-0", serde_json::json!([pod_owner("mine")]));
+        assert_eq!(
+            refusal(decide(&other, &pods).await),
+            "the node agent of gpu-a may not create ConfigMap team-a/kai-binder-cm-0: pod team-a/mine does not name it in its kai-resource-isolator.io/dra-limits-configmap annotation"
+        );
+        let unannotated = config_map(
+            "plain-vgpu-dra-abcde12345",
+            serde_json::json!([pod_owner("plain")]),
+        );
+        assert!(refusal(decide(&unannotated, &pods).await).contains("does not name it"),);
+    }
+
+    #[tokio::test]
+    async fn a_config_map_for_a_missing_or_unreadable_pod_is_refused() {
+        let pods = pods();
+        let gone = config_map(
+            "gone-vgpu-dra-abcde12345",
+            serde_json::json!([pod_owner("gone")]),
+        );
+        assert_eq!(
+            refusal(decide(&gone, &pods).await),
+            "the node agent of gpu-a may not create ConfigMap team-a/gone-vgpu-dra-abcde12345: its owner, pod team-a/gone, does not exist"
+        );
+        let blind = config_map("x", serde_json::json!([pod_owner("unreachable")]));
+        assert_eq!(
+            refusal(decide(&blind, &pods).await),
+            "cannot look up pod team-a/unreachable: connection refused"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_agent_may_only_create_config_maps() {
+        let owners = serde_json::json!([pod_owner("mine")]);
+        for operation in ["UPDATE", "DELETE"] {
+            let said = refusal(
+                decide(
+                    &config_map_as("mine-vgpu-dra-abcde12345", owners.clone(), operation),
+                    &pods(),
+                )
+                .await,
+            );
+            assert_eq!(
+                said,
+                format!(
+                    "the node agent of gpu-a may only create ConfigMaps, not {} them",
+                    operation.to_lowercase()
+                )
+            );
+        }
+        // Without a node in the token, nothing.
+        let mut unbound = config_map("mine-vgpu-dra-abcde12345", owners);
+        unbound.user_info.extra = None;
+        assert!(refusal(decide(&unbound, &pods()).await).contains(NODE_NAME_CLAIM));
     }
 
     #[tokio::test]

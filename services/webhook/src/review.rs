@@ -144,6 +144,13 @@ pub async fn review_looking_up(
         Read::PodCreate(pending) => {
             let (claims, lookups) =
                 dra::look_up(&pending.pod, &pending.reviewed.namespace, cfg, api).await;
+            // Drawn only for a pod that names claims (it may need a limits
+            // ConfigMap's name); every other review stays as it was.
+            let claims = if claims.is_empty() {
+                claims
+            } else {
+                claims.with_suffix(dra::draw_suffix())
+            };
             pending.finish(cfg, opt_out, &claims, lookups)
         }
     }

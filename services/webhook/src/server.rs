@@ -173,9 +173,10 @@ fn routes(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = Rejec
                 let Some(client) = state.kube.clone() else {
                     return plain(StatusCode::NOT_FOUND, "node guard off (--node-guard)");
                 };
-                // The same budget and deadline as a review: an Eviction or an
-                // Event is small, and anything else is refused the same way
-                // (the guard fails closed, so a refusal only stops the agent).
+                // The same budget and deadline as a review: an Eviction, an
+                // Event or a limits ConfigMap is small, and anything else is
+                // refused the same way (the guard fails closed, so a refusal
+                // only stops the agent).
                 let (bytes, _permit) = match read(body, &state).await {
                     Ok(read) => read,
                     Err(refused) => return refused,

@@ -4,7 +4,10 @@
 //! pod; the message is written once, at the edge ([`super::Decision`]).
 
 use super::dra::{ClaimObject, LookupError};
-use super::{ANNOTATION_CONTAINER_NAME, ANNOTATION_GPU_CORES, Decision, VOLUME_VGPU};
+use super::{
+    ANNOTATION_CONTAINER_NAME, ANNOTATION_DRA_LIMITS_CONFIG_MAP, ANNOTATION_GPU_CORES, Decision,
+    VOLUME_VGPU,
+};
 use crate::config::Delivery;
 
 /// A pod that cannot be admitted as asked.
@@ -110,21 +113,17 @@ pub enum Denial<'a> {
     )]
     ManyGpuContainers { containers: Vec<&'a str> },
     #[error(
-        "container {container:?} gets GPU memory from {request} with allocationMode All: kai-resource-isolator caps the container at the memory its claim states, and a limit decided on the node is not built yet; ask for an exact count of devices, each with capacity.requests.{capacity}"
+        "annotation {ANNOTATION_DRA_LIMITS_CONFIG_MAP}={value:?} is not a ConfigMap name (a DNS-1123 subdomain of at most 253 characters): the node agent writes container {container:?}'s GPU memory limit, which its claim leaves to the node, to the ConfigMap it names; remove the annotation (kai-resource-isolator then names one)"
     )]
-    AllDevices {
-        container: &'a str,
-        request: String,
-        capacity: String,
-    },
+    LimitsConfigMapName { value: &'a str, container: &'a str },
     #[error(
-        "container {container:?} gets GPU memory from {request}, which states no capacity.requests.{capacity}: kai-resource-isolator caps the container at the memory its claim states, and a limit decided on the node is not built yet; state capacity.requests.{capacity} in the request"
+        "the pod has neither metadata.name nor metadata.generateName: kai-resource-isolator names the ConfigMap of container {container:?}'s GPU memory limit, which its claim leaves to the node, after the pod"
     )]
-    NoStatedMemory {
-        container: &'a str,
-        request: String,
-        capacity: String,
-    },
+    NoPodName { container: &'a str },
+    #[error(
+        "kai-resource-isolator could not draw a random name for the ConfigMap of container {container:?}'s GPU memory limit, which its claim leaves to the node, and denies the pod rather than start it without its cap (retry)"
+    )]
+    NoRandomName { container: &'a str },
     #[error(
         "container {container:?} gets GPU memory of different sizes ({}): libvgpu holds every GPU of a container to one limit, and which device is which is not known at admission; ask for the same memory in each request",
         .sizes.join("; ")

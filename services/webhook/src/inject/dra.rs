@@ -2,8 +2,10 @@
 //! consumable-capacity claims"): which ResourceClaims and
 //! ResourceClaimTemplates the review must look up for a pod, and, from
 //! what it found ([`Claims`]), which container gets libvgpu and the one
-//! memory limit libvgpu can hold it to. The lookups are the review's
-//! (crate::dra); this stays pure, reading what was found as an input.
+//! memory limit libvgpu can hold it to: stated in the claim, or decided
+//! on the node and read from a ConfigMap. The lookups, and the draw of the
+//! ConfigMap name's random suffix, are the review's (crate::dra); this
+//! stays pure, reading what was found as an input.
 
 use std::fmt;
 
@@ -11,7 +13,10 @@ use k8s_openapi::api::resource::v1::ResourceClaimSpec;
 use kai_dra::{ClaimSource, Count, GpuRequest, claim_refs, claim_source, covers, gpu_requests};
 
 use super::denial::Denial;
-use super::{ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY, ContainerList, Decision, Target};
+use super::{
+    ANNOTATION_DRA_LIMITS_CONFIG_MAP, ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY,
+    ContainerList, Decision, Target,
+};
 use crate::config::InjectConfig;
 use crate::pod::{Container, Pod, Spec};
 
@@ -65,13 +70,84 @@ pub enum LookupError {
 }
 
 /// What the review found of the claims [`claims_to_look_up`] listed: each
-/// object's spec (a template's `spec.spec`), or why there is none.
+/// object's spec (a template's `spec.spec`), or why there is none; and the
+/// random suffix it drew for the name of a limits ConfigMap, should a GPU
+/// request state no memory (drawn by the review, so the plan stays pure).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Claims(Vec<(ClaimObject, Result<ResourceClaimSpec, LookupError>)>);
+pub struct Claims {
+    found: Vec<(ClaimObject, Result<ResourceClaimSpec, LookupError>)>,
+    suffix: Option<NameSuffix>,
+}
 
 impl Claims {
     pub fn new(found: Vec<(ClaimObject, Result<ResourceClaimSpec, LookupError>)>) -> Self {
-        Self(found)
+        Self {
+            found,
+            suffix: None,
+        }
+    }
+
+    /// The same, with the suffix the review drew (`None`: it could not).
+    #[must_use]
+    pub fn with_suffix(self, suffix: Option<NameSuffix>) -> Self {
+        Self { suffix, ..self }
+    }
+
+    /// The random suffix the review drew, if it did.
+    pub fn suffix(&self) -> Option<&NameSuffix> {
+        self.suffix.as_ref()
+    }
+
+    /// Nothing was looked up: the pod names no claim, or DRA is off.
+    pub fn is_empty(&self) -> bool {
+        self.found.is_empty()
+    }
+}
+
+/// The random end of a limits ConfigMap's name: [`NameSuffix::LEN`]
+/// lowercase letters and digits. Random, so a tenant cannot create the
+/// ConfigMap before the pod exists; the pod's annotation carries the
+/// name from then on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NameSuffix(String);
+
+impl NameSuffix {
+    pub const LEN: usize = 10;
+    const ALPHABET: &[u8; 36] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+
+    /// `suffix`, when it is [`Self::LEN`] lowercase letters and digits.
+    pub fn new(suffix: &str) -> Option<Self> {
+        (suffix.len() == Self::LEN && suffix.bytes().all(|b| Self::ALPHABET.contains(&b)))
+            .then(|| Self(suffix.to_owned()))
+    }
+
+    /// A suffix drawn from `random`, each character uniform over the 36.
+    pub fn draw(random: &dyn ring::rand::SecureRandom) -> Result<Self, ring::error::Unspecified> {
+        let mut bytes = [0u8; 32];
+        loop {
+            random.fill(&mut bytes)?;
+            // 32 bytes hold 10 below 252 but for odds of about 10^-35.
+            if let Some(suffix) = Self::from_random(&bytes) {
+                return Ok(suffix);
+            }
+        }
+    }
+
+    /// The suffix of random `bytes`: each byte below 252 (7 x 36, so every
+    /// character is as likely) picks one character; `None` when fewer
+    /// than [`Self::LEN`] are.
+    fn from_random(bytes: &[u8]) -> Option<Self> {
+        let suffix: String = bytes
+            .iter()
+            .filter(|&&b| b < 252)
+            .map(|&b| char::from(Self::ALPHABET[usize::from(b % 36)]))
+            .take(Self::LEN)
+            .collect();
+        (suffix.len() == Self::LEN).then_some(Self(suffix))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 }
 
@@ -144,8 +220,18 @@ impl fmt::Display for Found<'_> {
 pub struct GpuContainer<'a> {
     pub target: Target,
     pub container: &'a Container,
-    /// `CUDA_DEVICE_MEMORY_LIMIT` in MiB.
-    pub memory_mib: u64,
+    pub limit: MemoryLimit,
+}
+
+/// Where a DRA GPU container's `CUDA_DEVICE_MEMORY_LIMIT` comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryLimit {
+    /// Every GPU request states this much memory (whole MiB): the literal.
+    Stated { mib: u64 },
+    /// Some request states none, or asks for every device: what it gets is
+    /// known only once allocated, so the node agent writes the limit to
+    /// the pod's limits ConfigMap and the container reads it from there.
+    NodeDecided,
 }
 
 /// A pod's DRA GPU containers, before the rules of [`GpuContainers::one`].
@@ -177,7 +263,7 @@ pub fn read<'a>(
                 continue;
             };
             let object = ClaimObject::of(source);
-            let Some((object, claim)) = claims.0.iter().find(|(o, _)| *o == object) else {
+            let Some((object, claim)) = claims.found.iter().find(|(o, _)| *o == object) else {
                 return Err(Denial::ClaimUnread {
                     pod_claim: named.pod_claim,
                     object: object.to_string(),
@@ -235,8 +321,9 @@ pub fn read<'a>(
 impl<'a> GpuContainers<'a> {
     /// The one container and its limit, or why the pod is denied: KAI's
     /// sharing annotations as well, more than one container, or requests
-    /// libvgpu's one limit cannot hold (no stated memory, every device,
-    /// differing sizes, less than a MiB).
+    /// libvgpu's one limit cannot hold (differing stated sizes, less than
+    /// a MiB). A request that states no memory, or asks for every device,
+    /// leaves the limit to the node ([`MemoryLimit::NodeDecided`]).
     pub fn one(self) -> Result<GpuContainer<'a>, Decision> {
         let Self { pod, mut found } = self;
         let kai = [ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY]
@@ -258,61 +345,150 @@ impl<'a> GpuContainers<'a> {
             .into());
         }
         let (target, container, requests) = found.remove(0);
-        let mut memory = None;
-        for found in &requests {
-            let stated = match (found.request.count, found.request.memory_bytes) {
-                (Count::All, _) => {
-                    return Err(Denial::AllDevices {
-                        container: &container.name,
-                        request: found.to_string(),
-                        capacity: found.request.capacity.clone(),
-                    }
-                    .into());
-                }
-                (_, None) => {
-                    return Err(Denial::NoStatedMemory {
-                        container: &container.name,
-                        request: found.to_string(),
-                        capacity: found.request.capacity.clone(),
-                    }
-                    .into());
-                }
-                (Count::Exact(_), Some(bytes)) => bytes,
-            };
-            memory.get_or_insert(stated);
-        }
-        // `requests` is not empty (read keeps only containers with some).
-        let bytes = memory.unwrap_or_default();
-        if requests
+        // Every stated size must be the one limit, even when the node
+        // decides it: libvgpu holds every device to it, and the node
+        // writes the smallest slice (the same in practice).
+        let stated: Vec<(&Found<'_>, u64)> = requests
             .iter()
-            .any(|r| r.request.memory_bytes != Some(bytes))
+            .filter_map(|r| Some((r, r.request.memory_bytes?)))
+            .collect();
+        if let Some(&(_, bytes)) = stated.first()
+            && stated.iter().any(|&(_, other)| other != bytes)
         {
             return Err(Denial::DifferingMemory {
                 container: &container.name,
-                sizes: requests
+                sizes: stated
                     .iter()
-                    .map(|r| format!("{r}: {}", size(r.request.memory_bytes.unwrap_or_default())))
+                    .map(|(r, bytes)| format!("{r}: {}", size(*bytes)))
                     .collect(),
             }
             .into());
         }
         // libvgpu's literal is whole MiB: the floor keeps the cap at or
         // below what the claim states (and the slice, which is larger).
-        let memory_mib = bytes / MIB;
-        if memory_mib == 0 {
+        if let Some(&(request, bytes)) = stated.first()
+            && bytes / MIB == 0
+        {
             return Err(Denial::MemoryBelowMib {
                 container: &container.name,
-                request: requests[0].to_string(),
+                request: request.to_string(),
                 size: size(bytes),
             }
             .into());
         }
+        let node_decided = requests
+            .iter()
+            .any(|r| r.request.count == Count::All || r.request.memory_bytes.is_none());
+        let limit = match stated.first() {
+            Some(&(_, bytes)) if !node_decided => MemoryLimit::Stated { mib: bytes / MIB },
+            _ => MemoryLimit::NodeDecided,
+        };
         Ok(GpuContainer {
             target,
             container,
-            memory_mib,
+            limit,
         })
     }
+}
+
+/// The limits ConfigMap of a pod whose DRA GPU container's limit is
+/// decided on the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimitsConfigMap {
+    pub name: String,
+    /// The pod lacks [`ANNOTATION_DRA_LIMITS_CONFIG_MAP`]: the patch adds
+    /// it. A pod that has it (a reinvocation, or a pod re-sent to us)
+    /// keeps its name, so the reference written earlier stays ours.
+    pub annotate: bool,
+}
+
+/// The limits ConfigMap of `pod`, whose `container`'s limit is decided on
+/// the node: the name its annotation gives, else a new one from the pod's
+/// name and `suffix`; or why the pod is denied.
+pub fn limits_config_map(
+    pod: &Pod,
+    container: &str,
+    suffix: Option<&NameSuffix>,
+) -> Result<LimitsConfigMap, Decision> {
+    if let Some(name) = pod.annotation(ANNOTATION_DRA_LIMITS_CONFIG_MAP) {
+        if !is_dns_subdomain(name) {
+            return Err(Denial::LimitsConfigMapName {
+                value: name,
+                container,
+            }
+            .into());
+        }
+        return Ok(LimitsConfigMap {
+            name: name.to_owned(),
+            annotate: false,
+        });
+    }
+    let meta = &pod.metadata;
+    // The API server refuses a pod with neither; it would be refused
+    // after us, so say so rather than write a name of nothing.
+    let Some(base) = meta.name.as_deref().or_else(|| {
+        meta.generate_name
+            .as_deref()
+            .map(|g| g.trim_end_matches('-'))
+    }) else {
+        return Err(Denial::NoPodName { container }.into());
+    };
+    let Some(suffix) = suffix else {
+        return Err(Denial::NoRandomName { container }.into());
+    };
+    Ok(LimitsConfigMap {
+        name: limits_config_map_name(base, suffix),
+        annotate: true,
+    })
+}
+
+/// What a limits ConfigMap's name ends with, before the random suffix.
+const NAME_INFIX: &str = "-vgpu-dra-";
+
+/// `<base>-vgpu-dra-<suffix>`, `base` cut so the whole is at most 253
+/// characters and made a DNS-1123 subdomain: the API server validates a
+/// pod's name only after admission, so ours cannot lean on it.
+pub fn limits_config_map_name(base: &str, suffix: &NameSuffix) -> String {
+    let room = MAX_NAME - NAME_INFIX.len() - NameSuffix::LEN;
+    let labels: Vec<String> = base
+        .split('.')
+        .map(|label| {
+            label
+                .chars()
+                .map(|c| c.to_ascii_lowercase())
+                .filter(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')
+                .collect::<String>()
+                .trim_matches('-')
+                .to_owned()
+        })
+        .filter(|label| !label.is_empty())
+        .collect();
+    let base = labels.join(".");
+    // ASCII by now: any byte is a character boundary.
+    let base = base[..base.len().min(room)].trim_end_matches(['-', '.']);
+    if base.is_empty() {
+        // The infix without its leading dash, so the name starts with a letter.
+        format!("{}{}", &NAME_INFIX[1..], suffix.as_str())
+    } else {
+        format!("{base}{NAME_INFIX}{}", suffix.as_str())
+    }
+}
+
+/// A Kubernetes object name's limit (a DNS-1123 subdomain).
+const MAX_NAME: usize = 253;
+
+/// Whether `name` is a DNS-1123 subdomain (what a ConfigMap's name must
+/// be): at most 253 characters, dot-separated labels of lowercase letters,
+/// digits and dashes, each starting and ending with a letter or digit.
+pub fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= MAX_NAME
+        && name.split('.').all(|label| {
+            let bytes = label.as_bytes();
+            let alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+            bytes.first().is_some_and(alnum)
+                && bytes.last().is_some_and(alnum)
+                && bytes.iter().all(|b| alnum(b) || *b == b'-')
+        })
 }
 
 /// `bytes` as a claim would write it: the shortest of the whole numbers

@@ -5,7 +5,7 @@
 
 use k8s_openapi::api::core::v1::EnvVar;
 
-use super::vars::{Limit, Masked, MaskedSet, OurEnv, PerLimit, Var};
+use super::vars::{Limit, LimitValue, Masked, MaskedSet, OurEnv, PerLimit, Var};
 use super::{ANNOTATION_KAI_CONFIG_MAP, ContainerList, Target};
 use crate::config::InjectConfig;
 use crate::pod::Pod;
@@ -15,9 +15,10 @@ use crate::pod::Pod;
 pub struct Wanted<'a> {
     pub target: &'a Target,
     pub cfg: &'a InjectConfig,
-    /// Our literal of each limit (`<MiB>m`, a percentage, or empty to mask
-    /// `envFrom`), if we write one.
-    pub limits: PerLimit<Option<String>>,
+    /// Our value of each limit (a literal `<MiB>m`, a percentage, empty to
+    /// mask `envFrom`, or the node-decided limit's ConfigMap reference),
+    /// if we write one.
+    pub limits: PerLimit<Option<LimitValue>>,
     /// The ConfigMap KAI's entries read, when the pod names one.
     pub kai_config_map: Option<String>,
 }
@@ -52,7 +53,7 @@ pub struct EnvRead {
 /// What the target's env list holds of one [`Limit`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LimitRead {
-    /// Our literal is there, before KAI's reference.
+    /// Our value is there, before KAI's reference.
     pub ours: bool,
     /// KAI's first reference, as an index of the list once the tenant's
     /// entries are gone.
@@ -67,7 +68,8 @@ enum Entry {
     /// One of ours, exactly as we write it (a reinvocation, or the same
     /// value).
     Ours(OurEnv),
-    /// Our literal of a limit, before KAI's reference.
+    /// Our value of a limit (a literal, or the node-decided limit's
+    /// reference), before KAI's reference.
     OurLimit(Limit),
     /// KAI's optional reference to its capabilities ConfigMap.
     Kai(Limit),
@@ -145,9 +147,12 @@ impl EnvRead {
             Some(Var::Limit(limit)) => {
                 if is_kai_ref(entry, name, wanted.kai_config_map.as_deref()) {
                     Entry::Kai(limit)
-                } else if literal.is_some()
-                    && literal == wanted.limits.get(limit).as_deref()
-                    && self.limits.get(limit).kai_at.is_none()
+                } else if self.limits.get(limit).kai_at.is_none()
+                    && wanted
+                        .limits
+                        .get(limit)
+                        .as_ref()
+                        .is_some_and(|ours| ours.is(entry))
                 {
                     Entry::OurLimit(limit)
                 } else {

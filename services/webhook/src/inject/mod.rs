@@ -36,19 +36,26 @@ mod target;
 mod vars;
 
 pub use self::ask::{OptOut, asks_to_opt_out};
-pub use self::dra::{ClaimObject, Claims, LookupError, claims_to_look_up};
+pub use self::dra::{ClaimObject, Claims, LookupError, NameSuffix, claims_to_look_up};
 pub use self::items::{
     CSI, Dir, HOST_PATH, Layout, MountSpec, Source, VolumeSpec, csi_attributes, layout,
 };
 pub use self::patch::{Op, Patch};
 pub use self::plan::{plan, plan_with};
-pub use self::vars::{DEVICES, Hook, Limit, Masked, OurEnv};
+pub use self::vars::{DEVICES, Hook, Limit, LimitValue, Masked, OurEnv};
 
 // Shared with the node agent, which recognises the same pods.
 pub use kai_vocab::annotations::{
     ANNOTATION_CONTAINER_NAME, ANNOTATION_GPU_CORES, ANNOTATION_GPU_FRACTION,
     ANNOTATION_GPU_MEMORY, ANNOTATION_INJECT,
 };
+
+/// The ConfigMap the node agent writes a DRA container's node-decided
+/// memory limit to (key: the container's name, value: `<MiB>m`), set on a
+/// pod whose GPU claim states no memory (docs/webhook.md, "A limit decided
+/// on the node"). The node agent's writer and the node guard read the same
+/// string; it moves to kai-vocab once both sides have landed.
+pub const ANNOTATION_DRA_LIMITS_CONFIG_MAP: &str = "kai-resource-isolator.io/dra-limits-configmap";
 
 /// Where KAI's admission records the prefix of the pod's per-container
 /// capabilities ConfigMaps (KAI-Scheduler `gpusharingconfigmap`).

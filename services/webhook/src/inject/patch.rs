@@ -7,9 +7,9 @@ use json_patch::{AddOperation, PatchOperation, RemoveOperation, ReplaceOperation
 use serde::Serialize;
 use serde_json::Value;
 
-use super::Target;
 use super::items::{MountSpec, VolumeSpec, csi_attributes, literal};
-use super::vars::{Limit, Masked, OurEnv};
+use super::vars::{Limit, LimitValue, Masked, OurEnv};
+use super::{ANNOTATION_DRA_LIMITS_CONFIG_MAP, Target};
 use crate::config::InjectConfig;
 use crate::pod::RunAs;
 
@@ -39,15 +39,23 @@ pub enum Op {
     /// `add <target>/env/-` of an empty entry, masking what the target's
     /// `envFrom` may set.
     MaskEnvFrom(Masked),
-    /// `add <target>/env/<before>` (or `/-`) of our literal of a limit:
+    /// `add <target>/env/<before>` (or `/-`) of our value of a limit:
     /// before KAI's reference of that name, so KAI's wins when it
     /// resolves (docs/webhook.md).
     AddLimit {
         limit: Limit,
-        value: String,
+        value: LimitValue,
         /// An index of the list once the tenant's entries are removed;
         /// `None` appends.
         before: Option<usize>,
+    },
+    /// `add /metadata/annotations/<key>` (or, when the pod has none,
+    /// `add /metadata/annotations` of the one): the ConfigMap the node
+    /// agent writes the target's node-decided memory limit to.
+    AnnotateLimitsConfigMap {
+        name: String,
+        /// The pod has an annotations map to add to.
+        map_exists: bool,
     },
 }
 
@@ -158,7 +166,21 @@ impl Patch {
                         Some(index) => path.push_back(*index),
                         None => path.push_back("-"),
                     }
-                    add(path, literal(limit.name(), value.as_str()))?
+                    add(path, value.entry(*limit))?
+                }
+                Op::AnnotateLimitsConfigMap { name, map_exists } => {
+                    let key = ANNOTATION_DRA_LIMITS_CONFIG_MAP;
+                    if *map_exists {
+                        add(
+                            PointerBuf::from_tokens(["metadata", "annotations", key]),
+                            name,
+                        )?
+                    } else {
+                        add(
+                            PointerBuf::from_tokens(["metadata", "annotations"]),
+                            std::collections::BTreeMap::from([(key, name)]),
+                        )?
+                    }
                 }
             });
         }

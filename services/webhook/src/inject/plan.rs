@@ -10,15 +10,15 @@ use k8s_openapi::api::core::v1::{Volume, VolumeMount};
 use super::ask::{Ask, OptOut, asks_to_opt_out, sm_percent};
 use super::defences;
 use super::denial::Denial;
-use super::dra::{self, Claims};
+use super::dra::{self, Claims, MemoryLimit};
 use super::env::{EnvRead, Wanted, kai_config_map};
 use super::items::{Layout, Source, csi_attributes, layout};
 use super::patch::{Op, Patch};
 use super::target;
-use super::vars::{Limit, Masked, OurEnv, PerLimit};
-use super::{Decision, VOLUME_VGPU};
+use super::vars::{Limit, LimitValue, Masked, OurEnv, PerLimit};
+use super::{Decision, Target, VOLUME_VGPU};
 use crate::config::{InjectConfig, TenantEnv};
-use crate::pod::{Pod, RunAs};
+use crate::pod::{Container, Pod, RunAs};
 
 /// Plans the mutation of `pod` under `cfg`, with no DRA claim looked up
 /// (what [`plan_with`] does for a pod that names none, or with DRA off).
@@ -44,28 +44,58 @@ fn steps(
     // 1-2. What the pod asks for (or not a sharing pod at all), and the
     // container that gets libvgpu: the one a DRA claim gives GPU memory,
     // else the KAI annotations'.
-    let (ask, target, container, kai_config_map) = match dra::read(pod, cfg, claims)? {
+    let Chosen {
+        target,
+        container,
+        memory,
+        sm_percent,
+        kai_config_map,
+        annotate,
+    } = match dra::read(pod, cfg, claims)? {
         Some(gpu) => {
             if opt_out == OptOut::Honoured && asks_to_opt_out(pod) {
                 return Err(Decision::OptedOut);
             }
             let gpu = gpu.one()?;
-            // The claim's memory is the only cap, so its literal is
-            // written whatever `--memory-limit-fallback` says. No KAI
-            // reference is ours to keep: KAI does not share this GPU, so
-            // an entry that looks like KAI's is the tenant's.
-            let ask = Ask {
-                memory_mib: Some(gpu.memory_mib),
-                sm_percent: sm_percent(pod)?,
+            // The claim's memory is the only cap, so it is written whatever
+            // `--memory-limit-fallback` says. No KAI reference is ours to
+            // keep: KAI does not share this GPU, so an entry that looks
+            // like KAI's is the tenant's.
+            let (memory, annotate) = match gpu.limit {
+                MemoryLimit::Stated { mib } => (LimitValue::Literal(format!("{mib}m")), None),
+                MemoryLimit::NodeDecided => {
+                    let name = &gpu.target.name;
+                    let config_map = dra::limits_config_map(pod, name, claims.suffix())?;
+                    let value = LimitValue::ConfigMapKey {
+                        config_map: config_map.name.clone(),
+                        key: name.clone(),
+                    };
+                    (value, config_map.annotate.then_some(config_map.name))
+                }
             };
-            (ask, gpu.target, gpu.container, None)
+            Chosen {
+                target: gpu.target,
+                container: gpu.container,
+                memory: Some(memory),
+                sm_percent: sm_percent(pod)?,
+                kai_config_map: None,
+                annotate,
+            }
         }
         None => {
             let ask = Ask::read(pod, cfg, opt_out)?;
             let spec = pod.spec.as_ref().ok_or(Decision::NoContainers)?;
             let (target, container) = target::find(pod, spec)?;
-            let config_map = kai_config_map(pod, &target);
-            (ask, target, container, config_map)
+            Chosen {
+                kai_config_map: kai_config_map(pod, &target),
+                target,
+                container,
+                memory: ask
+                    .memory_mib
+                    .map(|mib| LimitValue::Literal(format!("{mib}m"))),
+                sm_percent: ask.sm_percent,
+                annotate: None,
+            }
         }
     };
     let spec = pod.spec.as_ref().ok_or(Decision::NoContainers)?;
@@ -81,7 +111,7 @@ fn steps(
     let wanted = Wanted {
         target: &target,
         cfg,
-        limits: our_limits(ask, env_from),
+        limits: our_limits(memory, sm_percent, env_from),
         kai_config_map,
     };
     let env = container
@@ -121,7 +151,11 @@ fn steps(
         .chain(missing_env(env))
         .chain(env_from_masks(env_from, env))
         // After our env, so the list exists by then.
-        .chain(limits(wanted.limits, env));
+        .chain(limits(wanted.limits, env))
+        .chain(annotate.map(|name| Op::AnnotateLimitsConfigMap {
+            name,
+            map_exists: pod.metadata.annotations.is_some(),
+        }));
     let patch = Patch::new(run_as, ops);
     Ok(if patch.is_empty() {
         Decision::AlreadyInjected { target }
@@ -130,13 +164,34 @@ fn steps(
     })
 }
 
-/// Our literal of each limit: `<MiB>m` for `gpu-memory`, the percentage of
-/// `gpu-cores`, or (with `envFrom`) an empty one that masks `envFrom`'s.
-fn our_limits(ask: Ask, env_from: bool) -> PerLimit<Option<String>> {
-    let or_mask = |value: Option<String>| value.or_else(|| env_from.then(String::new));
+/// What steps 1-2 chose: the target, and what its limits are.
+struct Chosen<'a> {
+    target: Target,
+    container: &'a Container,
+    /// `CUDA_DEVICE_MEMORY_LIMIT`: `gpu-memory`'s or a stated claim's
+    /// literal, or the node-decided limit's reference.
+    memory: Option<LimitValue>,
+    sm_percent: Option<u8>,
+    /// The ConfigMap KAI's references read (KAI pods only).
+    kai_config_map: Option<String>,
+    /// The limits ConfigMap the pod is to be annotated with.
+    annotate: Option<String>,
+}
+
+/// Our value of each limit: `memory` (`<MiB>m` for `gpu-memory` or a
+/// stated claim, or the node-decided limit's reference), the percentage of
+/// `gpu-cores`, or (with `envFrom`) an empty literal that masks `envFrom`'s.
+fn our_limits(
+    memory: Option<LimitValue>,
+    sm_percent: Option<u8>,
+    env_from: bool,
+) -> PerLimit<Option<LimitValue>> {
+    let or_mask = |value: Option<LimitValue>| {
+        value.or_else(|| env_from.then(|| LimitValue::Literal(String::new())))
+    };
     PerLimit {
-        memory: or_mask(ask.memory_mib.map(|mib| format!("{mib}m"))),
-        sm: or_mask(ask.sm_percent.map(|percent| percent.to_string())),
+        memory: or_mask(memory),
+        sm: or_mask(sm_percent.map(|percent| LimitValue::Literal(percent.to_string()))),
     }
 }
 
@@ -238,7 +293,7 @@ fn env_from_masks(env_from: bool, env: Option<&EnvRead>) -> impl Iterator<Item =
 /// KAI's reference. The appends come first (they land after every entry,
 /// whatever the inserts do), then the inserts from the highest index down,
 /// so one insert does not move the other's place.
-fn limits(wanted: PerLimit<Option<String>>, env: Option<&EnvRead>) -> impl Iterator<Item = Op> {
+fn limits(wanted: PerLimit<Option<LimitValue>>, env: Option<&EnvRead>) -> impl Iterator<Item = Op> {
     let mut wanted = wanted;
     let mut ops = Limit::ALL.map(|limit| {
         let have = env.map(|read| *read.limits.get(limit)).unwrap_or_default();
@@ -267,8 +322,8 @@ mod tests {
     #[test]
     fn limits_never_move_each_others_place() {
         let both = PerLimit {
-            memory: Some("1m".to_owned()),
-            sm: Some("2".to_owned()),
+            memory: Some(LimitValue::Literal("1m".to_owned())),
+            sm: Some(LimitValue::Literal("2".to_owned())),
         };
         let order = |memory_at, sm_at| {
             let mut read = EnvRead::default();

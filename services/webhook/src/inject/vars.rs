@@ -5,6 +5,9 @@
 
 use std::fmt;
 
+use k8s_openapi::api::core::v1::{ConfigMapKeySelector, EnvVar, EnvVarSource};
+
+use super::items::literal;
 use super::{ENV_CONTAINER_NAME, ENV_MEMORY_LIMIT, ENV_POD_UID, ENV_SM_LIMIT, ENV_VGPU_MOUNT};
 use crate::config::InjectConfig;
 
@@ -111,6 +114,64 @@ impl Limit {
         match self {
             Self::Memory => ENV_MEMORY_LIMIT,
             Self::Sm => ENV_SM_LIMIT,
+        }
+    }
+}
+
+/// What we set a limit to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LimitValue {
+    /// `<name>=<value>`: `<MiB>m`, a percentage, or empty (masking
+    /// `envFrom`).
+    Literal(String),
+    /// A required `configMapKeyRef` to key `key` of ConfigMap
+    /// `config_map`: the memory limit of a DRA claim that states none,
+    /// which the node agent writes once the slice is allocated
+    /// (docs/webhook.md, "A limit decided on the node"). Required, so the
+    /// kubelet starts the container only once the ConfigMap exists.
+    ConfigMapKey { config_map: String, key: String },
+}
+
+impl LimitValue {
+    /// Whether `entry` (of the limit's name) is this value exactly as we
+    /// write it. A reference counts as ours when it is required, whether
+    /// `optional` is `false` or absent: either way the kubelet waits for it.
+    pub fn is(&self, entry: &EnvVar) -> bool {
+        match self {
+            Self::Literal(value) => {
+                entry.value_from.is_none() && entry.value.as_deref().unwrap_or("") == value
+            }
+            Self::ConfigMapKey { config_map, key } => {
+                entry.value.as_deref().unwrap_or("").is_empty()
+                    && entry.value_from.as_ref().is_some_and(|from| {
+                        from.field_ref.is_none()
+                            && from.secret_key_ref.is_none()
+                            && from.resource_field_ref.is_none()
+                            && from.file_key_ref.is_none()
+                            && from.config_map_key_ref.as_ref().is_some_and(|r| {
+                                r.name == *config_map && r.key == *key && r.optional != Some(true)
+                            })
+                    })
+            }
+        }
+    }
+
+    /// The entry as we add it for `limit`.
+    pub fn entry(&self, limit: Limit) -> EnvVar {
+        match self {
+            Self::Literal(value) => literal(limit.name(), value.as_str()),
+            Self::ConfigMapKey { config_map, key } => EnvVar {
+                name: limit.name().to_owned(),
+                value_from: Some(EnvVarSource {
+                    config_map_key_ref: Some(ConfigMapKeySelector {
+                        name: config_map.clone(),
+                        key: key.clone(),
+                        optional: Some(false),
+                    }),
+                    ..EnvVarSource::default()
+                }),
+                ..EnvVar::default()
+            },
         }
     }
 }

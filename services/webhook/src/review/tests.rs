@@ -392,6 +392,43 @@ async fn a_gpu_memory_claim_is_looked_up_in_the_pods_namespace_and_injected() {
 }
 
 #[tokio::test]
+async fn a_claim_stating_no_memory_gets_a_random_limits_config_map_of_its_own() {
+    let open = serde_json::json!({"devices": {"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": "gpu.nvidia.com"}}]}});
+    let api = FakeClaims::with(vec![(shared_gpu(), Ok(open))]);
+    let mut names = Vec::new();
+    for _ in 0..2 {
+        let out = dra_review(&gpu_pod(), &api).await;
+        assert_eq!(out.decision.label(), "injected");
+        let answer: Value = serde_json::from_slice(&out.body).expect("JSON");
+        let patch = base64::engine::general_purpose::STANDARD
+            .decode(answer["response"]["patch"].as_str().expect("a patch"))
+            .expect("base64");
+        let patch: json_patch::Patch = serde_json::from_slice(&patch).expect("RFC 6902");
+        let mut pod = gpu_pod();
+        json_patch::patch(&mut pod, &patch).expect("applies");
+        let name = pod["metadata"]["annotations"][crate::inject::ANNOTATION_DRA_LIMITS_CONFIG_MAP]
+            .as_str()
+            .expect("annotated")
+            .to_owned();
+        let suffix = name
+            .strip_prefix("trainer-vgpu-dra-")
+            .expect("the pod's name");
+        assert!(crate::inject::NameSuffix::new(suffix).is_some(), "{name}");
+        let env = pod["spec"]["containers"][0]["env"].as_array().expect("env");
+        assert_eq!(
+            env.last(),
+            Some(
+                &serde_json::json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom":
+                {"configMapKeyRef": {"name": name, "key": "app", "optional": false}}})
+            )
+        );
+        names.push(name);
+    }
+    assert_ne!(names[0], names[1], "each pod draws its own name");
+}
+
+#[tokio::test]
 async fn pods_without_claims_make_no_call_and_are_reviewed_as_before() {
     let api = FakeClaims::default();
     let kai = serde_json::json!({"metadata": {"annotations": {"gpu-memory": "1"}},

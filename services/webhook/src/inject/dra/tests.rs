@@ -4,11 +4,11 @@
 use json_patch::PatchOperation;
 use serde_json::{Value, json};
 
-use super::size;
+use super::{NameSuffix, is_dns_subdomain, limits_config_map_name, size};
 use crate::config::{Delivery, InjectConfig, TenantEnv};
 use crate::inject::{
-    ClaimObject, Claims, ContainerList, Decision, LookupError, OptOut, Target, VOLUME_VGPU,
-    claims_to_look_up, plan, plan_with,
+    ANNOTATION_DRA_LIMITS_CONFIG_MAP, ClaimObject, Claims, ContainerList, Decision, LookupError,
+    Op, OptOut, Target, VOLUME_VGPU, claims_to_look_up, plan, plan_with,
 };
 use crate::pod::Pod;
 
@@ -461,35 +461,330 @@ fn differing_sizes_are_denied_naming_each_request_and_size() {
     assert!(matches!(decision, Decision::Inject { .. }), "{decision:?}");
 }
 
+/// The suffix the tests' review drew.
+fn suffix(text: &str) -> NameSuffix {
+    NameSuffix::new(text).expect("a suffix")
+}
+
+/// `app_pod`'s claim with one request of `spec` (`exactly`'s fields
+/// besides the class), and `suffix` drawn.
+fn claim_of(exactly: Value, drawn: &str) -> Claims {
+    let mut exactly = exactly;
+    exactly["deviceClassName"] = json!(GPU_CLASS);
+    found(vec![(
+        named("shared-gpu"),
+        json!({"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}),
+    )])
+    .with_suffix(Some(suffix(drawn)))
+}
+
+/// A request that states no memory.
+fn unstated(drawn: &str) -> Claims {
+    claim_of(json!({}), drawn)
+}
+
+/// The entry the node-decided limit of `app` is read from.
+fn reference(config_map: &str) -> Value {
+    json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": {"configMapKeyRef":
+        {"name": config_map, "key": "app", "optional": false}}})
+}
+
 #[test]
-fn a_request_without_stated_memory_or_for_all_devices_is_denied() {
-    let pod = app_pod(None);
-    let unstated = found(vec![(
-        named("shared-gpu"),
-        claim(&[("gpu", GPU_CLASS, None)]),
-    )]);
-    assert_eq!(
-        denial(&plan_of(&pod, &cfg(), &unstated)),
-        "container \"app\" gets GPU memory from claim \"gpu\" (ResourceClaim \"shared-gpu\") request \"gpu\", which states no capacity.requests.memory: kai-resource-isolator caps the container at the memory its claim states, and a limit decided on the node is not built yet; state capacity.requests.memory in the request"
-    );
-    let all = found(vec![(
-        named("shared-gpu"),
-        json!({"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": GPU_CLASS, "allocationMode": "All",
-            "capacity": {"requests": {"memory": "8Gi"}}}}]}}),
-    )]);
-    let message = denial(&plan_of(&pod, &cfg(), &all)).to_owned();
+fn a_request_without_stated_memory_gets_the_limit_the_node_decides() {
+    let pod = app_pod(Some(json!([{"name": "KEEP", "value": "1"}])));
+    let (decision, doc) = apply(&pod, &cfg(), &unstated("abcde12345"));
     assert!(
-        message.contains("request \"gpu\" with allocationMode All")
-            && message
-                .contains("ask for an exact count of devices, each with capacity.requests.memory"),
+        matches!(&decision, Decision::Inject { target, .. } if target.name == "app"),
+        "{decision:?}"
+    );
+    assert_eq!(
+        doc["metadata"]["annotations"],
+        json!({ANNOTATION_DRA_LIMITS_CONFIG_MAP: "p-vgpu-dra-abcde12345"})
+    );
+    assert_eq!(
+        doc["spec"]["containers"][1]["env"],
+        json!([
+            {"name": "KEEP", "value": "1"},
+            {"name": "POD_UID", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.uid"}}},
+            {"name": "CONTAINER_NAME", "value": "app"},
+            {"name": "CONTAINER_VGPU_MOUNT", "value": "/usr/local/vgpu"},
+            reference("p-vgpu-dra-abcde12345"),
+        ])
+    );
+    // The pod's own annotations stay; ours joins them.
+    let mut annotated = app_pod(None);
+    annotated["metadata"]["annotations"] = json!({"team": "a"});
+    let (_, doc) = apply(&annotated, &cfg(), &unstated("abcde12345"));
+    assert_eq!(
+        doc["metadata"]["annotations"],
+        json!({"team": "a", ANNOTATION_DRA_LIMITS_CONFIG_MAP: "p-vgpu-dra-abcde12345"})
+    );
+}
+
+#[test]
+fn every_device_or_stated_memory_mixed_with_none_is_decided_on_the_node_too() {
+    let pod = app_pod(None);
+    let all = claim_of(
+        json!({"allocationMode": "All", "capacity": {"requests": {"memory": "8Gi"}}}),
+        "0123456789",
+    );
+    let (_, doc) = apply(&pod, &cfg(), &all);
+    assert_eq!(
+        doc["spec"]["containers"][1]["env"][3],
+        reference("p-vgpu-dra-0123456789")
+    );
+    let two = dra_pod(
+        json!([{"name": "app", "resources": {"claims": [{"name": "a"}, {"name": "b"}]}}]),
+        json!([{"name": "a", "resourceClaimName": "stated"}, {"name": "b", "resourceClaimName": "open"}]),
+    );
+    let mixed = found(vec![
+        (named("stated"), gpu("8Gi")),
+        (named("open"), claim(&[("gpu", GPU_CLASS, None)])),
+    ])
+    .with_suffix(Some(suffix("zzzzzzzzzz")));
+    let (_, doc) = apply(&two, &cfg(), &mixed);
+    assert_eq!(
+        doc["spec"]["containers"][0]["env"][3],
+        reference("p-vgpu-dra-zzzzzzzzzz")
+    );
+    // Stated sizes that differ are still one limit too many, whatever
+    // the node decides for the rest.
+    let three = dra_pod(
+        json!([{"name": "app", "resources": {"claims": [{"name": "a"}, {"name": "b"}, {"name": "c"}]}}]),
+        json!([{"name": "a", "resourceClaimName": "small"}, {"name": "b", "resourceClaimName": "big"},
+               {"name": "c", "resourceClaimName": "open"}]),
+    );
+    let differing = found(vec![
+        (named("small"), gpu("8Gi")),
+        (named("big"), gpu("16Gi")),
+        (named("open"), claim(&[("gpu", GPU_CLASS, None)])),
+    ])
+    .with_suffix(Some(suffix("zzzzzzzzzz")));
+    assert_eq!(
+        denial(&plan_of(&three, &cfg(), &differing)),
+        "container \"app\" gets GPU memory of different sizes (claim \"a\" (ResourceClaim \"small\") request \"gpu\": 8Gi; claim \"b\" (ResourceClaim \"big\") request \"gpu\": 16Gi): libvgpu holds every GPU of a container to one limit, and which device is which is not known at admission; ask for the same memory in each request"
+    );
+    // And a stated size below a MiB is no limit, even beside an open one.
+    let tiny = found(vec![
+        (named("stated"), gpu("512Ki")),
+        (named("open"), claim(&[("gpu", GPU_CLASS, None)])),
+    ])
+    .with_suffix(Some(suffix("zzzzzzzzzz")));
+    let message = denial(&plan_of(&two, &cfg(), &tiny)).to_owned();
+    assert!(
+        message.contains("gets 512Ki of GPU memory") && message.contains("at least 1Mi"),
         "{message}"
     );
     let tiny = app_claims("512Ki");
     let message = denial(&plan_of(&pod, &cfg(), &tiny)).to_owned();
+    assert!(message.contains("at least 1Mi"), "{message}");
+}
+
+#[test]
+fn a_node_decided_pod_gets_an_empty_patch_on_reinvocation_keeping_its_name() {
+    let pod = app_pod(Some(json!([{"name": "X", "value": "y"}])));
+    let (_, once) = apply(&pod, &cfg(), &unstated("aaaaaaaaaa"));
+    // The review draws a new suffix each time: the annotation wins.
+    let (again, twice) = apply(&once, &cfg(), &unstated("bbbbbbbbbb"));
     assert!(
-        message.contains("gets 512Ki of GPU memory") && message.contains("at least 1Mi"),
-        "{message}"
+        matches!(&again, Decision::AlreadyInjected { target } if target.name == "app"),
+        "{again:?}"
+    );
+    assert_eq!(once, twice);
+    // Nor is a suffix needed once the pod names its ConfigMap.
+    let undrawn = Claims::new(vec![(
+        named("shared-gpu"),
+        Ok(spec_of(&claim(&[("gpu", GPU_CLASS, None)]))),
+    )]);
+    assert!(matches!(
+        plan_of(&once, &cfg(), &undrawn),
+        Decision::AlreadyInjected { .. }
+    ));
+    // A required reference written without `optional` is ours too.
+    let mut bare = once.clone();
+    bare["spec"]["containers"][1]["env"][4]["valueFrom"]["configMapKeyRef"]
+        .as_object_mut()
+        .expect("a reference")
+        .remove("optional");
+    assert!(matches!(
+        plan_of(&bare, &cfg(), &undrawn),
+        Decision::AlreadyInjected { .. }
+    ));
+}
+
+fn spec_of(value: &Value) -> k8s_openapi::api::resource::v1::ResourceClaimSpec {
+    serde_json::from_value(value.clone()).expect("a claim spec")
+}
+
+#[test]
+fn a_pod_that_names_its_limits_config_map_keeps_it() {
+    let mut pod = app_pod(None);
+    pod["metadata"]["annotations"] = json!({ANNOTATION_DRA_LIMITS_CONFIG_MAP: "given"});
+    let (decision, doc) = apply(&pod, &cfg(), &unstated("abcde12345"));
+    let Decision::Inject { patch, .. } = &decision else {
+        panic!("{decision:?}");
+    };
+    assert!(
+        !patch
+            .ops()
+            .iter()
+            .any(|op| matches!(op, Op::AnnotateLimitsConfigMap { .. })),
+        "{patch:?}"
+    );
+    assert_eq!(doc["metadata"], pod["metadata"]);
+    assert_eq!(doc["spec"]["containers"][1]["env"][3], reference("given"));
+    // One no ConfigMap could be named is denied, saying so.
+    for bad in [
+        "",
+        "Upper",
+        "-dash",
+        "a..b",
+        "under_score",
+        &"x".repeat(254),
+    ] {
+        pod["metadata"]["annotations"] = json!({ANNOTATION_DRA_LIMITS_CONFIG_MAP: bad});
+        let message = denial(&plan_of(&pod, &cfg(), &unstated("abcde12345"))).to_owned();
+        assert_eq!(
+            message,
+            format!(
+                "annotation {ANNOTATION_DRA_LIMITS_CONFIG_MAP}={bad:?} is not a ConfigMap name (a DNS-1123 subdomain of at most 253 characters): the node agent writes container \"app\"'s GPU memory limit, which its claim leaves to the node, to the ConfigMap it names; remove the annotation (kai-resource-isolator then names one)"
+            )
+        );
+    }
+}
+
+#[test]
+fn a_generated_name_gives_the_base_and_no_name_or_no_suffix_is_denied() {
+    let mut pod = app_pod(None);
+    pod["metadata"] = json!({"generateName": "train-7f9c-", "namespace": "team-a"});
+    let (_, doc) = apply(&pod, &cfg(), &unstated("abcde12345"));
+    assert_eq!(
+        doc["metadata"]["annotations"][ANNOTATION_DRA_LIMITS_CONFIG_MAP],
+        "train-7f9c-vgpu-dra-abcde12345"
+    );
+    pod["metadata"] = json!({"namespace": "team-a"});
+    assert_eq!(
+        denial(&plan_of(&pod, &cfg(), &unstated("abcde12345"))),
+        "the pod has neither metadata.name nor metadata.generateName: kai-resource-isolator names the ConfigMap of container \"app\"'s GPU memory limit, which its claim leaves to the node, after the pod"
+    );
+    let undrawn = unstated("abcde12345").with_suffix(None);
+    assert_eq!(
+        denial(&plan_of(&app_pod(None), &cfg(), &undrawn)),
+        "kai-resource-isolator could not draw a random name for the ConfigMap of container \"app\"'s GPU memory limit, which its claim leaves to the node, and denies the pod rather than start it without its cap (retry)"
+    );
+    // A stated limit needs no suffix.
+    assert!(matches!(
+        plan_of(&app_pod(None), &cfg(), &app_claims("8Gi")),
+        Decision::Inject { .. }
+    ));
+}
+
+#[test]
+fn a_limits_config_map_name_is_always_a_dns_subdomain_of_at_most_253() {
+    let drawn = suffix("abcde12345");
+    assert_eq!(
+        limits_config_map_name("train-0", &drawn),
+        "train-0-vgpu-dra-abcde12345"
+    );
+    assert_eq!(
+        limits_config_map_name("web.v2", &drawn),
+        "web.v2-vgpu-dra-abcde12345"
+    );
+    let long = "a".repeat(253);
+    let cut = limits_config_map_name(&long, &drawn);
+    assert_eq!(cut.len(), 253);
+    assert!(cut.ends_with("a-vgpu-dra-abcde12345"), "{cut}");
+    for odd in [
+        "",
+        "-",
+        "Train_Job",
+        "a..b",
+        ".a.",
+        "a.-b-",
+        "ÿnicode-pod",
+        &format!("{}.-{}", "b".repeat(232), "c".repeat(30)),
+        &format!("{}-x", "d".repeat(232)),
+    ] {
+        let name = limits_config_map_name(odd, &drawn);
+        assert!(is_dns_subdomain(&name), "{odd:?} -> {name:?}");
+        assert!(name.ends_with("vgpu-dra-abcde12345"), "{name}");
+    }
+    assert_eq!(limits_config_map_name("--", &drawn), "vgpu-dra-abcde12345");
+    assert_eq!(
+        limits_config_map_name("Train_Job", &drawn),
+        "trainjob-vgpu-dra-abcde12345"
+    );
+}
+
+#[test]
+fn suffixes_are_ten_letters_or_digits_each_as_likely() {
+    assert!(NameSuffix::new("abcde12345").is_some());
+    for bad in ["abcde1234", "abcde123456", "ABCDE12345", "abcde-1234"] {
+        assert!(NameSuffix::new(bad).is_none(), "{bad}");
+    }
+    // Byte b picks character b mod 36; 252 and up are drawn again.
+    let bytes = [0, 25, 26, 35, 36, 251, 252, 255, 61, 1, 2, 3];
+    assert_eq!(
+        NameSuffix::from_random(&bytes).map(|s| s.as_str().to_owned()),
+        Some("az09a9zbcd".to_owned())
+    );
+    assert!(NameSuffix::from_random(&[252; 32]).is_none());
+    let drawn = NameSuffix::draw(&ring::rand::SystemRandom::new()).expect("the system's random");
+    assert!(NameSuffix::new(drawn.as_str()).is_some(), "{drawn:?}");
+}
+
+#[test]
+fn a_tenants_memory_limit_is_replaced_by_the_reference_or_denied_by_the_policy() {
+    let tenant = [
+        json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "80g"}),
+        // A reference of the tenant's: another ConfigMap, or optional.
+        json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": {"configMapKeyRef":
+            {"name": "mine", "key": "app"}}}),
+        json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": {"configMapKeyRef":
+            {"name": "p-vgpu-dra-abcde12345", "key": "app", "optional": true}}}),
+        json!({"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": {"configMapKeyRef":
+            {"name": "p-vgpu-dra-abcde12345", "key": "other"}}}),
+    ];
+    for entry in tenant {
+        let pod = app_pod(Some(json!([entry])));
+        let (decision, doc) = apply(&pod, &cfg(), &unstated("abcde12345"));
+        assert!(
+            matches!(&decision, Decision::Inject { patch, .. } if patch.removes_tenant_env()),
+            "{entry}: {decision:?}"
+        );
+        let limits: Vec<&Value> = doc["spec"]["containers"][1]["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .filter(|e| e["name"] == "CUDA_DEVICE_MEMORY_LIMIT")
+            .collect();
+        assert_eq!(limits, [&reference("p-vgpu-dra-abcde12345")], "{entry}");
+        let deny = InjectConfig {
+            tenant_env: TenantEnv::Deny,
+            ..cfg()
+        };
+        let decision = plan_of(&pod, &deny, &unstated("abcde12345"));
+        assert!(
+            denial(&decision).contains("container \"app\" sets CUDA_DEVICE_MEMORY_LIMIT itself"),
+            "{entry}: {decision:?}"
+        );
+    }
+}
+
+#[test]
+fn env_from_gets_the_reference_and_the_masks() {
+    let mut pod = app_pod(None);
+    pod["spec"]["containers"][1]["envFrom"] = json!([{"configMapRef": {"name": "settings"}}]);
+    let (_, doc) = apply(&pod, &cfg(), &unstated("abcde12345"));
+    let env = doc["spec"]["containers"][1]["env"].as_array().expect("env");
+    let memory: Vec<&Value> = env
+        .iter()
+        .filter(|e| e["name"] == "CUDA_DEVICE_MEMORY_LIMIT")
+        .collect();
+    assert_eq!(memory, [&reference("p-vgpu-dra-abcde12345")]);
+    assert!(
+        env.contains(&json!({"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": ""})),
+        "{env:?}"
     );
 }
 
