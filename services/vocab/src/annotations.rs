@@ -43,3 +43,11 @@ pub const SHARING_ANNOTATIONS: [&str; 2] = [ANNOTATION_GPU_FRACTION, ANNOTATION_
 
 /// What KAI granted a sharing pod ([`crate::grant`]).
 pub use crate::grant::Grant;
+
+/// The ConfigMap a DRA GPU container's node-decided memory limit is read
+/// from (docs/dra.md): the webhook sets it on a pod whose claim states no
+/// memory and points the container's `CUDA_DEVICE_MEMORY_LIMIT` at the key
+/// of its name; the node agent writes that ConfigMap once the claim is
+/// allocated (`<MiB>m`); the node guard lets the agent create only the one
+/// a pod on its node names here.
+pub const ANNOTATION_DRA_LIMITS_CONFIG_MAP: &str = "kai-resource-isolator.io/dra-limits-configmap";

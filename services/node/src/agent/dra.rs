@@ -28,7 +28,12 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::listed::follow;
 use super::model::DraShare;
+
+/// What holds while the claim or slice cache has not listed (needs list and
+/// watch on resource.k8s.io resourceclaims and resourceslices).
+const DRA_UNLISTED: &str = "pods naming claims are neither named nor expected a region, and nothing about them is called raised";
 
 /// What a pod's claims say about its GPU memory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,14 +79,14 @@ impl DraSource {
         .default_backoff()
         .modify(trim_claim)
         .reflect(writer);
-        let claims_listed = follow(stream, "resourceclaims", shutdown);
+        let claims_listed = follow(stream, "resourceclaims", DRA_UNLISTED, shutdown);
         let (slices, writer) = reflector::store();
         let on_node = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         let stream = watcher(Api::<ResourceSlice>::all(client), on_node)
             .default_backoff()
             .modify(trim_slice)
             .reflect(writer);
-        let slices_listed = follow(stream, "resourceslices", shutdown);
+        let slices_listed = follow(stream, "resourceslices", DRA_UNLISTED, shutdown);
         Self {
             classes,
             claims,
@@ -256,31 +261,6 @@ pub fn read(
         }
     }
     Reading::None
-}
-
-/// Drives a reflector's `stream` until `shutdown`; the receiver turns true
-/// at its first complete list.
-fn follow<K: Send + 'static>(
-    stream: impl futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-    what: &'static str,
-    shutdown: &CancellationToken,
-) -> watch::Receiver<bool> {
-    let (listed_tx, listed) = watch::channel(false);
-    let shutdown = shutdown.clone();
-    tokio::spawn(async move {
-        let on_event = |event| {
-            if matches!(event, watcher::Event::InitDone) && !listed_tx.send_replace(true) {
-                tracing::info!(what, "DRA cache listed");
-            }
-        };
-        // Until both list, pods naming claims are neither named nor
-        // expected a region, and nothing about them is called raised.
-        let on_error = |error: watcher::Error| {
-            tracing::warn!(what, %error, "DRA watch error (needs list and watch on resource.k8s.io {what}); pods naming claims are not judged until it lists; retrying with backoff");
-        };
-        kai_runtime::shutdown::drive(stream, &shutdown, on_event, on_error).await;
-    });
-    listed
 }
 
 /// Keeps what [`read`] reads of a claim: its name, the requests' classes,

@@ -9,7 +9,7 @@
 //! webhook points that variable at a key of a ConfigMap that does not
 //! exist yet (`configMapKeyRef`, not optional: the kubelet holds the
 //! container in `CreateContainerConfigError` until it does) and names the
-//! ConfigMap in the pod's annotation [`ANNOTATION_DRA_LIMITS_CONFIGMAP`].
+//! ConfigMap in the pod's annotation [`ANNOTATION_DRA_LIMITS_CONFIG_MAP`].
 //! This module writes it, once the node knows the slice:
 //!
 //! - [`Wanted::of`] is pure: which pod waits for which ConfigMap and what
@@ -35,11 +35,9 @@ use tokio_util::sync::CancellationToken;
 use super::model::PodMeta;
 
 /// The pod annotation the webhook sets on a pod whose DRA GPU container's
-/// limit is decided here: the name of the ConfigMap, in the pod's
-/// namespace, its `CUDA_DEVICE_MEMORY_LIMIT` is read from (key: the
-/// container's name). Defined here until kai-vocab carries it; the webhook
-/// and the node guard must spell it the same.
-pub const ANNOTATION_DRA_LIMITS_CONFIGMAP: &str = "kai-resource-isolator.io/dra-limits-configmap";
+/// limit is decided here: the ConfigMap, in the pod's namespace, its
+/// `CUDA_DEVICE_MEMORY_LIMIT` is read from (key: the container's name).
+pub use kai_vocab::annotations::ANNOTATION_DRA_LIMITS_CONFIG_MAP;
 
 /// The label every ConfigMap written here carries.
 pub const LABEL_MANAGED_BY: (&str, &str) =
@@ -80,7 +78,7 @@ impl Wanted {
             .metadata
             .annotations
             .as_ref()?
-            .get(ANNOTATION_DRA_LIMITS_CONFIGMAP)?;
+            .get(ANNOTATION_DRA_LIMITS_CONFIG_MAP)?;
         if pod.metadata.deletion_timestamp.is_some() {
             return None;
         }

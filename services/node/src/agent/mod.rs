@@ -9,6 +9,7 @@ mod exposition;
 pub mod grpc;
 pub mod isolation;
 mod join;
+mod listed;
 pub mod model;
 pub mod node;
 pub mod nvml;

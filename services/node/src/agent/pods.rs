@@ -310,7 +310,7 @@ impl PodSource {
                 pod.metadata
                     .annotations
                     .as_ref()
-                    .is_some_and(|a| a.contains_key(dra_limits::ANNOTATION_DRA_LIMITS_CONFIGMAP))
+                    .is_some_and(|a| a.contains_key(dra_limits::ANNOTATION_DRA_LIMITS_CONFIG_MAP))
             })
             .filter_map(|pod| dra_limits::Wanted::of(pod, &meta_of(pod, scope, Some(dra))?))
             .collect();

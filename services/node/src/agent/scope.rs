@@ -34,6 +34,12 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::listed::follow;
+
+/// What holds while the webhook's configuration or the namespaces have not
+/// listed.
+const SCOPE_UNLISTED: &str = "every namespace is served and nobody opts out";
+
 /// How the webhook treats the pods of one namespace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
@@ -124,7 +130,8 @@ impl WebhookScope {
             .default_backoff()
             .modify(|c: &mut MutatingWebhookConfiguration| c.metadata.managed_fields = None)
             .reflect(writer);
-        let configuration_listed = follow(stream, "webhook configuration", &shutdown);
+        let configuration_listed =
+            follow(stream, "webhook configuration", SCOPE_UNLISTED, &shutdown);
         let (namespaces, writer) = reflector::store();
         // Metadata only: a namespace's labels are all that is read.
         let api: Api<PartialObjectMeta<Namespace>> = Api::all(client);
@@ -135,7 +142,7 @@ impl WebhookScope {
                 ns.metadata.annotations = None;
             })
             .reflect(writer);
-        let namespaces_listed = follow(stream, "namespace", &shutdown);
+        let namespaces_listed = follow(stream, "namespace", SCOPE_UNLISTED, &shutdown);
         Self::Watched(Arc::new(Watched {
             name: name.to_owned(),
             configuration,
@@ -169,30 +176,6 @@ impl WebhookScope {
             }
         }
     }
-}
-
-/// Drives a reflector's `stream` until `shutdown`; the receiver turns true
-/// at its first complete list.
-fn follow<K: Send + 'static>(
-    stream: impl futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-    what: &'static str,
-    shutdown: &CancellationToken,
-) -> watch::Receiver<bool> {
-    let (listed_tx, listed) = watch::channel(false);
-    let shutdown = shutdown.clone();
-    tokio::spawn(async move {
-        let on_event = |event| {
-            if matches!(event, watcher::Event::InitDone) {
-                listed_tx.send_replace(true);
-            }
-        };
-        // Until it lists, every namespace is served and nobody opts out.
-        let on_error = |error: watcher::Error| {
-            tracing::warn!(what, %error, "webhook scope watch error; retrying with backoff");
-        };
-        kai_runtime::shutdown::drive(stream, &shutdown, on_event, on_error).await;
-    });
-    listed
 }
 
 #[cfg(test)]

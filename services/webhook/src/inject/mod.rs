@@ -50,12 +50,8 @@ pub use kai_vocab::annotations::{
     ANNOTATION_GPU_MEMORY, ANNOTATION_INJECT,
 };
 
-/// The ConfigMap the node agent writes a DRA container's node-decided
-/// memory limit to (key: the container's name, value: `<MiB>m`), set on a
-/// pod whose GPU claim states no memory (docs/webhook.md, "A limit decided
-/// on the node"). The node agent's writer and the node guard read the same
-/// string; it moves to kai-vocab once both sides have landed.
-pub const ANNOTATION_DRA_LIMITS_CONFIG_MAP: &str = "kai-resource-isolator.io/dra-limits-configmap";
+/// Shared with the node agent, which writes the ConfigMap it names.
+pub use kai_vocab::annotations::ANNOTATION_DRA_LIMITS_CONFIG_MAP;
 
 /// Where KAI's admission records the prefix of the pod's per-container
 /// capabilities ConfigMaps (KAI-Scheduler `gpusharingconfigmap`).

@@ -70,7 +70,7 @@ fn count(recorder: &Recorder, result: &str) -> String {
 /// annotation the webhook sets when the node decides its limit.
 fn waiting() -> Pod {
     let mut pod = dra::pod(serde_json::json!({"resourceClaimName": "two-gpus"}), None);
-    annotate(&mut pod, ANNOTATION_DRA_LIMITS_CONFIGMAP, NAME);
+    annotate(&mut pod, ANNOTATION_DRA_LIMITS_CONFIG_MAP, NAME);
     pod
 }
 
@@ -279,7 +279,7 @@ fn pods_without_the_annotation_or_a_gpu_memory_claim_are_never_wanted() {
         serde_json::json!({"resourceClaimName": "two-gpus"}),
         Some("nic"),
     );
-    annotate(&mut nic, ANNOTATION_DRA_LIMITS_CONFIGMAP, "nic-cm");
+    annotate(&mut nic, ANNOTATION_DRA_LIMITS_CONFIG_MAP, "nic-cm");
     nic.metadata.uid = Some("p2".into());
     // A plain pod: no claim at all.
     let mut plain = waiting();
