@@ -118,10 +118,11 @@ def webhook_env(kc, c, overrides=(), full=FULL, ns=NS):
     container `c` (with `overrides`): no delay after SIGTERM, since this
     suite stops a webhook only to restart it or once nothing routes to it
     (the race the delay is for, a real kubelet's SIGTERM against the
-    endpoint's removal, is node.sh's); with the node guard on, a token of
-    the webhook's own ServiceAccount, with which the guard looks pods up."""
+    endpoint's removal, is node.sh's); with the node guard or DRA claims
+    on, a token of the webhook's own ServiceAccount, with which the guard
+    looks pods up and the webhook reads claims."""
     env = {**chart_env(c), "SHUTDOWN_DELAY_SECONDS": "0", **dict(overrides)}
-    if env.get("NODE_GUARD") == "true":
+    if env.get("NODE_GUARD") == "true" or any(a.startswith("--dra-memory-class") for a in c.get("args", [])):
         env["KUBECONFIG"] = kc.sa_kubeconfig(f"{full}-webhook", ns=ns)
     return env
 
@@ -1926,6 +1927,42 @@ def test_components_node_guard(check, kc, agent):
     mine = kc.sa_kubeconfig(f"{FULL}-node", pod=agent_pod(kc, kc.nodes[0]))
     r = kc.kubectl("create", "--raw", path, "-f", eviction, kubeconfig=mine, check=False)
     assert r.returncode == 0, r.stderr
+
+
+@named("node guard: an agent's token creates only the DRA limits ConfigMap a pod on its own node names")
+def test_components_node_guard_configmaps(check, kc, agent):
+    # The ConfigMap a DRA pod's node-decided limit is read from
+    # (docs/dra.md): the agent may create it for a pod on its node whose
+    # annotation names it, owned by that pod; nothing else, from no other
+    # node. The pod needs no claim for the guard: it reads the annotation.
+    annotation = "kai-resource-isolator.io/dra-limits-configmap"
+    target = kc.create(pod("dra-limited", {annotation: "dra-limited-vgpu-dra-0123456789"}, node=kc.nodes[0]))
+    holder = pod("agent-token-holder-cm", node=kc.nodes[1])
+    holder["spec"]["serviceAccountName"] = f"{FULL}-node"
+    other = kc.sa_kubeconfig(f"{FULL}-node", pod=kc.create(holder, ns=NS))
+    mine = kc.sa_kubeconfig(f"{FULL}-node", pod=agent_pod(kc, kc.nodes[0]))
+
+    def create(name, kubeconfig, owner=target):
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": TENANT}, "data": {"main": "1024m"}}
+        if owner:
+            cm["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": owner["metadata"]["name"],
+                                                  "uid": owner["metadata"]["uid"]}]
+        path = os.path.join(kc.work, f"cm-{name}.json")
+        with open(path, "w") as f:
+            json.dump(cm, f)
+        return kc.kubectl("create", "-f", path, kubeconfig=kubeconfig, check=False)
+    r = create("dra-limited-vgpu-dra-0123456789", other)
+    # Refused from the other node, naming the asking node only.
+    assert r.returncode != 0 and kc.nodes[1] in r.stderr and kc.nodes[0] not in r.stderr, r.stderr
+    # Not a name the pod's annotation gives (KAI's binder ConfigMaps, say).
+    r = create("dra-limited-shared-gpu-0", mine)
+    assert r.returncode != 0 and "annotation" in r.stderr, r.stderr
+    # No owner: nothing ties it to a pod on this node.
+    r = create("dra-limited-vgpu-dra-0123456789", mine, owner=None)
+    assert r.returncode != 0 and "ownerReference" in r.stderr, r.stderr
+    r = create("dra-limited-vgpu-dra-0123456789", mine)
+    assert r.returncode == 0, r.stderr
+    assert kc.kjson("get", "configmap", "dra-limited-vgpu-dra-0123456789", "-n", TENANT)["data"] == {"main": "1024m"}
 
 
 @named("aggregator with its ServiceAccount token discovers the agent pod and serves its containers")

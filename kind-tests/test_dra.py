@@ -30,6 +30,7 @@ built binaries are $KAI_TARGET's, else target/debug's (built when missing).
 """
 import json
 import os
+import re
 import time
 
 import pytest
@@ -53,6 +54,7 @@ DRA_CLASSES = [{"name": d.CLASS, "memoryCapacity": d.MEMORY}]
 CSI_DRIVER = "vgpu.kai-resource-isolator.io"
 OURS = ("POD_UID", "CONTAINER_NAME", "CONTAINER_VGPU_MOUNT", "CUDA_DEVICE_MEMORY_LIMIT")
 GIB = 1 << 30
+ANNOTATION_LIMITS = "kai-resource-isolator.io/dra-limits-configmap"  # where the webhook names the limits ConfigMap
 
 
 # --- the module: node, driver, this chart -----------------------------------------
@@ -456,17 +458,65 @@ def test_rounded_up(isolator):
         s.delete(["round"], ["round"])
 
 
-def test_no_capacity_request_denied(isolator):
-    """A claim of the declared class stating no memory: the pod is denied
-    at admission (a node-decided limit is not built), the message saying
-    to state capacity.requests."""
+def node_decided(s, name, claim_obj, devices):
+    """Pod `name` naming `claim_obj`, whose slice only the allocation tells:
+    admitted with the annotation naming its limits ConfigMap and the
+    container's CUDA_DEVICE_MEMORY_LIMIT a required reference to its key;
+    Running once the agent wrote that ConfigMap (owned by the pod,
+    `<MiB>m` of the least consumed memory of its shares), the container's
+    env that value, its region at that cap `capped` on each of `devices`
+    with the shares granted what the allocation consumed. The results."""
+    p = s.pod(name, [claim_obj])
+    config_map = p["metadata"]["annotations"][ANNOTATION_LIMITS]
+    assert re.fullmatch(rf"{name}-vgpu-dra-[a-z0-9]{{10}}", config_map), config_map
+    (c,) = [c for c in p["spec"]["containers"] if c["name"] == WORK]
+    (entry,) = [e for e in c.get("env") or [] if e["name"] == "CUDA_DEVICE_MEMORY_LIMIT"]
+    assert entry["valueFrom"]["configMapKeyRef"] == {"name": config_map, "key": WORK, "optional": False}, entry
+    results = d.allocated(s.node, name, TEAM)
+    assert sorted(r["device"] for r in results) == sorted(devices), results
+    mib = min(d.consumed(r) for r in results) // MIB
+    cm = s.node.kjson("get", "configmap", config_map, "-n", TEAM)
+    assert cm["data"] == {WORK: f"{mib}m"}, cm["data"]
+    assert [(o["kind"], o["name"], o["uid"]) for o in cm["metadata"]["ownerReferences"]] == \
+        [("Pod", name, p["metadata"]["uid"])], cm["metadata"]
+    assert s.env(name, "CUDA_DEVICE_MEMORY_LIMIT") == f"{mib}m"
+    pid = s.region(p, mib, 1000, devices=devices)
+    s.nvml({dev: {pid: 1000} for dev in devices})
+    for dev in devices:
+        s.row(name, dev, "capped", lambda r: r["state"] == "capped")
+    shares = s.dra_shares(name, len(devices))
+    assert sorted(int(x["grantedBytes"]) for x in shares) == sorted(d.consumed(r) for r in results), shares
+    return config_map
+
+
+def test_no_capacity_request(isolator):
+    """A claim of the declared class stating no memory takes the policy's
+    default, here the whole device (80Gi): its limit is decided on the node
+    (81920m, from the ConfigMap the agent wrote once the claim was
+    allocated); the ConfigMap goes with the pod (garbage collector)."""
     s = isolator
     try:
-        msg = s.refused("nocap", [d.claim("nocap", index=1)])
-        assert "capacity.requests" in msg, msg
-        assert s.node.kubectl("get", "pod", "nocap", "-n", TEAM, check=False).returncode != 0
+        config_map = node_decided(s, "nocap", d.claim("nocap", index=1), ["gpu-1"])
     finally:
         s.delete(["nocap"], ["nocap"])
+
+    def collected():
+        return s.node.kubectl("get", "configmap", config_map, "-n", TEAM, check=False).returncode != 0
+    wait(f"ConfigMap {config_map} deleted with its pod", collected)
+
+
+def test_allocation_mode_all(isolator):
+    """allocationMode All: every device of the class (both GPUs, each whole
+    by default); the one limit, decided on the node, is 81920m on each."""
+    s = isolator
+    claim_obj = d.claim("every")
+    exactly = claim_obj["spec"]["devices"]["requests"][0]["exactly"]
+    exactly["allocationMode"] = "All"
+    del exactly["count"]
+    try:
+        node_decided(s, "every", claim_obj, ["gpu-0", "gpu-1"])
+    finally:
+        s.delete(["every"], ["every"])
 
 
 def test_unequal_requests_denied(isolator):

@@ -384,7 +384,7 @@ Events or evicts, and where ServiceAccount tokens carry the node's name
 */ -}}
 {{- define "kai.nodeGuard" -}}
 {{- $m := .Values.monitor -}}
-{{- if and $m.enabled $m.isolation.nodeGuard (or $m.isolation.events (eq (toString $m.isolation.enforce) "evict")) (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) -}}true{{- end -}}
+{{- if and $m.enabled $m.isolation.nodeGuard (or $m.isolation.events (eq (toString $m.isolation.enforce) "evict") (include "kai.dra" .)) (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) -}}true{{- end -}}
 {{- end -}}
 
 {{- /* matchConditions: beta and on by default in 1.28, GA in 1.30. */ -}}

@@ -254,7 +254,10 @@ def rbac_least_privilege():
     nodes = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}
     # DRA shares: the claims of its pods (any namespace) and its node's slices.
     dra = {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceslices"], "verbs": ["list", "watch"]}
-    assert one(docs, "ClusterRole", "-node")["rules"] == [pods, events, configuration, namespaces, nodes, dra]
+    # ... and the ConfigMap of a claim's node-decided limit (the node guard
+    # allows only that pod's, on its own node).
+    limits = {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}
+    assert one(docs, "ClusterRole", "-node")["rules"] == [pods, events, configuration, namespaces, nodes, dra, limits]
     no_dra = render(extra=NO_DRA)
     assert one(no_dra, "ClusterRole", "-node")["rules"] == [pods, events, configuration, namespaces, nodes]
     role = one(docs, "Role", "-aggregator")
@@ -859,6 +862,12 @@ def node_guard():
     assert guard("--set", "monitor.isolation.events=false", *NO_DRA) is None
     assert guard("--set", "monitor.isolation.events=false", "--set", "monitor.isolation.enforce=evict", *NO_DRA) is not None
     assert guard("--set", "monitor.isolation.nodeGuard=false", *NO_DRA) is None
+    # With DRA (1.34+) the agent writes ConfigMaps of node-decided limits:
+    # guarded too, even without Events or evictions.
+    dra = guard("--set", "monitor.isolation.events=false")
+    assert {tuple(r["resources"]) for r in dra["rules"]} == {("pods/eviction",), ("events",), ("configmaps",)}
+    (cm,) = [r for r in dra["rules"] if r["resources"] == ["configmaps"]]
+    assert (cm["apiGroups"], cm["operations"]) == ([""], ["CREATE"])
 
 
 def dra_classes():
