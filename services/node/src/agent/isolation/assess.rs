@@ -8,7 +8,7 @@ use kai_region::ProcessSlot;
 
 use super::classify::{classify, human_bytes, stale_slots};
 use super::{Checks, Input, Isolation, MissingRegion, Notice, Output, Settings, Subject};
-use super::{grant, trust};
+use super::{grant, shared, trust};
 use crate::agent::model::{ContainerView, HostPids};
 
 /// Percentage points below the near-cap threshold that count as "back
@@ -63,12 +63,23 @@ impl Assessor {
         let mut seen_near = HashSet::new();
         let mut seen_stale = HashMap::new();
 
-        for view in views.iter_mut() {
-            if let Some(host) = host {
-                retire_dead_slots(view, host, input);
-            }
+        // Each container's own verdict first, then what only the
+        // containers side by side show: holders of one DRA share whose
+        // caps together exceed it (module `shared`).
+        let mut verdicts: Vec<shared::Verdict> = views
+            .iter_mut()
+            .map(|view| {
+                if let Some(host) = host {
+                    retire_dead_slots(view, host, input);
+                }
+                let id = (view.key.pod_uid.clone(), view.key.container.clone());
+                self.verdict(view, &id, input)
+            })
+            .collect();
+        shared::judge(views, &mut verdicts);
+
+        for (view, (state, reason, evidence)) in views.iter_mut().zip(verdicts) {
             let id = (view.key.pod_uid.clone(), view.key.container.clone());
-            let (state, reason, evidence) = self.verdict(view, &id, input);
             let announce = view.pod.is_some() || !input.defer_unnamed;
             // A forged region's figures are someone else's claim: no
             // near-cap notices to the pod it names.

@@ -14,6 +14,7 @@ mod escaped;
 pub mod events;
 pub mod grant;
 pub mod hostproc;
+mod shared;
 pub mod trust;
 
 use std::time::Duration;

@@ -2136,3 +2136,302 @@ fn a_claims_container_without_a_region_is_missing_with_its_shares() {
         "a KAI pod's has none"
     );
 }
+
+// --- One DRA share, several holders (module `shared`, docs/isolation.md, "DRA claims") ---
+
+const OTHER_UID: &str = "7e6d5c4b-3a29-4180-9f0e-d1c2b3a4f5e6";
+
+/// ResourceClaim team-a/shared, request `gpu`, made once and named by
+/// `resourceClaimName` in two pods: share `id` of gpu-0 on [`GPU`] (`None`:
+/// the device allocated whole), 16Gi consumed.
+fn shared_claim(id: Option<&str>) -> DraShare {
+    DraShare {
+        claim: "shared".into(),
+        request: "gpu".into(),
+        share_id: id.map(str::to_owned),
+        ..share("", "gpu-0", Some(GPU), Some(16 * GIB))
+    }
+}
+
+/// Pod `name` (UID `uid`) whose GPU container `main` holds `shares`, its
+/// region capped at `cap` on `uuid`, process `pid` accounting `used`.
+fn holder(
+    uid: &str,
+    name: &str,
+    (uuid, cap): (&str, u64),
+    (pid, used): (i32, u64),
+    shares: Vec<DraShare>,
+) -> ContainerView {
+    let region = RegionBuilder::v1()
+        .device(uuid, cap)
+        .process(pid, vec![UsageSpec::data(used, used)]);
+    let mut view = view_of(uid, &region);
+    if let Some(pod) = view.pod.as_mut() {
+        pod.name = name.into();
+        pod.dra_shares = Some(shares);
+    }
+    view
+}
+
+/// `trainer-0` (UID [`UID`], PID 4000) and `infer-1` (UID [`OTHER_UID`],
+/// PID 5000), both holding `shares`, capped at `caps` on [`GPU`], each
+/// using 1 GiB as the region accounts.
+fn two_holders(caps: (u64, u64), shares: &[DraShare]) -> Vec<ContainerView> {
+    vec![
+        holder(
+            UID,
+            "trainer-0",
+            (GPU, caps.0),
+            (4000, GIB),
+            shares.to_vec(),
+        ),
+        holder(
+            OTHER_UID,
+            "infer-1",
+            (GPU, caps.1),
+            (5000, GIB),
+            shares.to_vec(),
+        ),
+    ]
+}
+
+/// Assesses `views` with NVML measuring PID 4000 (of [`UID`]) and PID 5000
+/// (of [`OTHER_UID`]) at `measured` on [`GPU`]; the notices and who would
+/// be evicted.
+fn assess_holders(
+    assessor: &mut Assessor,
+    views: &mut [ContainerView],
+    measured: (u64, u64),
+) -> (Vec<Notice>, Vec<crate::agent::enforce::Candidate>) {
+    let proc_dir = fake_proc(&[(4000, &cgroup_of(UID)), (5000, &cgroup_of(OTHER_UID))]);
+    let host = HostProc::new(proc_dir.path());
+    let processes = [nvml(4000, measured.0), nvml(5000, measured.1)];
+    let out = assessor.assess(
+        views,
+        &Input {
+            gpu_processes: Ok(&processes),
+            host: Some(&host),
+            ..input(NOW_MS)
+        },
+    );
+    let evict = crate::agent::enforce::candidates(views, &out.missing, &out.escaped);
+    (out.notices, evict)
+}
+
+fn states(views: &[ContainerView]) -> Vec<IsolationState> {
+    views.iter().map(|v| v.isolation.state).collect()
+}
+
+/// Each holder capped at the whole 16Gi slice: each alone is within its
+/// grant, together they may take 32 GiB of it. Both above the grant, each
+/// naming the other; a warning only (each uses 15 GiB, within its own
+/// grant: no evidence, nobody evicted). A share under a `shareID` and a
+/// device allocated whole alike.
+#[test]
+fn two_pods_capped_at_one_shared_slice_are_both_above_grant_naming_each_other() {
+    for (id, of) in [
+        (Some("s1"), "share s1 of gpu.example.com/node-1/gpu-0"),
+        (None, "device gpu.example.com/node-1/gpu-0"),
+    ] {
+        let mut assessor = Assessor::default();
+        let mut views = two_holders((16 * GIB, 16 * GIB), &[shared_claim(id)]);
+        let (notices, evict) = assess_holders(&mut assessor, &mut views, (15 * GIB, 15 * GIB));
+        assert_eq!(
+            states(&views),
+            [IsolationState::AboveGrant, IsolationState::AboveGrant],
+            "{views:?}"
+        );
+        let reason = |other: &str| {
+            format!(
+                "the cap on {GPU} is 16384 MiB, and the DRA share it sits on is held on this node by team-a/{other}/main (cap 16384 MiB) too: the holders' caps there sum to 32768 MiB, above the grant of 16384 MiB they share (ResourceClaim team-a/shared request gpu: {of}, consumedCapacity memory 16Gi), so together they may take more than the slice; reported, never evicted on this alone (which holder took another's part cannot be told)"
+            )
+        };
+        assert_eq!(views[0].isolation.reason, reason("infer-1"));
+        assert_eq!(views[1].isolation.reason, reason("trainer-0"));
+        assert_eq!(
+            reasons(&notices),
+            ["GpuMemoryAboveGrant", "GpuMemoryAboveGrant"]
+        );
+        assert_eq!(
+            (&views[0].isolation.evidence, &views[1].isolation.evidence),
+            (&None, &None)
+        );
+        assert!(evict.is_empty(), "{evict:?}");
+
+        // The other pod gone: the one left holds the slice alone.
+        let mut alone = vec![views.remove(0)];
+        let (notices, _) = assess_holders(&mut assessor, &mut alone, (15 * GIB, 0));
+        assert_eq!(states(&alone), [IsolationState::Capped]);
+        assert_eq!(reasons(&notices), ["GpuMemoryCapVerified"]);
+    }
+}
+
+/// A holder's own evidence above its own grant still evicts it, as for one
+/// holder; the other, within its grant, is only warned.
+#[test]
+fn a_shared_slices_holder_is_evicted_on_its_own_evidence_only() {
+    let mut views = two_holders((16 * GIB, 16 * GIB), &[shared_claim(Some("s1"))]);
+    let (_, evict) = assess_holders(&mut Assessor::default(), &mut views, (GIB, 18 * GIB));
+    assert_eq!(
+        states(&views),
+        [IsolationState::AboveGrant, IsolationState::OverCap]
+    );
+    assert_eq!(views[0].isolation.evidence, None);
+    let evicted: Vec<(&str, crate::agent::enforce::Reason)> =
+        evict.iter().map(|c| (c.pod.as_str(), c.reason)).collect();
+    assert_eq!(
+        evicted,
+        [("infer-1", crate::agent::enforce::Reason::OverCap)]
+    );
+}
+
+/// Each holder's cap a part of the slice, the parts at most the whole:
+/// capped, nothing said. One MiB more than the slice is not.
+#[test]
+fn holders_whose_caps_sum_to_at_most_the_slice_are_capped() {
+    for caps in [(8 * GIB, 8 * GIB), (10 * GIB, 6 * GIB), (4 * GIB, 2 * GIB)] {
+        let mut views = two_holders(caps, &[shared_claim(Some("s1"))]);
+        let (notices, evict) = assess_holders(&mut Assessor::default(), &mut views, (GIB, GIB));
+        assert_eq!(
+            states(&views),
+            [IsolationState::Capped, IsolationState::Capped],
+            "{caps:?}: {views:?}"
+        );
+        assert!(notices.is_empty(), "{notices:?}");
+        assert!(evict.is_empty());
+    }
+    let mut views = two_holders((8 * GIB, 8 * GIB + MIB), &[shared_claim(Some("s1"))]);
+    assess_holders(&mut Assessor::default(), &mut views, (GIB, GIB));
+    assert_eq!(
+        states(&views),
+        [IsolationState::AboveGrant, IsolationState::AboveGrant]
+    );
+    assert!(
+        views[0]
+            .isolation
+            .reason
+            .contains("caps there sum to 16385 MiB, above the grant of 16384 MiB"),
+        "{}",
+        views[0].isolation.reason
+    );
+}
+
+/// A holder above its own grant keeps that reason, and one over its cap
+/// stays over its cap; the other holder is told of the sum, naming them.
+#[test]
+fn a_holder_with_a_worse_state_of_its_own_keeps_it() {
+    let claim = [shared_claim(Some("s1"))];
+    let mut views = two_holders((20 * GIB, 8 * GIB), &claim);
+    assess_holders(&mut Assessor::default(), &mut views, (GIB, GIB));
+    assert_eq!(
+        states(&views),
+        [IsolationState::AboveGrant, IsolationState::AboveGrant]
+    );
+    assert_eq!(
+        views[0].isolation.reason,
+        format!(
+            "the cap on {GPU} is 20480 MiB, above the pod's grant of 16384 MiB (ResourceClaim team-a/shared request gpu: share s1 of gpu.example.com/node-1/gpu-0, consumedCapacity memory 16Gi): the container set its own limit"
+        )
+    );
+    assert!(
+        views[1].isolation.reason.contains(
+            "held on this node by team-a/trainer-0/main (cap 20480 MiB) too: the holders' caps there sum to 28672 MiB"
+        ),
+        "{}",
+        views[1].isolation.reason
+    );
+
+    // Over its own cap by libvgpu's own accounting.
+    let mut views = vec![
+        holder(
+            UID,
+            "trainer-0",
+            (GPU, 16 * GIB),
+            (4000, 16 * GIB + 512 * MIB),
+            claim.to_vec(),
+        ),
+        holder(
+            OTHER_UID,
+            "infer-1",
+            (GPU, 16 * GIB),
+            (5000, GIB),
+            claim.to_vec(),
+        ),
+    ];
+    assess_holders(&mut Assessor::default(), &mut views, (GIB, GIB));
+    assert_eq!(
+        states(&views),
+        [IsolationState::OverCap, IsolationState::AboveGrant]
+    );
+    assert!(
+        views[0].isolation.reason.starts_with("libvgpu accounts"),
+        "{}",
+        views[0].isolation.reason
+    );
+}
+
+/// Two shares of one device under distinct `shareID`s (the scheduler fit
+/// both into it): distinct grants, each holder held to its own, never
+/// summed.
+#[test]
+fn distinct_shares_of_one_device_are_not_summed() {
+    let mut views = vec![
+        holder(
+            UID,
+            "trainer-0",
+            (GPU, 16 * GIB),
+            (4000, GIB),
+            vec![shared_claim(Some("s1"))],
+        ),
+        holder(
+            OTHER_UID,
+            "infer-1",
+            (GPU, 16 * GIB),
+            (5000, GIB),
+            vec![shared_claim(Some("s2"))],
+        ),
+    ];
+    let (notices, _) = assess_holders(&mut Assessor::default(), &mut views, (GIB, GIB));
+    assert_eq!(
+        states(&views),
+        [IsolationState::Capped, IsolationState::Capped]
+    );
+    assert!(notices.is_empty(), "{notices:?}");
+}
+
+/// A claim with a share on each of two devices, named by two pods whose
+/// regions record one device each: one holder per device, nothing summed.
+#[test]
+fn holders_of_a_shared_claim_on_different_devices_are_not_summed() {
+    let claim = vec![
+        shared_claim(Some("s1")),
+        DraShare {
+            device: "gpu-1".into(),
+            gpu_uuid: Some(OTHER_GPU.into()),
+            ..shared_claim(Some("s2"))
+        },
+    ];
+    let mut views = vec![
+        holder(
+            UID,
+            "trainer-0",
+            (GPU, 16 * GIB),
+            (4000, GIB),
+            claim.clone(),
+        ),
+        holder(
+            OTHER_UID,
+            "infer-1",
+            (OTHER_GPU, 16 * GIB),
+            (5000, GIB),
+            claim,
+        ),
+    ];
+    let (notices, _) = assess_holders(&mut Assessor::default(), &mut views, (GIB, GIB));
+    assert_eq!(
+        states(&views),
+        [IsolationState::Capped, IsolationState::Capped],
+        "{views:?}"
+    );
+    assert!(notices.is_empty(), "{notices:?}");
+}
