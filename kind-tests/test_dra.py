@@ -632,6 +632,38 @@ def test_other_class_untouched(isolator):
         s.delete(["other", "plain"], ["other"])
 
 
+def test_one_claim_two_pods(isolator):
+    """One ResourceClaim named by two pods (reservedFor both): one share of
+    gpu-0, the same shareID in both pods' draShares, the grant the slice's
+    16Gi; each container is capped at that whole slice (its request), so
+    their caps together are twice it: both above_grant, each reason naming
+    the other pod and the sum (32768 MiB); neither evicted (the shared
+    slice is a warning: enforce is none here, and the state never evicts on
+    its own). With one pod gone the other is capped again."""
+    s = isolator
+    names = ("pair-a", "pair-b")
+    try:
+        d.create(s.node, d.claim("pair", memory="16Gi", compute="20", index=0), TEAM)
+        for n in names:
+            d.create(s.node, d.pod(n, ["pair"]), TEAM)
+        pods = {n: d.running(s.node, n, TEAM) for n in names}
+        (r,) = d.allocated(s.node, "pair", TEAM)
+        claim = s.node.kjson("get", "resourceclaim", "pair", "-n", TEAM)
+        assert sorted(x["name"] for x in claim["status"]["reservedFor"]) == sorted(names), claim["status"]
+        pids = {n: s.region(pods[n], 16384, 1000) for n in names}
+        s.nvml({"gpu-0": {pid: 1000 for pid in pids.values()}})
+        for n in names:
+            (other,) = [m for m in names if m != n]
+            row = s.row(n, "gpu-0", "above_grant", lambda x: x["state"] == "above_grant")
+            assert other in row["reason"] and "32768" in row["reason"], row
+            (share,) = s.dra_shares(n, 1)
+            assert share["shareId"] == r["shareID"] and int(share["grantedBytes"]) == 16 * GIB, share
+        d.delete(s.node, TEAM, ["pair-b"], [])
+        s.row("pair-a", "gpu-0", "capped again alone", lambda x: x["state"] == "capped")
+    finally:
+        s.delete(list(names), ["pair"])
+
+
 def test_restricted_namespace(isolator):
     """A Pod Security `restricted` namespace (no hostPath), CSI delivery:
     the claim pod is admitted, runs, and is capped."""
