@@ -22,7 +22,7 @@
 //! - [`CreateConfigMap`] is the one API call, implemented for
 //!   [`kube::Client`] and faked in the tests.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::attempts::{Attempts, sleep_until};
 use super::model::PodMeta;
 
 /// The pod annotation the webhook sets on a pod whose DRA GPU container's
@@ -265,23 +266,18 @@ impl Writer {
 /// The writing loop's state: which pods are written, which wait for a retry.
 pub(crate) struct Task<W> {
     writer: W,
-    backoff: Backoff,
     counts: Counts,
     /// Pods (UIDs) whose ConfigMap is there (created or found), or that
-    /// will never get one (a limit under 1 MiB).
-    done: HashSet<String>,
-    /// Pods to try again: when, and their schedule.
-    retry: HashMap<String, (Instant, kai_runtime::backoff::Backoff)>,
+    /// will never get one (a limit under 1 MiB); those to try again.
+    attempts: Attempts,
 }
 
 impl<W: CreateConfigMap> Task<W> {
     pub(crate) fn new(writer: W, backoff: Backoff, counts: Counts) -> Self {
         Self {
             writer,
-            backoff,
             counts,
-            done: HashSet::new(),
-            retry: HashMap::new(),
+            attempts: Attempts::new(backoff.first, backoff.max),
         }
     }
 
@@ -314,20 +310,14 @@ impl<W: CreateConfigMap> Task<W> {
     /// gone from the node, or no longer waiting. Should one come back,
     /// the ConfigMap it finds counts as written.
     pub(crate) fn keep(&mut self, current: &[Wanted]) {
-        let uids: HashSet<&str> = current.iter().map(|w| w.uid.as_str()).collect();
-        self.done.retain(|uid| uids.contains(uid.as_str()));
-        self.retry.retain(|uid, _| uids.contains(uid.as_str()));
+        self.attempts.keep(current.iter().map(|w| w.uid.as_str()));
     }
 
     /// Writes what `current` names and is neither done nor waiting for
     /// its retry.
     pub(crate) async fn round(&mut self, current: &[Wanted]) {
         for wanted in current {
-            let waiting = self
-                .retry
-                .get(&wanted.uid)
-                .is_some_and(|(at, _)| *at > Instant::now());
-            if !waiting && !self.done.contains(&wanted.uid) {
+            if self.attempts.due(&wanted.uid) {
                 self.write(wanted).await;
             }
         }
@@ -335,11 +325,8 @@ impl<W: CreateConfigMap> Task<W> {
 
     /// The earliest retry of a pod `current` still names.
     pub(crate) fn next_due(&self, current: &[Wanted]) -> Option<Instant> {
-        current
-            .iter()
-            .filter(|w| !self.done.contains(&w.uid))
-            .filter_map(|w| self.retry.get(&w.uid).map(|(at, _)| *at))
-            .min()
+        self.attempts
+            .next_due(current.iter().map(|w| w.uid.as_str()))
     }
 
     #[tracing::instrument(name = "dra_limits_configmap", skip_all, fields(namespace = %w.namespace, pod = %w.pod, configmap = %w.configmap, container = %w.container))]
@@ -353,7 +340,7 @@ impl<W: CreateConfigMap> Task<W> {
                 "a share of the claim is under 1 MiB: no limit written; the container will not start"
             );
             self.counts.failed.increment(1);
-            self.done.insert(w.uid.clone());
+            self.attempts.done(&w.uid);
             return;
         }
         if let Some(most) = w.most_bytes {
@@ -367,8 +354,7 @@ impl<W: CreateConfigMap> Task<W> {
             Created::Created => {
                 tracing::info!(limit_mib = mib, "wrote the container's GPU memory limit");
                 self.counts.created.increment(1);
-                self.done.insert(w.uid.clone());
-                self.retry.remove(&w.uid);
+                self.attempts.done(&w.uid);
             }
             Created::AlreadyExists => {
                 tracing::info!(
@@ -376,36 +362,14 @@ impl<W: CreateConfigMap> Task<W> {
                     "the limits ConfigMap is already there; left as it is"
                 );
                 self.counts.already_existed.increment(1);
-                self.done.insert(w.uid.clone());
-                self.retry.remove(&w.uid);
+                self.attempts.done(&w.uid);
             }
             Created::Failed { message } => {
                 self.counts.failed.increment(1);
-                let delay = self.delay(&w.uid);
+                let delay = self.attempts.failed(&w.uid);
                 tracing::warn!(limit_mib = mib, error = %message, retry_in = ?delay, "cannot write the limits ConfigMap (needs create on configmaps, allowed by the node guard); the container waits for it");
             }
         }
-    }
-
-    /// Schedules the next attempt on `uid`, doubling its delay.
-    fn delay(&mut self, uid: &str) -> Duration {
-        let Backoff { first, max } = self.backoff;
-        let (at, schedule) = self.retry.entry(uid.to_owned()).or_insert_with(|| {
-            (
-                Instant::now(),
-                kai_runtime::backoff::Backoff::new(first, max),
-            )
-        });
-        let delay = schedule.next_delay();
-        *at = Instant::now() + delay;
-        delay
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -1,5 +1,6 @@
 //! The node agent: regions → pods → gRPC and metrics.
 
+mod attempts;
 mod config;
 pub mod dra;
 pub mod dra_limits;

@@ -4,15 +4,14 @@
 //! as long as the pod stays a candidate. A pod that stops being one (its
 //! cap holds again, or it is gone) is forgotten.
 
-use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::evict::{self, Outcome};
 use super::{Candidate, Counts, Policy};
+use crate::agent::attempts::{Attempts, sleep_until};
 use crate::agent::isolation::events::Notifier;
 use crate::agent::isolation::{Notice, Subject};
 
@@ -71,10 +70,8 @@ impl Enforcer {
             policy,
             client,
             notifier,
-            backoff,
             counts,
-            done: HashSet::new(),
-            retry: HashMap::new(),
+            attempts: Attempts::new(backoff.first, backoff.max),
         };
         tokio::spawn(task.run(rx, shutdown));
         tracing::info!(policy = ?policy, "enforcement on");
@@ -93,12 +90,10 @@ struct Task {
     policy: Policy,
     client: Option<kube::Client>,
     notifier: Notifier,
-    backoff: Backoff,
     counts: Counts,
-    /// Pods handled (evicted, gone, or counted in dry-run).
-    done: HashSet<String>,
-    /// Pods to try again: when, and their schedule (dropped on success).
-    retry: HashMap<String, (Instant, kai_runtime::backoff::Backoff)>,
+    /// Pods handled (evicted, gone, or counted in dry-run), and those to
+    /// try again.
+    attempts: Attempts,
 }
 
 impl Task {
@@ -112,11 +107,9 @@ impl Task {
             for candidate in &current {
                 self.act(candidate).await;
             }
-            let next_due = current
-                .iter()
-                .filter(|c| !self.done.contains(&c.uid))
-                .filter_map(|c| self.retry.get(&c.uid).map(|(at, _)| *at))
-                .min();
+            let next_due = self
+                .attempts
+                .next_due(current.iter().map(|c| c.uid.as_str()));
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 got = rx.recv() => {
@@ -126,9 +119,7 @@ impl Task {
                         latest = newer;
                     }
                     current = latest;
-                    let uids: HashSet<&str> = current.iter().map(|c| c.uid.as_str()).collect();
-                    self.done.retain(|uid| uids.contains(uid.as_str()));
-                    self.retry.retain(|uid, _| uids.contains(uid.as_str()));
+                    self.attempts.keep(current.iter().map(|c| c.uid.as_str()));
                 }
                 () = sleep_until(next_due) => {}
             }
@@ -136,21 +127,14 @@ impl Task {
     }
 
     async fn act(&mut self, c: &Candidate) {
-        if self.done.contains(&c.uid) {
-            return;
-        }
-        if self
-            .retry
-            .get(&c.uid)
-            .is_some_and(|(at, _)| *at > Instant::now())
-        {
+        if !self.attempts.due(&c.uid) {
             return;
         }
         let (Policy::Evict, Some(client)) = (self.policy, &self.client) else {
             if self.policy == Policy::DryRun {
                 tracing::warn!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), why = %c.message, "would evict (--enforce dry-run)");
                 self.counts.dry_run(c.reason);
-                self.done.insert(c.uid.clone());
+                self.attempts.done(&c.uid);
             }
             return;
         };
@@ -172,43 +156,20 @@ impl Task {
                         c.message
                     ),
                 }]);
-                self.done.insert(c.uid.clone());
-                self.retry.remove(&c.uid);
+                self.attempts.done(&c.uid);
             }
             Outcome::Gone => {
-                self.done.insert(c.uid.clone());
-                self.retry.remove(&c.uid);
+                self.attempts.done(&c.uid);
             }
             Outcome::Refused { message } => {
                 self.counts.refusal(c.reason);
-                let delay = self.delay(&c.uid);
+                let delay = self.attempts.failed(&c.uid);
                 tracing::warn!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), detail = %message, retry_in = ?delay, "eviction refused for now (PodDisruptionBudget)");
             }
             Outcome::Failed { message } => {
-                let delay = self.delay(&c.uid);
+                let delay = self.attempts.failed(&c.uid);
                 tracing::error!(namespace = %c.namespace, pod = %c.pod, reason = c.reason.label(), detail = %message, retry_in = ?delay, "eviction failed");
             }
         }
-    }
-
-    /// Schedules the next attempt on `uid`, doubling its delay.
-    fn delay(&mut self, uid: &str) -> Duration {
-        let Backoff { first, max } = self.backoff;
-        let (at, schedule) = self.retry.entry(uid.to_owned()).or_insert_with(|| {
-            (
-                Instant::now(),
-                kai_runtime::backoff::Backoff::new(first, max),
-            )
-        });
-        let delay = schedule.next_delay();
-        *at = Instant::now() + delay;
-        delay
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
