@@ -637,9 +637,9 @@ def test_one_claim_two_pods(isolator):
     gpu-0, the same shareID in both pods' draShares, the grant the slice's
     16Gi; each container is capped at that whole slice (its request), so
     their caps together are twice it: both above_grant, each reason naming
-    the other pod and the sum (32768 MiB); neither evicted (the shared
-    slice is a warning: enforce is none here, and the state never evicts on
-    its own). With one pod gone the other is capped again."""
+    the other pod and the sum (32768 MiB). (That the shared-slice state
+    never evicts on its own is the agent's unit tests'; enforce is none
+    here.) With one pod gone the other is capped again."""
     s = isolator
     names = ("pair-a", "pair-b")
     try:

@@ -510,13 +510,15 @@ checksum annotations agree.
 {{- end -}}
 
 {{- /*
-DRA consumable-capacity GPU shares (docs/dra.md): on where classes are listed
-and the API server serves resource.k8s.io/v1 (Kubernetes 1.34+; the webhook
-and the agent read that version only). A release stored before the value
+DRA consumable-capacity GPU shares (docs/dra.md): on where classes are listed,
+the node agent runs (monitor.enabled: it holds each cap to the allocation and
+writes the limits a claim leaves to the node; without it such pods would wait
+for ever) and the API server serves resource.k8s.io/v1 (Kubernetes 1.34+; the
+webhook and the agent read that version only). A release stored before the value
 existed (helm upgrade --reuse-values) has no dra key: off.
 */ -}}
 {{- define "kai.dra" -}}
-{{- if and (.Values.dra | default dict).deviceClasses (semverCompare ">=1.34.0-0" .Capabilities.KubeVersion.Version) (.Capabilities.APIVersions.Has "resource.k8s.io/v1") -}}true{{- end -}}
+{{- if and (.Values.dra | default dict).deviceClasses .Values.monitor.enabled (semverCompare ">=1.34.0-0" .Capabilities.KubeVersion.Version) (.Capabilities.APIVersions.Has "resource.k8s.io/v1") -}}true{{- end -}}
 {{- end -}}
 
 {{- /* The webhook's and the agent's --dra-memory-class flags, one per class. */ -}}

@@ -339,9 +339,9 @@ def monitor_disabled():
     docs = render("monitor-disabled-values.yaml", ("--set", "libraryDelivery=hostPath"))
     names = [d["metadata"]["name"] for d in docs]
     assert not any(n.endswith("-aggregator") for n in names), names
-    # The one API right left is the webhook's reading of DRA claims.
-    assert [d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"] == [f"{RELEASE}-kai-resource-isolator-webhook"]
-    assert "ClusterRole" not in kinds(render("monitor-disabled-values.yaml", ("--set", "libraryDelivery=hostPath", *NO_DRA)))
+    # No API right at all: DRA needs the agent (docs/dra.md), so it is off too.
+    assert "ClusterRole" not in kinds(docs)
+    assert not [a for a in containers(one(docs, "Deployment", "-webhook"))["webhook"]["args"] if "dra" in a]
     assert [d["metadata"]["name"] for d in docs if d["kind"] == "DaemonSet"] == [f"{RELEASE}-kai-resource-isolator-libsync"]
     # With CSI delivery the node DaemonSet still runs, for the plugin alone:
     # no agent, its Service, volumes or API token.
@@ -353,7 +353,7 @@ def monitor_disabled():
     assert pod_spec(node)["automountServiceAccountToken"] is False
     assert sorted(v["name"] for v in pod_spec(node)["volumes"]) == ["csi-socket", "host-vgpu", "kubelet-dir", "plugins-registry"]
     assert not [d for d in csi_only if d["kind"] == "Service" and d["metadata"]["name"].endswith("-node")]
-    assert [d["metadata"]["name"] for d in csi_only if d["kind"] == "ClusterRole"] == [f"{RELEASE}-kai-resource-isolator-webhook"]
+    assert "ClusterRole" not in kinds(csi_only)
     # The API token is the agent's alone: never in the privileged plugin.
     full = one(render(), "DaemonSet", "-node")
     assert pod_spec(full)["automountServiceAccountToken"] is False
@@ -883,10 +883,14 @@ def dra_classes():
                                       '{"name":"vgpu.example.com","memoryCapacity":"example.com/mem"}]'))
     validate_docs(two)
     assert flags(two) == ["--dra-memory-class=gpu.example.com=memory", "--dra-memory-class=vgpu.example.com=example.com/mem"]
-    # Off: on request, and where the API server has no resource.k8s.io/v1.
-    for extra in (NO_DRA, ("--kube-version", "1.33.4")):
+    # Off: on request, where the API server has no resource.k8s.io/v1, and
+    # without the agent (which holds the caps and writes node-decided limits).
+    for extra in (NO_DRA, ("--kube-version", "1.33.4"), ("--set", "monitor.enabled=false")):
         docs = render(extra=extra)
-        assert flags(docs) == [], extra
+        webhook = containers(one(docs, "Deployment", "-webhook"))["webhook"]["args"]
+        assert not [a for a in webhook if a.startswith("--dra-memory-class")], extra
+        if "monitor.enabled=false" not in extra:
+            assert flags(docs) == [], extra
         assert not [r for d in docs if d["kind"] == "ClusterRole" for r in d.get("rules", []) if "resource.k8s.io" in r.get("apiGroups", [])], extra
 
 
