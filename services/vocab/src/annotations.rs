@@ -51,3 +51,92 @@ pub use crate::grant::Grant;
 /// allocated (`<MiB>m`); the node guard lets the agent create only the one
 /// a pod on its node names here.
 pub const ANNOTATION_DRA_LIMITS_CONFIG_MAP: &str = "kai-resource-isolator.io/dra-limits-configmap";
+
+/// What every limits ConfigMap's name the webhook writes ends with, before
+/// its random suffix.
+const DRA_LIMITS_INFIX: &str = "-vgpu-dra-";
+/// The length of that random suffix (lowercase letters and digits).
+const DRA_LIMITS_SUFFIX_LEN: usize = 10;
+/// A Kubernetes object name's limit (a DNS-1123 subdomain).
+const MAX_OBJECT_NAME: usize = 253;
+
+/// Whether `name` has the form of the webhook's limits ConfigMap names
+/// (`<pod name>-vgpu-dra-<10 of [a-z0-9]>`, a DNS-1123 subdomain of at most
+/// 253 characters). The annotation is on the tenant's pod, so its value is
+/// the tenant's to write: the node agent writes, and the node guard lets it
+/// create, only a name of this form, never one a tenant chose to collide
+/// with another ConfigMap of the namespace (KAI's binder ConfigMaps).
+pub fn is_dra_limits_config_map_name(name: &str) -> bool {
+    let Some((head, suffix)) = name
+        .len()
+        .checked_sub(DRA_LIMITS_SUFFIX_LEN)
+        .and_then(|at| name.split_at_checked(at))
+    else {
+        return false;
+    };
+    is_dns_subdomain(name)
+        && head.ends_with(DRA_LIMITS_INFIX)
+        // Something before the infix: a name of the infix alone is no
+        // DNS label (it would start with '-'), checked above too.
+        && head.len() > DRA_LIMITS_INFIX.len()
+        && suffix
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+/// Whether `name` is a DNS-1123 subdomain: at most 253 characters,
+/// dot-separated labels of lowercase letters, digits and dashes, each
+/// starting and ending with a letter or digit.
+fn is_dns_subdomain(name: &str) -> bool {
+    let alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    name.len() <= MAX_OBJECT_NAME
+        && name.split('.').all(|label| {
+            let bytes = label.as_bytes();
+            bytes.first().is_some_and(alnum)
+                && bytes.last().is_some_and(alnum)
+                && bytes.iter().all(|b| alnum(b) || *b == b'-')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_webhooks_limits_configmap_names_and_nothing_else() {
+        for good in [
+            "trainer-0-vgpu-dra-x7k2m9q4ab",
+            "a-vgpu-dra-0123456789",
+            "web.v2-vgpu-dra-abcdefghij",
+        ] {
+            assert!(is_dra_limits_config_map_name(good), "{good}");
+        }
+        let longest = format!("{}-vgpu-dra-abcdefghij", "a".repeat(253 - 20));
+        assert_eq!(longest.len(), 253);
+        assert!(is_dra_limits_config_map_name(&longest));
+        let too_long = format!("a{longest}");
+        for bad in [
+            // A tenant's pick: KAI's binder ConfigMap, any other name.
+            "trainer-0-shared-gpu-0",
+            "kube-root-ca.crt",
+            "",
+            // The suffix: 9 or 11 characters, upper case, a dash, non-ASCII.
+            "trainer-0-vgpu-dra-x7k2m9q4a",
+            "trainer-0-vgpu-dra-x7k2m9q4abc",
+            "trainer-0-vgpu-dra-X7k2m9q4ab",
+            "trainer-0-vgpu-dra-x7k2-9q4ab",
+            "trainer-0-vgpu-dra-x7k2m9q4aé",
+            // Nothing before the infix, or no DNS-1123 subdomain.
+            "-vgpu-dra-x7k2m9q4ab",
+            "vgpu-dra-x7k2m9q4ab",
+            "Trainer-vgpu-dra-x7k2m9q4ab",
+            "trainer_0-vgpu-dra-x7k2m9q4ab",
+            "trainer.-vgpu-dra-x7k2m9q4ab",
+            "trainer..x-vgpu-dra-x7k2m9q4ab",
+            "trainer/0-vgpu-dra-x7k2m9q4ab",
+            too_long.as_str(),
+        ] {
+            assert!(!is_dra_limits_config_map_name(bad), "{bad:?}");
+        }
+    }
+}
