@@ -18,7 +18,10 @@
 //! [`ANNOTATION_DRA_LIMITS_CONFIG_MAP`], owned by that pod alone, the pod
 //! running on the agent's node: a stolen token cannot create ConfigMaps
 //! for other nodes' pods (KAI's binder ConfigMaps among them) or any other
-//! ConfigMap.
+//! ConfigMap. Its name must also have the form the webhook writes
+//! ([`is_dra_limits_config_map_name`]): the annotation is on the tenant's
+//! own pod, and though the webhook replaces a value of another form, the
+//! guard does not lean on that.
 
 use std::future::Future;
 
@@ -27,7 +30,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 
-use crate::inject::ANNOTATION_DRA_LIMITS_CONFIG_MAP;
+use crate::inject::{ANNOTATION_DRA_LIMITS_CONFIG_MAP, NameSuffix, is_dra_limits_config_map_name};
 
 /// The user-info extra the API server fills from a pod-bound token.
 pub const NODE_NAME_CLAIM: &str = "authentication.kubernetes.io/node-name";
@@ -157,9 +160,9 @@ pub async fn decide(req: &AdmissionRequest<DynamicObject>, pods: &impl Pods) -> 
 }
 
 /// A ConfigMap the agent of `node` creates: allowed only when it is the
-/// limits ConfigMap of a pod on `node` (its one ownerReference is that pod,
-/// uid and all, and the pod's [`ANNOTATION_DRA_LIMITS_CONFIG_MAP`] is its
-/// name). Every refusal names only the asking node, as the others do: a
+/// limits ConfigMap of a pod on `node` (a name of the webhook's form, its
+/// one ownerReference that pod, uid and all, and the pod's
+/// [`ANNOTATION_DRA_LIMITS_CONFIG_MAP`] its name). Every refusal names only the asking node, as the others do: a
 /// pod elsewhere is not said to be where it is, nor what it is annotated.
 async fn limits_config_map(
     req: &AdmissionRequest<DynamicObject>,
@@ -182,6 +185,15 @@ async fn limits_config_map(
         .or_else(|| meta.and_then(|m| m.namespace.clone()))
         .unwrap_or_default();
     let what = format!("ConfigMap {namespace}/{name}");
+    // Before the pod is read: a name the webhook never writes is refused
+    // whatever a pod says, so no annotation can steer the agent's token to
+    // another ConfigMap of the namespace.
+    if !is_dra_limits_config_map_name(&name) {
+        return Err(format!(
+            "the node agent of {node} may not create {what}: the agent creates only limits ConfigMaps, named <pod>-vgpu-dra-<{} lowercase letters and digits>",
+            NameSuffix::LEN
+        ));
+    }
     let owners = meta
         .and_then(|m| m.owner_references.as_deref())
         .unwrap_or_default();
@@ -466,10 +478,13 @@ mod tests {
     #[tokio::test]
     async fn a_config_map_the_pod_does_not_name_is_refused() {
         let pods = pods();
-        let other = config_map("kai-binder-cm-0", serde_json::json!([pod_owner("mine")]));
+        let other = config_map(
+            "mine-vgpu-dra-zzzzz99999",
+            serde_json::json!([pod_owner("mine")]),
+        );
         assert_eq!(
             refusal(decide(&other, &pods).await),
-            "the node agent of gpu-a may not create ConfigMap team-a/kai-binder-cm-0: pod team-a/mine does not name it in its kai-resource-isolator.io/dra-limits-configmap annotation"
+            "the node agent of gpu-a may not create ConfigMap team-a/mine-vgpu-dra-zzzzz99999: pod team-a/mine does not name it in its kai-resource-isolator.io/dra-limits-configmap annotation"
         );
         let unannotated = config_map(
             "plain-vgpu-dra-abcde12345",
@@ -489,11 +504,75 @@ mod tests {
             refusal(decide(&gone, &pods).await),
             "the node agent of gpu-a may not create ConfigMap team-a/gone-vgpu-dra-abcde12345: its owner, pod team-a/gone, does not exist"
         );
-        let blind = config_map("x", serde_json::json!([pod_owner("unreachable")]));
+        let blind = config_map(
+            "unreachable-vgpu-dra-abcde12345",
+            serde_json::json!([pod_owner("unreachable")]),
+        );
         assert_eq!(
             refusal(decide(&blind, &pods).await),
             "cannot look up pod team-a/unreachable: connection refused"
         );
+    }
+
+    /// Pods on gpu-a that all name `0` in their annotation (as a tenant
+    /// could write it on their own pod), counting the lookups.
+    struct Naming(String, std::sync::atomic::AtomicUsize);
+
+    impl Pods for Naming {
+        async fn pod(&self, _: &str, name: &str) -> Result<Option<PodFacts>, String> {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(Some(on("gpu-a", name, Some(&self.0))))
+        }
+    }
+
+    /// The agent of gpu-a creating ConfigMap `name` for pod `mine`, which
+    /// names it; and how many pods were looked up.
+    async fn create_named(name: &str) -> (Result<(), String>, usize) {
+        let pods = Naming(name.to_owned(), Default::default());
+        let req = config_map(name, serde_json::json!([pod_owner("mine")]));
+        let verdict = decide(&req, &pods).await;
+        (verdict, pods.1.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    #[tokio::test]
+    async fn a_config_map_of_another_form_is_refused_before_any_pod_is_read() {
+        // The pod's annotation (the tenant's to write) names each of
+        // these: the form alone refuses them, and no pod is looked up.
+        let long = format!("{}-vgpu-dra-abcde12345", "a".repeat(234));
+        assert_eq!(long.len(), 254);
+        for name in [
+            "kai-binder-cm-0",
+            "mine",
+            "mine-vgpu-dra-ABCDE12345",
+            "mine-vgpu-dra-abcde1234",
+            "mine-vgpu-dra-abcde123456",
+            "mine-vgpu-dra-abcde_1234",
+            "mine-vgpu-dra-",
+            "vgpu-dra-abcde12345",
+            "-vgpu-dra-abcde12345",
+            "mine.-vgpu-dra-abcde12345",
+            "mine-vgpu-dra-abcde12345.x",
+            long.as_str(),
+        ] {
+            let (verdict, lookups) = create_named(name).await;
+            assert_eq!(
+                refusal(verdict),
+                format!(
+                    "the node agent of gpu-a may not create ConfigMap team-a/{name}: the agent creates only limits ConfigMaps, named <pod>-vgpu-dra-<10 lowercase letters and digits>"
+                )
+            );
+            assert_eq!(lookups, 0, "{name}");
+        }
+        // The same pod naming one of the form is allowed: the form was
+        // the only reason.
+        for name in [
+            "mine-vgpu-dra-abcde12345",
+            "pod-vgpu-dra-0123456789",
+            "web.v2-vgpu-dra-zzzzzzzzzz",
+            &format!("{}-vgpu-dra-abcde12345", "a".repeat(233)),
+        ] {
+            assert_eq!(create_named(name).await, (Ok(()), 1), "{name}");
+        }
     }
 
     #[tokio::test]

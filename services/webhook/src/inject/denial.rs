@@ -4,10 +4,7 @@
 //! pod; the message is written once, at the edge ([`super::Decision`]).
 
 use super::dra::{ClaimObject, LookupError};
-use super::{
-    ANNOTATION_CONTAINER_NAME, ANNOTATION_DRA_LIMITS_CONFIG_MAP, ANNOTATION_GPU_CORES, Decision,
-    VOLUME_VGPU,
-};
+use super::{ANNOTATION_CONTAINER_NAME, ANNOTATION_GPU_CORES, Decision, VOLUME_VGPU};
 use crate::config::Delivery;
 
 /// A pod that cannot be admitted as asked.
@@ -112,10 +109,6 @@ pub enum Denial<'a> {
         quoted(.containers)
     )]
     ManyGpuContainers { containers: Vec<&'a str> },
-    #[error(
-        "annotation {ANNOTATION_DRA_LIMITS_CONFIG_MAP}={value:?} is not a ConfigMap name (a DNS-1123 subdomain of at most 253 characters): the node agent writes container {container:?}'s GPU memory limit, which its claim leaves to the node, to the ConfigMap it names; remove the annotation (kai-resource-isolator then names one)"
-    )]
-    LimitsConfigMapName { value: &'a str, container: &'a str },
     #[error(
         "the pod has neither metadata.name nor metadata.generateName: kai-resource-isolator names the ConfigMap of container {container:?}'s GPU memory limit, which its claim leaves to the node, after the pod"
     )]

@@ -15,7 +15,7 @@ use kai_dra::{ClaimSource, Count, GpuRequest, claim_refs, claim_source, covers, 
 use super::denial::Denial;
 use super::{
     ANNOTATION_DRA_LIMITS_CONFIG_MAP, ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY,
-    ContainerList, Decision, Target,
+    ContainerList, Decision, Target, is_dra_limits_config_map_name,
 };
 use crate::config::InjectConfig;
 use crate::pod::{Container, Pod, Spec};
@@ -105,9 +105,13 @@ impl Claims {
 }
 
 /// The random end of a limits ConfigMap's name: [`NameSuffix::LEN`]
-/// lowercase letters and digits. Random, so a tenant cannot create the
-/// ConfigMap before the pod exists; the pod's annotation carries the
-/// name from then on.
+/// lowercase letters and digits. Random so that two pods of one name (a
+/// Deployment's, a pod made again) do not meet on one ConfigMap; the name
+/// is not a secret: the pod's annotation shows it to whoever can read the
+/// pod, and a tenant may even set one of this form before admission. What
+/// keeps a ConfigMap the tenant wrote first from raising the cap is the
+/// node agent's grant check (the cap libvgpu holds against the share's
+/// `consumedCapacity`), not the name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NameSuffix(String);
 
@@ -396,28 +400,31 @@ impl<'a> GpuContainers<'a> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LimitsConfigMap {
     pub name: String,
-    /// The pod lacks [`ANNOTATION_DRA_LIMITS_CONFIG_MAP`]: the patch adds
-    /// it. A pod that has it (a reinvocation, or a pod re-sent to us)
-    /// keeps its name, so the reference written earlier stays ours.
+    /// The pod lacks [`ANNOTATION_DRA_LIMITS_CONFIG_MAP`], or has one that
+    /// is not of the form we write: the patch sets it. A pod whose value has
+    /// the form (a reinvocation, or a pod re-sent to us) keeps its name, so
+    /// the reference written earlier stays ours.
     pub annotate: bool,
 }
 
 /// The limits ConfigMap of `pod`, whose `container`'s limit is decided on
-/// the node: the name its annotation gives, else a new one from the pod's
-/// name and `suffix`; or why the pod is denied.
+/// the node: the name its annotation gives when that is of the form we
+/// write ([`is_dra_limits_config_map_name`]), else a new one from the
+/// pod's name and `suffix`; or why the pod is denied.
+///
+/// A value of another form is replaced, not denied: the node guard lets
+/// the agent create no other name (so the tenant does not pick a name of
+/// their namespace for it to create, KAI's binder ConfigMaps among them),
+/// and a pod made from another's YAML carries whatever it had.
 pub fn limits_config_map(
     pod: &Pod,
     container: &str,
     suffix: Option<&NameSuffix>,
 ) -> Result<LimitsConfigMap, Decision> {
-    if let Some(name) = pod.annotation(ANNOTATION_DRA_LIMITS_CONFIG_MAP) {
-        if !is_dns_subdomain(name) {
-            return Err(Denial::LimitsConfigMapName {
-                value: name,
-                container,
-            }
-            .into());
-        }
+    if let Some(name) = pod
+        .annotation(ANNOTATION_DRA_LIMITS_CONFIG_MAP)
+        .filter(|name| is_dra_limits_config_map_name(name))
+    {
         return Ok(LimitsConfigMap {
             name: name.to_owned(),
             annotate: false,
@@ -447,7 +454,9 @@ const NAME_INFIX: &str = "-vgpu-dra-";
 
 /// `<base>-vgpu-dra-<suffix>`, `base` cut so the whole is at most 253
 /// characters and made a DNS-1123 subdomain: the API server validates a
-/// pod's name only after admission, so ours cannot lean on it.
+/// pod's name only after admission, so ours cannot lean on it. Always of
+/// the form [`is_dra_limits_config_map_name`] checks, the only one the node
+/// guard lets the agent create.
 pub fn limits_config_map_name(base: &str, suffix: &NameSuffix) -> String {
     let room = MAX_NAME - NAME_INFIX.len() - NameSuffix::LEN;
     let labels: Vec<String> = base
@@ -466,30 +475,18 @@ pub fn limits_config_map_name(base: &str, suffix: &NameSuffix) -> String {
     let base = labels.join(".");
     // ASCII by now: any byte is a character boundary.
     let base = base[..base.len().min(room)].trim_end_matches(['-', '.']);
-    if base.is_empty() {
-        // The infix without its leading dash, so the name starts with a letter.
-        format!("{}{}", &NAME_INFIX[1..], suffix.as_str())
-    } else {
-        format!("{base}{NAME_INFIX}{}", suffix.as_str())
-    }
+    // Nothing left of the pod's name (the API server refuses such a name
+    // after us): a stand-in, so the name still has the form the guard
+    // allows (something before the infix's dash).
+    let base = if base.is_empty() { FALLBACK_BASE } else { base };
+    format!("{base}{NAME_INFIX}{}", suffix.as_str())
 }
+
+/// The base of a limits ConfigMap's name when the pod's name leaves none.
+const FALLBACK_BASE: &str = "pod";
 
 /// A Kubernetes object name's limit (a DNS-1123 subdomain).
 const MAX_NAME: usize = 253;
-
-/// Whether `name` is a DNS-1123 subdomain (what a ConfigMap's name must
-/// be): at most 253 characters, dot-separated labels of lowercase letters,
-/// digits and dashes, each starting and ending with a letter or digit.
-pub fn is_dns_subdomain(name: &str) -> bool {
-    name.len() <= MAX_NAME
-        && name.split('.').all(|label| {
-            let bytes = label.as_bytes();
-            let alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-            bytes.first().is_some_and(alnum)
-                && bytes.last().is_some_and(alnum)
-                && bytes.iter().all(|b| alnum(b) || *b == b'-')
-        })
-}
 
 /// `bytes` as a claim would write it: the shortest of the whole numbers
 /// of a binary or decimal unit (`16Gi`, `10G`), else bytes.

@@ -50,8 +50,10 @@ pub use kai_vocab::annotations::{
     ANNOTATION_GPU_MEMORY, ANNOTATION_INJECT,
 };
 
-/// Shared with the node agent, which writes the ConfigMap it names.
-pub use kai_vocab::annotations::ANNOTATION_DRA_LIMITS_CONFIG_MAP;
+/// Shared with the node agent, which writes the ConfigMap it names; the
+/// form of that name, with the agent and the node guard, which create
+/// no other.
+pub use kai_vocab::annotations::{ANNOTATION_DRA_LIMITS_CONFIG_MAP, is_dra_limits_config_map_name};
 
 /// Where KAI's admission records the prefix of the pod's per-container
 /// capabilities ConfigMaps (KAI-Scheduler `gpusharingconfigmap`).

@@ -4,11 +4,12 @@
 use json_patch::PatchOperation;
 use serde_json::{Value, json};
 
-use super::{NameSuffix, is_dns_subdomain, limits_config_map_name, size};
+use super::{NameSuffix, limits_config_map_name, size};
 use crate::config::{Delivery, InjectConfig, TenantEnv};
 use crate::inject::{
     ANNOTATION_DRA_LIMITS_CONFIG_MAP, ClaimObject, Claims, ContainerList, Decision, LookupError,
-    Op, OptOut, Target, VOLUME_VGPU, claims_to_look_up, plan, plan_with,
+    Op, OptOut, Target, VOLUME_VGPU, claims_to_look_up, is_dra_limits_config_map_name, plan,
+    plan_with,
 };
 use crate::pod::Pod;
 
@@ -617,10 +618,11 @@ fn spec_of(value: &Value) -> k8s_openapi::api::resource::v1::ResourceClaimSpec {
 }
 
 #[test]
-fn a_pod_that_names_its_limits_config_map_keeps_it() {
+fn a_pod_that_names_a_limits_config_map_of_our_form_keeps_it() {
     let mut pod = app_pod(None);
-    pod["metadata"]["annotations"] = json!({ANNOTATION_DRA_LIMITS_CONFIG_MAP: "given"});
-    let (decision, doc) = apply(&pod, &cfg(), &unstated("abcde12345"));
+    let given = "given-vgpu-dra-abcde12345";
+    pod["metadata"]["annotations"] = json!({ANNOTATION_DRA_LIMITS_CONFIG_MAP: given});
+    let (decision, doc) = apply(&pod, &cfg(), &unstated("zzzzzzzzzz"));
     let Decision::Inject { patch, .. } = &decision else {
         panic!("{decision:?}");
     };
@@ -632,25 +634,102 @@ fn a_pod_that_names_its_limits_config_map_keeps_it() {
         "{patch:?}"
     );
     assert_eq!(doc["metadata"], pod["metadata"]);
-    assert_eq!(doc["spec"]["containers"][1]["env"][3], reference("given"));
-    // One no ConfigMap could be named is denied, saying so.
-    for bad in [
+    assert_eq!(doc["spec"]["containers"][1]["env"][3], reference(given));
+}
+
+#[test]
+fn a_preset_limits_config_map_of_another_form_is_replaced_by_a_fresh_name() {
+    let long = format!("{}-vgpu-dra-abcde12345", "a".repeat(234));
+    for preset in [
         "",
+        "given",
         "Upper",
         "-dash",
         "a..b",
         "under_score",
-        &"x".repeat(254),
+        // A ConfigMap of the namespace the tenant would have the agent make.
+        "kai-binder-cm-0",
+        "given-vgpu-dra-ABCDE12345",
+        "given-vgpu-dra-abcde1234",
+        "given-vgpu-dra-abcde123456",
+        "vgpu-dra-abcde12345",
+        long.as_str(),
     ] {
-        pod["metadata"]["annotations"] = json!({ANNOTATION_DRA_LIMITS_CONFIG_MAP: bad});
-        let message = denial(&plan_of(&pod, &cfg(), &unstated("abcde12345"))).to_owned();
+        let mut pod = app_pod(None);
+        pod["metadata"]["annotations"] =
+            json!({"team": "a", ANNOTATION_DRA_LIMITS_CONFIG_MAP: preset});
+        let (decision, doc) = apply(&pod, &cfg(), &unstated("zzzzzzzzzz"));
+        let Decision::Inject { patch, .. } = &decision else {
+            panic!("{preset:?}: {decision:?}");
+        };
+        assert!(
+            patch.ops().contains(&Op::AnnotateLimitsConfigMap {
+                name: "p-vgpu-dra-zzzzzzzzzz".to_owned(),
+                map_exists: true,
+            }),
+            "{preset:?}: {patch:?}"
+        );
         assert_eq!(
-            message,
-            format!(
-                "annotation {ANNOTATION_DRA_LIMITS_CONFIG_MAP}={bad:?} is not a ConfigMap name (a DNS-1123 subdomain of at most 253 characters): the node agent writes container \"app\"'s GPU memory limit, which its claim leaves to the node, to the ConfigMap it names; remove the annotation (kai-resource-isolator then names one)"
-            )
+            doc["metadata"]["annotations"],
+            json!({"team": "a", ANNOTATION_DRA_LIMITS_CONFIG_MAP: "p-vgpu-dra-zzzzzzzzzz"}),
+            "{preset:?}"
+        );
+        // The reference follows the new name, never the preset one.
+        assert_eq!(
+            doc["spec"]["containers"][1]["env"][3],
+            reference("p-vgpu-dra-zzzzzzzzzz"),
+            "{preset:?}"
+        );
+        // Ours from then on: a reinvocation keeps it.
+        let (again, twice) = apply(&doc, &cfg(), &unstated("yyyyyyyyyy"));
+        assert!(
+            matches!(again, Decision::AlreadyInjected { .. }),
+            "{preset:?}: {again:?}"
+        );
+        assert_eq!(twice, doc, "{preset:?}");
+        // Replacing needs a drawn suffix, as naming one does.
+        let undrawn = unstated("zzzzzzzzzz").with_suffix(None);
+        assert!(
+            denial(&plan_of(&pod, &cfg(), &undrawn)).contains("could not draw a random name"),
+            "{preset:?}"
         );
     }
+}
+
+#[test]
+fn a_pod_copied_from_another_with_a_preset_name_gets_its_own_reference() {
+    // A YAML copied from a pod whose annotation and reference a tenant had
+    // pointed at a ConfigMap of their choosing.
+    let mut pod = app_pod(Some(
+        json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom":
+        {"configMapKeyRef": {"name": "tenant-limits", "key": "app", "optional": false}}}]),
+    ));
+    pod["metadata"]["annotations"] = json!({ANNOTATION_DRA_LIMITS_CONFIG_MAP: "tenant-limits"});
+    let (decision, doc) = apply(&pod, &cfg(), &unstated("abcde12345"));
+    assert!(
+        matches!(&decision, Decision::Inject { patch, .. } if patch.removes_tenant_env()),
+        "{decision:?}"
+    );
+    assert_eq!(
+        doc["metadata"]["annotations"][ANNOTATION_DRA_LIMITS_CONFIG_MAP],
+        "p-vgpu-dra-abcde12345"
+    );
+    let limits: Vec<&Value> = doc["spec"]["containers"][1]["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .filter(|e| e["name"] == "CUDA_DEVICE_MEMORY_LIMIT")
+        .collect();
+    assert_eq!(limits, [&reference("p-vgpu-dra-abcde12345")]);
+    // Under --tenant-env deny the old reference is the tenant's entry.
+    let deny = InjectConfig {
+        tenant_env: TenantEnv::Deny,
+        ..cfg()
+    };
+    assert!(
+        denial(&plan_of(&pod, &deny, &unstated("abcde12345")))
+            .contains("container \"app\" sets CUDA_DEVICE_MEMORY_LIMIT itself")
+    );
 }
 
 #[test]
@@ -680,7 +759,7 @@ fn a_generated_name_gives_the_base_and_no_name_or_no_suffix_is_denied() {
 }
 
 #[test]
-fn a_limits_config_map_name_is_always_a_dns_subdomain_of_at_most_253() {
+fn a_limits_config_map_name_always_has_the_form_the_node_guard_allows() {
     let drawn = suffix("abcde12345");
     assert_eq!(
         limits_config_map_name("train-0", &drawn),
@@ -706,10 +785,16 @@ fn a_limits_config_map_name_is_always_a_dns_subdomain_of_at_most_253() {
         &format!("{}-x", "d".repeat(232)),
     ] {
         let name = limits_config_map_name(odd, &drawn);
-        assert!(is_dns_subdomain(&name), "{odd:?} -> {name:?}");
-        assert!(name.ends_with("vgpu-dra-abcde12345"), "{name}");
+        // The form the node guard allows: a DNS-1123 subdomain of at most
+        // 253, `-vgpu-dra-` and the suffix.
+        assert!(is_dra_limits_config_map_name(&name), "{odd:?} -> {name:?}");
+        assert!(name.ends_with("-vgpu-dra-abcde12345"), "{name}");
     }
-    assert_eq!(limits_config_map_name("--", &drawn), "vgpu-dra-abcde12345");
+    // Nothing left of the pod's name: a stand-in, keeping the form.
+    assert_eq!(
+        limits_config_map_name("--", &drawn),
+        "pod-vgpu-dra-abcde12345"
+    );
     assert_eq!(
         limits_config_map_name("Train_Job", &drawn),
         "trainjob-vgpu-dra-abcde12345"
