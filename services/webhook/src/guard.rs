@@ -190,7 +190,7 @@ async fn limits_config_map(
     // another ConfigMap of the namespace.
     if !is_dra_limits_config_map_name(&name) {
         return Err(format!(
-            "the node agent of {node} may not create {what}: the agent creates only limits ConfigMaps, named <pod>-vgpu-dra-<{} lowercase letters and digits>",
+            "the node agent of {node} may not create {what}: its name is not of the form the webhook gives a pod's {ANNOTATION_DRA_LIMITS_CONFIG_MAP} annotation (<pod>-vgpu-dra-<{} lowercase letters and digits>)",
             NameSuffix::LEN
         ));
     }
@@ -558,7 +558,7 @@ mod tests {
             assert_eq!(
                 refusal(verdict),
                 format!(
-                    "the node agent of gpu-a may not create ConfigMap team-a/{name}: the agent creates only limits ConfigMaps, named <pod>-vgpu-dra-<10 lowercase letters and digits>"
+                    "the node agent of gpu-a may not create ConfigMap team-a/{name}: its name is not of the form the webhook gives a pod's kai-resource-isolator.io/dra-limits-configmap annotation (<pod>-vgpu-dra-<10 lowercase letters and digits>)"
                 )
             );
             assert_eq!(lookups, 0, "{name}");
