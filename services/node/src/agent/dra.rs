@@ -3,7 +3,15 @@
 //! claim of a declared GPU-memory class (`--dra-memory-class`), and the
 //! shares the scheduler allocated it, each with its device's UUID from
 //! this node's ResourceSlices. A share's consumed memory is the grant the
-//! container's region cap is held to (`isolation::grant`).
+//! container's region cap is held to (`isolation::grant`): the
+//! allocation's `consumedCapacity`, or for a device allocated whole (a
+//! driver without consumable capacity: no `consumedCapacity`, no
+//! `shareID`) the device's whole capacity from its slice. A share named
+//! by two of the container's claim entries is one grant, read once. A
+//! device the container's region records and none of its shares is on
+//! (every share's UUID known) is `above_grant`, never evicted on that
+//! alone: the device's identity is the driver's attribute; a breach of a
+//! device it was given still evicts.
 //!
 //! With a class declared and the API server, two reflectors: every
 //! ResourceClaim (RBAC cannot scope claims to a node, and a pod's claims
@@ -16,7 +24,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, Device, DeviceAllocationResult, DeviceClaim, DeviceRequest,
+    AllocationResult, Device, DeviceAllocationResult, DeviceCapacity, DeviceClaim, DeviceRequest,
     DeviceRequestAllocationResult, DeviceSubRequest, ExactDeviceRequest, ResourceClaim,
     ResourceClaimSpec, ResourceClaimStatus, ResourceSlice, ResourceSliceSpec,
 };
@@ -82,9 +90,10 @@ impl DraSource {
         let claims_listed = follow(stream, "resourceclaims", DRA_UNLISTED, shutdown);
         let (slices, writer) = reflector::store();
         let on_node = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        let capacities: Vec<String> = classes.iter().map(|c| c.capacity.clone()).collect();
         let stream = watcher(Api::<ResourceSlice>::all(client), on_node)
             .default_backoff()
-            .modify(trim_slice)
+            .modify(move |slice| trim_slice(slice, &capacities))
             .reflect(writer);
         let slices_listed = follow(stream, "resourceslices", DRA_UNLISTED, shutdown);
         Self {
@@ -233,6 +242,13 @@ pub fn read(
                 let Some(request) = covered.iter().find(|r| r.name == share.request) else {
                     continue;
                 };
+                // Two entries of the container naming one claim (the
+                // whole claim and one of its requests, or two pod claims
+                // of one ResourceClaim) name its shares twice: each is one
+                // grant, which the grant check sums per device.
+                if shares.iter().any(|s| same_share(s, &share)) {
+                    continue;
+                }
                 let gpu_uuid = kai_dra::device_uuid(
                     slices.iter().map(AsRef::as_ref),
                     &share.driver,
@@ -240,6 +256,20 @@ pub fn read(
                     &share.device,
                 )
                 .map(str::to_owned);
+                let whole = match (share.consumed_bytes, &share.share_id) {
+                    // Kubernetes records consumedCapacity only for a device
+                    // that allows multiple allocations, and every such
+                    // allocation has a shareID. Without both, the device
+                    // is the claim's alone: its grant is all of it.
+                    (None, None) => whole_capacity(
+                        slices,
+                        &share.driver,
+                        &share.pool,
+                        &share.device,
+                        &request.capacity,
+                    ),
+                    _ => None,
+                };
                 shares.push(DraShare {
                     claim: share.claim,
                     request: share.request,
@@ -249,7 +279,8 @@ pub fn read(
                     share_id: share.share_id,
                     capacity: request.capacity.clone(),
                     gpu_uuid,
-                    consumed_bytes: share.consumed_bytes,
+                    consumed_bytes: share.consumed_bytes.or(whole),
+                    whole_device: whole.is_some(),
                 });
             }
         }
@@ -261,6 +292,51 @@ pub fn read(
         }
     }
     Reading::None
+}
+
+/// Whether `share` is `known`: the same claim, request, device and
+/// `shareID` (one grant, however many claim entries name it).
+fn same_share(known: &DraShare, share: &kai_dra::Share) -> bool {
+    known.claim == share.claim
+        && known.request == share.request
+        && known.driver == share.driver
+        && known.pool == share.pool
+        && known.device == share.device
+        && known.share_id == share.share_id
+}
+
+/// The capacity `capacity` of `device` of `pool` as its ResourceSlice
+/// publishes it (the key bare, or qualified with the driver's domain as
+/// capacity names may be), in bytes; `None` when no slice of this node
+/// says, or says it in no quantity (logged).
+fn whole_capacity(
+    slices: &[Arc<ResourceSlice>],
+    driver: &str,
+    pool: &str,
+    device: &str,
+    capacity: &str,
+) -> Option<u64> {
+    let qualified = format!("{driver}/{capacity}");
+    let value = slices
+        .iter()
+        .filter(|s| s.spec.driver == driver && s.spec.pool.name == pool)
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .find(|d| d.name == device)?
+        .capacity
+        .as_ref()?
+        .iter()
+        .find(|(key, _)| *key == capacity || **key == qualified)?
+        .1
+        .value
+        .0
+        .as_str();
+    match kai_dra::bytes(value) {
+        Ok(bytes) => Some(bytes),
+        Err(error) => {
+            tracing::warn!(%driver, %pool, %device, %capacity, %error, "cannot read the device's capacity in its ResourceSlice; the grant of its whole-device allocations is not known");
+            None
+        }
+    }
 }
 
 /// Keeps what [`read`] reads of a claim: its name, the requests' classes,
@@ -343,9 +419,10 @@ fn trim_result(result: DeviceRequestAllocationResult) -> DeviceRequestAllocation
     }
 }
 
-/// Keeps what [`kai_dra::device_uuid`] reads of a slice: driver, pool and
-/// each device's name and UUID attribute.
-fn trim_slice(slice: &mut ResourceSlice) {
+/// Keeps what [`read`] reads of a slice: driver, pool and each device's
+/// name, UUID attribute ([`kai_dra::device_uuid`]) and the value of its
+/// declared memory `capacities` ([`whole_capacity`]; no request policy).
+fn trim_slice(slice: &mut ResourceSlice, capacities: &[String]) {
     let metadata = std::mem::take(&mut slice.metadata);
     slice.metadata = ObjectMeta {
         name: metadata.name,
@@ -362,6 +439,24 @@ fn trim_slice(slice: &mut ResourceSlice) {
                     attributes: d.attributes.map(|mut a| {
                         a.retain(|k, _| k == UUID_ATTRIBUTE || *k == qualified);
                         a
+                    }),
+                    capacity: d.capacity.map(|all| {
+                        all.into_iter()
+                            .filter(|(k, _)| {
+                                let bare = k
+                                    .strip_prefix(spec.driver.as_str())
+                                    .and_then(|k| k.strip_prefix('/'))
+                                    .unwrap_or(k);
+                                capacities.iter().any(|c| c == bare)
+                            })
+                            .map(|(k, c)| {
+                                let value = DeviceCapacity {
+                                    value: c.value,
+                                    request_policy: None,
+                                };
+                                (k, value)
+                            })
+                            .collect()
                     }),
                     ..Device::default()
                 })
@@ -414,7 +509,9 @@ pub(crate) mod tests {
         claim
     }
 
-    /// This node's slice: gpu-0 and gpu-1 with their UUIDs.
+    /// This node's slice: gpu-0 and gpu-1 with their UUIDs, gpu-0 of 80Gi
+    /// (shared), gpu-1 publishing no capacity, gpu-2 of 40Gi (not shared,
+    /// its capacity named with the driver's domain).
     pub(crate) fn slice() -> ResourceSlice {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": "node-1-gpu.example.com-x", "resourceVersion": "3"},
@@ -423,8 +520,13 @@ pub(crate) mod tests {
                 "devices": [
                     {"name": "gpu-0", "allowMultipleAllocations": true,
                      "attributes": {"uuid": {"string": "GPU-aaaa"}, "index": {"int": 0}},
-                     "capacity": {"memory": {"value": "80Gi"}}},
-                    {"name": "gpu-1", "attributes": {"gpu.example.com/uuid": {"string": "GPU-bbbb"}}}]}
+                     "capacity": {
+                        "memory": {"value": "80Gi", "requestPolicy": {"default": "1Gi",
+                            "validRange": {"min": "1Gi", "step": "1Gi"}}},
+                        "cores": {"value": "108"}}},
+                    {"name": "gpu-1", "attributes": {"gpu.example.com/uuid": {"string": "GPU-bbbb"}}},
+                    {"name": "gpu-2", "attributes": {"uuid": {"string": "GPU-cccc"}},
+                     "capacity": {"gpu.example.com/memory": {"value": "40Gi"}}}]}
         }))
         .expect("a slice")
     }
@@ -511,6 +613,7 @@ pub(crate) mod tests {
                 capacity: "memory".into(),
                 gpu_uuid: Some("GPU-aaaa".into()),
                 consumed_bytes: Some(17 * GIB),
+                whole_device: false,
             }
         );
     }
@@ -600,7 +703,7 @@ pub(crate) mod tests {
         let mut trimmed = claim("two-gpus", true);
         trim_claim(&mut trimmed);
         let mut slim = slice();
-        trim_slice(&mut slim);
+        trim_slice(&mut slim, &["memory".to_owned()]);
         let pod = pod(serde_json::json!({"resourceClaimName": "two-gpus"}), None);
         let find = |_: &str, _: &str| Some(Arc::new(trimmed.clone()));
         assert_eq!(
@@ -613,9 +716,178 @@ pub(crate) mod tests {
         }
         assert_eq!(trimmed.metadata.namespace.as_deref(), Some("team-a"));
         let text = serde_json::to_string(&slim).expect("json");
-        for gone in ["index", "capacity", "allowMultipleAllocations"] {
+        for gone in [
+            "index",
+            "allowMultipleAllocations",
+            "requestPolicy",
+            "validRange",
+            "cores",
+        ] {
             assert!(!text.contains(gone), "{gone} in {text}");
         }
+        let devices = slim.spec.devices.as_deref().unwrap_or_default();
+        let memory: Vec<_> = devices
+            .iter()
+            .map(|d| {
+                d.capacity
+                    .iter()
+                    .flatten()
+                    .map(|(k, c)| (k.as_str(), c.value.0.as_str()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(
+            memory,
+            [
+                vec![("memory", "80Gi")],
+                vec![],
+                vec![("gpu.example.com/memory", "40Gi")]
+            ],
+            "the declared memory capacity is kept, bare or qualified"
+        );
+    }
+
+    /// A pod of team-a whose container `main` has the claim entries
+    /// `entries`, of the pod claims `pod_claims`.
+    fn pod_with(pod_claims: serde_json::Value, entries: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "trainer-0", "namespace": "team-a", "uid": "p1"},
+            "spec": {"containers": [{"name": "main", "resources": {"claims": entries}}],
+                "resourceClaims": pod_claims},
+        }))
+        .expect("a pod")
+    }
+
+    #[test]
+    fn a_share_named_twice_by_the_container_is_one_share() {
+        let once = vec![
+            ("gpu-0", Some("GPU-aaaa"), Some(17 * GIB)),
+            ("gpu-1", Some("GPU-bbbb"), Some(17 * GIB)),
+        ];
+        // The whole claim, and one of its requests.
+        let claim_and_request = pod_with(
+            serde_json::json!([{"name": "gpu", "resourceClaimName": "two-gpus"}]),
+            serde_json::json!([{"name": "gpu"}, {"name": "gpu", "request": "gpus"}]),
+        );
+        let got = reading(&claim_and_request, &[claim("two-gpus", true)], &classes());
+        assert_eq!(summary(&got), Some(("main", once.clone())));
+        // Two pod claims of one ResourceClaim.
+        let two_pod_claims = pod_with(
+            serde_json::json!([
+                {"name": "gpu", "resourceClaimName": "two-gpus"},
+                {"name": "again", "resourceClaimName": "two-gpus"}]),
+            serde_json::json!([{"name": "gpu"}, {"name": "again"}]),
+        );
+        let got = reading(&two_pod_claims, &[claim("two-gpus", true)], &classes());
+        assert_eq!(summary(&got), Some(("main", once)));
+    }
+
+    #[test]
+    fn distinct_shares_of_one_device_are_kept_in_order() {
+        let mut two_on_one = claim("two-gpus", true);
+        for result in results(&mut two_on_one) {
+            result.device = "gpu-0".into();
+        }
+        let pod = pod(serde_json::json!({"resourceClaimName": "two-gpus"}), None);
+        let Reading::Gpu { shares, .. } = reading(&pod, &[two_on_one], &classes()) else {
+            panic!("a GPU container")
+        };
+        let ids: Vec<_> = shares.iter().map(|s| s.share_id.as_deref()).collect();
+        assert_eq!(ids, [Some("a1"), Some("b2")], "two grants, both kept");
+    }
+
+    /// The claim's allocation results.
+    fn results(
+        claim: &mut ResourceClaim,
+    ) -> impl Iterator<Item = &mut DeviceRequestAllocationResult> {
+        claim
+            .status
+            .as_mut()
+            .and_then(|s| s.allocation.as_mut())
+            .and_then(|a| a.devices.as_mut())
+            .and_then(|d| d.results.as_mut())
+            .into_iter()
+            .flatten()
+    }
+
+    /// dra's claim allocated `devices` whole, as a driver without
+    /// consumable capacity allocates: no `consumedCapacity`, no `shareID`.
+    fn whole(devices: [&str; 2]) -> ResourceClaim {
+        let mut claim = claim("two-gpus", true);
+        let gpus = results(&mut claim).filter(|r| r.request == "gpus");
+        for (result, device) in gpus.zip(devices) {
+            result.device = device.into();
+            result.consumed_capacity = None;
+            result.share_id = None;
+        }
+        claim
+    }
+
+    #[test]
+    fn a_device_allocated_whole_is_granted_its_whole_capacity_from_the_slice() {
+        let pod = pod(serde_json::json!({"resourceClaimName": "two-gpus"}), None);
+        let got = reading(&pod, &[whole(["gpu-0", "gpu-2"])], &classes());
+        assert_eq!(
+            summary(&got),
+            Some((
+                "main",
+                vec![
+                    ("gpu-0", Some("GPU-aaaa"), Some(80 * GIB)),
+                    ("gpu-2", Some("GPU-cccc"), Some(40 * GIB)),
+                ]
+            )),
+            "the slice's capacity, bare or qualified with the driver"
+        );
+        let Reading::Gpu { shares, .. } = got else {
+            unreachable!("checked above")
+        };
+        assert!(shares.iter().all(|s| s.whole_device), "{shares:?}");
+        assert_eq!(
+            crate::agent::isolation::grant::share_text("team-a", &shares[0]),
+            "ResourceClaim team-a/two-gpus request gpus: device gpu.example.com/node-1/gpu-0, device allocated whole: capacity memory 80Gi"
+        );
+        // Read from the trimmed slice too.
+        let mut slim = slice();
+        trim_slice(&mut slim, &["memory".to_owned()]);
+        let claim = Arc::new(whole(["gpu-0", "gpu-2"]));
+        let find = |_: &str, _: &str| Some(claim.clone());
+        assert_eq!(
+            read(&pod, &classes(), &find, &[Arc::new(slim)]),
+            Reading::Gpu {
+                container: "main".into(),
+                shares,
+            }
+        );
+    }
+
+    #[test]
+    fn no_consumed_capacity_and_no_capacity_in_the_slice_or_a_share_id_is_not_known() {
+        let pod = pod(serde_json::json!({"resourceClaimName": "two-gpus"}), None);
+        // gpu-1 publishes no capacity; gpu-3 is in no slice.
+        let got = reading(&pod, &[whole(["gpu-1", "gpu-3"])], &classes());
+        assert_eq!(
+            summary(&got),
+            Some((
+                "main",
+                vec![("gpu-1", Some("GPU-bbbb"), None), ("gpu-3", None, None)]
+            ))
+        );
+        // A shareID without consumedCapacity: a device of several
+        // allocations, never all of it.
+        let mut shared = claim("two-gpus", true);
+        for result in results(&mut shared) {
+            result.consumed_capacity = None;
+        }
+        let Reading::Gpu { shares, .. } = reading(&pod, &[shared], &classes()) else {
+            panic!("a GPU container")
+        };
+        assert_eq!(
+            shares
+                .iter()
+                .map(|s| (s.consumed_bytes, s.whole_device))
+                .collect::<Vec<_>>(),
+            [(None, false), (None, false)]
+        );
     }
 
     #[test]

@@ -32,8 +32,13 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use std::collections::HashSet;
+
+use kai_vocab::annotations::is_dra_limits_config_map_name;
+
 use super::attempts::{Attempts, sleep_until};
-use super::model::PodMeta;
+use super::isolation::grant::share_text;
+use super::model::{DraShare, PodMeta};
 
 /// The pod annotation the webhook sets on a pod whose DRA GPU container's
 /// limit is decided here: the ConfigMap, in the pod's namespace, its
@@ -59,11 +64,42 @@ pub struct Wanted {
     pub configmap: String,
     /// The pod's DRA GPU container: the key.
     pub container: String,
-    /// The least any of the container's shares consumed, in bytes.
+    /// What can be written.
+    pub write: Write,
+}
+
+/// What the agent can write for a pod that waits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// The limit, from the shares' consumed memory.
+    Limit(Limit),
+    /// This share's consumed memory is said neither by the allocation
+    /// (`consumedCapacity`) nor, for a device allocated whole, by its
+    /// ResourceSlice (`capacity`): no limit can be decided, and the
+    /// container cannot start without one.
+    Undecided(Box<DraShare>),
+    /// The annotation names no ConfigMap of the form the webhook names
+    /// ([`is_dra_limits_config_map_name`]): a name the tenant chose, which
+    /// could be any ConfigMap of the namespace. Nothing is written.
+    ForeignName,
+}
+
+/// The memory a container's shares consumed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limit {
+    /// The least any share consumed, in bytes.
     pub least_bytes: u64,
     /// The most, when the shares differ (libvgpu applies one limit to
     /// every device: the least is the one no device is granted less than).
     pub most_bytes: Option<u64>,
+}
+
+impl Limit {
+    /// In whole MiB (floor: libvgpu's `<MiB>m` must not exceed any share);
+    /// 0 when a share is under 1 MiB.
+    pub fn mib(&self) -> u64 {
+        self.least_bytes / MIB
+    }
 }
 
 impl Wanted {
@@ -71,9 +107,12 @@ impl Wanted {
     /// (`meta`, [`super::pods`]'s reading). `None` unless the pod carries
     /// the annotation, is not being deleted, its GPU container names
     /// GPU-memory claims (`meta.dra_shares`: a KAI pod, a plain pod, or
-    /// claims of other classes have none) and every one of that
-    /// container's shares has its consumed memory recorded: until then the
-    /// limit is not known, and the container cannot start without it.
+    /// claims of other classes have none) and they are allocated (a share
+    /// at least: until then the limit is not known, and the container
+    /// cannot start without it). Each share's consumed memory is what the
+    /// allocation recorded, or a whole device's capacity ([`super::dra`]);
+    /// a share with neither is [`Write::Undecided`], never silently waited
+    /// for.
     pub fn of(pod: &Pod, meta: &PodMeta) -> Option<Self> {
         let configmap = pod
             .metadata
@@ -84,32 +123,34 @@ impl Wanted {
             return None;
         }
         let shares = meta.dra_shares.as_deref()?;
-        let consumed: Option<Vec<u64>> = shares.iter().map(|s| s.consumed_bytes).collect();
-        let consumed = consumed?;
-        let least = *consumed.iter().min()?;
-        let most = *consumed.iter().max()?;
+        let write = if !is_dra_limits_config_map_name(configmap) {
+            Write::ForeignName
+        } else if let Some(unknown) = shares.iter().find(|s| s.consumed_bytes.is_none()) {
+            Write::Undecided(Box::new(unknown.clone()))
+        } else {
+            let consumed = shares.iter().filter_map(|s| s.consumed_bytes);
+            let least = consumed.clone().min()?;
+            let most = consumed.max()?;
+            Write::Limit(Limit {
+                least_bytes: least,
+                most_bytes: (most != least).then_some(most),
+            })
+        };
         Some(Self {
             uid: pod.metadata.uid.clone()?,
             namespace: pod.metadata.namespace.clone()?,
             pod: pod.metadata.name.clone()?,
             configmap: configmap.clone(),
             container: meta.gpu_container.clone()?,
-            least_bytes: least,
-            most_bytes: (most != least).then_some(most),
+            write,
         })
     }
 
-    /// The limit in whole MiB (floor: libvgpu's `<MiB>m` must not exceed
-    /// any share); 0 when a share is under 1 MiB.
-    pub fn mib(&self) -> u64 {
-        self.least_bytes / MIB
-    }
-
-    /// The ConfigMap: `{<container>: "<MiB>m"}`, owned by the pod (so the
-    /// garbage collector deletes it with the pod; `blockOwnerDeletion`
-    /// false, which needs no permission on the pod's finalizers), with
-    /// our managed-by label.
-    pub fn configmap(&self) -> ConfigMap {
+    /// The ConfigMap: `{<container>: "<MiB>m"}` of `limit`, owned by the
+    /// pod (so the garbage collector deletes it with the pod;
+    /// `blockOwnerDeletion` false, which needs no permission on the pod's
+    /// finalizers), with our managed-by label.
+    pub fn configmap(&self, limit: &Limit) -> ConfigMap {
         ConfigMap {
             metadata: ObjectMeta {
                 name: Some(self.configmap.clone()),
@@ -130,7 +171,7 @@ impl Wanted {
             },
             data: Some(BTreeMap::from([(
                 self.container.clone(),
-                format!("{}m", self.mib()),
+                format!("{}m", limit.mib()),
             )])),
             ..ConfigMap::default()
         }
@@ -192,7 +233,7 @@ impl Counts {
         let result = |result| {
             recorder.counter(
                 "kai_node_agent_dra_limit_configmaps_total",
-                "ConfigMaps of node-decided DRA GPU memory limits: created, found already there (left as they are), or failed (retried with backoff; also a limit under 1 MiB, never written).",
+                "ConfigMaps of node-decided DRA GPU memory limits: created, found already there (left as they are), or failed (retried with backoff; also, once per pod, a limit never written: under 1 MiB, a share whose memory neither the allocation nor the device's ResourceSlice says, an annotation naming no ConfigMap of the webhook's form).",
                 &[("result", result)],
             )
         };
@@ -270,6 +311,10 @@ pub(crate) struct Task<W> {
     /// Pods (UIDs) whose ConfigMap is there (created or found), or that
     /// will never get one (a limit under 1 MiB); those to try again.
     attempts: Attempts,
+    /// Pods (UIDs) logged and counted as waiting for what cannot be
+    /// written ([`Write::Undecided`], [`Write::ForeignName`]): once each,
+    /// not every scan. Not done: should the slice say later, it is written.
+    reported: HashSet<String>,
 }
 
 impl<W: CreateConfigMap> Task<W> {
@@ -278,6 +323,7 @@ impl<W: CreateConfigMap> Task<W> {
             writer,
             counts,
             attempts: Attempts::new(backoff.first, backoff.max),
+            reported: HashSet::new(),
         }
     }
 
@@ -311,14 +357,20 @@ impl<W: CreateConfigMap> Task<W> {
     /// the ConfigMap it finds counts as written.
     pub(crate) fn keep(&mut self, current: &[Wanted]) {
         self.attempts.keep(current.iter().map(|w| w.uid.as_str()));
+        let uids: HashSet<&str> = current.iter().map(|w| w.uid.as_str()).collect();
+        self.reported.retain(|uid| uids.contains(uid.as_str()));
     }
 
     /// Writes what `current` names and is neither done nor waiting for
     /// its retry.
     pub(crate) async fn round(&mut self, current: &[Wanted]) {
         for wanted in current {
-            if self.attempts.due(&wanted.uid) {
-                self.write(wanted).await;
+            if !self.attempts.due(&wanted.uid) {
+                continue;
+            }
+            match &wanted.write {
+                Write::Limit(limit) => self.write(wanted, limit).await,
+                Write::Undecided(_) | Write::ForeignName => self.report(wanted),
             }
         }
     }
@@ -329,28 +381,57 @@ impl<W: CreateConfigMap> Task<W> {
             .next_due(current.iter().map(|w| w.uid.as_str()))
     }
 
+    /// Says once per pod why nothing is written for it, and counts it
+    /// failed: its container waits for a ConfigMap that does not come.
     #[tracing::instrument(name = "dra_limits_configmap", skip_all, fields(namespace = %w.namespace, pod = %w.pod, configmap = %w.configmap, container = %w.container))]
-    async fn write(&mut self, w: &Wanted) {
-        let mib = w.mib();
+    fn report(&mut self, w: &Wanted) {
+        if !self.reported.insert(w.uid.clone()) {
+            return;
+        }
+        match &w.write {
+            Write::Undecided(share) => {
+                let device = format!("{}/{}/{}", share.driver, share.pool, share.device);
+                tracing::error!(
+                    claim = %share.claim,
+                    %device,
+                    share = %share_text(&w.namespace, share),
+                    "cannot decide the container's GPU memory limit: the allocation records no consumedCapacity {capacity} for this device, and its ResourceSlice publishes no capacity {capacity}; no limit written, the container will not start",
+                    capacity = share.capacity,
+                );
+            }
+            Write::ForeignName => {
+                tracing::error!(
+                    annotation = ANNOTATION_DRA_LIMITS_CONFIG_MAP,
+                    "the annotation names no ConfigMap of the form the webhook names (<pod>-vgpu-dra-<10 of [a-z0-9]>): a name the pod chose, not written"
+                );
+            }
+            Write::Limit(_) => return,
+        }
+        self.counts.failed.increment(1);
+    }
+
+    #[tracing::instrument(name = "dra_limits_configmap", skip_all, fields(namespace = %w.namespace, pod = %w.pod, configmap = %w.configmap, container = %w.container))]
+    async fn write(&mut self, w: &Wanted, limit: &Limit) {
+        let mib = limit.mib();
         if mib == 0 {
             // "0m" would be no limit at all to libvgpu: leave the container
             // waiting for its ConfigMap (fail closed) rather than uncapped.
             tracing::error!(
-                bytes = w.least_bytes,
+                bytes = limit.least_bytes,
                 "a share of the claim is under 1 MiB: no limit written; the container will not start"
             );
             self.counts.failed.increment(1);
             self.attempts.done(&w.uid);
             return;
         }
-        if let Some(most) = w.most_bytes {
+        if let Some(most) = limit.most_bytes {
             tracing::info!(
-                least = w.least_bytes,
+                least = limit.least_bytes,
                 most,
                 "the container's shares differ: the limit is the least (libvgpu applies one limit to every device)"
             );
         }
-        match self.writer.create(&w.configmap()).await {
+        match self.writer.create(&w.configmap(limit)).await {
             Created::Created => {
                 tracing::info!(limit_mib = mib, "wrote the container's GPU memory limit");
                 self.counts.created.increment(1);

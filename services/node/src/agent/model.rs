@@ -61,9 +61,15 @@ pub struct DraShare {
     /// The device's UUID, from this node's ResourceSlice; `None` while the
     /// slice is not known or its device publishes none.
     pub gpu_uuid: Option<String>,
-    /// `consumedCapacity[<capacity>]` in bytes: the grant on the device;
-    /// `None` when the allocation does not say.
+    /// `consumedCapacity[<capacity>]` in bytes: the grant on the device.
+    /// For a device allocated whole (no `consumedCapacity`, no `shareID`:
+    /// Kubernetes records both only for devices allowing multiple
+    /// allocations) the device's whole `capacity[<capacity>]` from its
+    /// ResourceSlice ([`Self::whole_device`]). `None` when neither says.
     pub consumed_bytes: Option<u64>,
+    /// `consumed_bytes` is the whole device's capacity, read from its
+    /// ResourceSlice: the allocation recorded none.
+    pub whole_device: bool,
 }
 
 /// This node's `nvidia.com/gpu.memory` label, which KAI's binder computes

@@ -122,8 +122,10 @@ async fn a_waiting_pod_gets_its_configmap_once_named_placed_filled_and_owned_as_
             pod: "trainer-0".into(),
             configmap: NAME.into(),
             container: "main".into(),
-            least_bytes: 17 * GIB,
-            most_bytes: None,
+            write: Write::Limit(Limit {
+                least_bytes: 17 * GIB,
+                most_bytes: None,
+            }),
         }]
     );
     let fake = Fake::default();
@@ -170,12 +172,6 @@ fn nothing_is_wanted_before_the_caches_list_or_the_claim_is_allocated() {
     assert_eq!(pods_not_listed.dra_limits(), None, "pods not listed");
     let unallocated = source(vec![waiting()], dra::claim("two-gpus", false), true);
     assert_eq!(unallocated.dra_limits(), Some(vec![]), "no share yet");
-    let one_unknown = source(vec![waiting()], consuming([Some("17Gi"), None]), true);
-    assert_eq!(
-        one_unknown.dra_limits(),
-        Some(vec![]),
-        "a share with no consumed memory: its limit is not known"
-    );
     assert_eq!(PodSource::None.dra_limits(), None, "no API server");
     let off = PodSource::holding(vec![waiting()], PodSync::Ready, None);
     assert!(!off.reads_dra());
@@ -191,16 +187,27 @@ fn shares_that_differ_give_the_least_in_whole_mib() {
     );
     let wanted = pods.dra_limits().expect("listed");
     assert_eq!(wanted.len(), 1);
+    let limit = limit_of(&wanted[0]);
     assert_eq!(
-        (wanted[0].least_bytes, wanted[0].most_bytes),
+        (limit.least_bytes, limit.most_bytes),
         (16500 << 20, Some(17 * GIB))
     );
     // Floored: 16500Mi and a byte less than the next MiB.
-    let mut odd = wanted[0].clone();
-    odd.least_bytes = (16500 << 20) + (1 << 20) - 1;
-    let data = |w: &Wanted| w.configmap().data.expect("data");
-    assert_eq!(data(&wanted[0])["main"], "16500m");
+    let odd = Limit {
+        least_bytes: (16500 << 20) + (1 << 20) - 1,
+        ..limit
+    };
+    let data = |l: &Limit| wanted[0].configmap(l).data.expect("data");
+    assert_eq!(data(&limit)["main"], "16500m");
     assert_eq!(data(&odd)["main"], "16500m");
+}
+
+/// The limit `wanted` writes.
+fn limit_of(wanted: &Wanted) -> Limit {
+    match &wanted.write {
+        Write::Limit(limit) => *limit,
+        other => panic!("no limit: {other:?}"),
+    }
 }
 
 #[tokio::test]
@@ -320,7 +327,7 @@ async fn a_share_under_one_mib_is_never_written() {
     );
     let wanted = pods.dra_limits().expect("listed");
     assert_eq!(wanted.len(), 1);
-    assert_eq!(wanted[0].mib(), 0);
+    assert_eq!(limit_of(&wanted[0]).mib(), 0);
     let fake = Fake::default();
     let (mut task, recorder) = task(&fake);
     task.round(&wanted).await;
@@ -330,4 +337,235 @@ async fn a_share_under_one_mib_is_never_written() {
         "\"0m\" would be no limit to libvgpu"
     );
     assert_eq!(count(&recorder, "failed"), "1");
+}
+
+/// dra's claim allocated `devices` whole, as a driver without consumable
+/// capacity allocates: no `consumedCapacity`, no `shareID`.
+fn whole(devices: [&str; 2]) -> ResourceClaim {
+    let mut claim = consuming([None, None]);
+    let results = claim
+        .status
+        .as_mut()
+        .and_then(|s| s.allocation.as_mut())
+        .and_then(|a| a.devices.as_mut())
+        .and_then(|d| d.results.as_mut())
+        .expect("results");
+    let gpus = results.iter_mut().filter(|r| r.request == "gpus");
+    for (result, device) in gpus.zip(devices) {
+        result.device = device.into();
+        result.share_id = None;
+    }
+    claim
+}
+
+#[tokio::test]
+async fn a_device_allocated_whole_gets_the_least_of_its_devices_capacities() {
+    // gpu-0 of 80Gi, gpu-2 of 40Gi (dra's slice).
+    let pods = source(vec![waiting()], whole(["gpu-0", "gpu-2"]), true);
+    let wanted = pods.dra_limits().expect("listed");
+    assert_eq!(wanted.len(), 1, "{wanted:?}");
+    assert_eq!(
+        limit_of(&wanted[0]),
+        Limit {
+            least_bytes: 40 * GIB,
+            most_bytes: Some(80 * GIB)
+        }
+    );
+    let fake = Fake::default();
+    let (mut task, recorder) = task(&fake);
+    task.round(&wanted).await;
+    let asked = fake.asked();
+    assert_eq!(asked.len(), 1);
+    assert_eq!(
+        asked[0].data.as_ref().expect("data")["main"],
+        "40960m",
+        "libvgpu's one limit: the smaller device"
+    );
+    assert_eq!(count(&recorder, "created"), "1");
+}
+
+#[tokio::test]
+async fn a_share_whose_memory_nothing_says_is_logged_and_counted_once_never_silent() {
+    // gpu-1's slice publishes no capacity, and the allocation records none.
+    let whole_unknown = source(vec![waiting()], whole(["gpu-0", "gpu-1"]), true);
+    // A share (shareID b2) the allocation records no consumedCapacity for.
+    let shared_unknown = source(vec![waiting()], consuming([Some("17Gi"), None]), true);
+    for (pods, claim_device) in [
+        (whole_unknown, "gpu.example.com/node-1/gpu-1"),
+        (shared_unknown, "gpu.example.com/node-1/gpu-1"),
+    ] {
+        let wanted = pods.dra_limits().expect("listed");
+        assert_eq!(wanted.len(), 1, "{wanted:?}");
+        let Write::Undecided(share) = &wanted[0].write else {
+            panic!("undecided: {wanted:?}")
+        };
+        assert_eq!(
+            (share.claim.as_str(), share.device.as_str()),
+            ("two-gpus", "gpu-1")
+        );
+        let fake = Fake::default();
+        let (mut task, recorder) = task(&fake);
+        let logs = Logs::default();
+        {
+            let _on = tracing::subscriber::set_default(logs.clone());
+            for _ in 0..3 {
+                task.keep(&wanted);
+                task.round(&wanted).await;
+            }
+        }
+        assert!(fake.asked().is_empty(), "no limit can be written");
+        assert_eq!(count(&recorder, "failed"), "1", "counted once");
+        let errors = logs.errors();
+        assert_eq!(errors.len(), 1, "logged once: {errors:?}");
+        for field in [
+            "pod=trainer-0",
+            "namespace=team-a",
+            "claim=two-gpus",
+            &format!("device={claim_device}"),
+            "cannot decide",
+        ] {
+            assert!(errors[0].contains(field), "{field} not in {}", errors[0]);
+        }
+        assert_eq!(task.next_due(&wanted), None, "nothing to retry on a timer");
+    }
+}
+
+#[tokio::test]
+async fn an_undecided_pod_is_written_once_the_slice_says() {
+    let undecided = source(vec![waiting()], whole(["gpu-0", "gpu-1"]), true)
+        .dra_limits()
+        .expect("listed");
+    let decided = source(vec![waiting()], whole(["gpu-0", "gpu-2"]), true)
+        .dra_limits()
+        .expect("listed");
+    let fake = Fake::default();
+    let (mut task, recorder) = task(&fake);
+    task.round(&undecided).await;
+    task.keep(&decided);
+    task.round(&decided).await;
+    assert_eq!(fake.asked().len(), 1);
+    assert_eq!(count(&recorder, "failed"), "1");
+    assert_eq!(count(&recorder, "created"), "1");
+}
+
+#[tokio::test]
+async fn a_configmap_name_not_of_the_webhooks_form_is_never_written() {
+    for name in [
+        // KAI's binder ConfigMap of another pod, a name of the tenant's.
+        "trainer-1-shared-gpu-0",
+        "kube-root-ca.crt",
+        "trainer-0-vgpu-dra-short",
+    ] {
+        let mut pod = waiting();
+        annotate(&mut pod, ANNOTATION_DRA_LIMITS_CONFIG_MAP, name);
+        let wanted = source(vec![pod], dra::claim("two-gpus", true), true)
+            .dra_limits()
+            .expect("listed");
+        assert_eq!(wanted.len(), 1, "{wanted:?}");
+        assert_eq!(wanted[0].write, Write::ForeignName, "{name}");
+        let fake = Fake::default();
+        let (mut task, recorder) = task(&fake);
+        let logs = Logs::default();
+        {
+            let _on = tracing::subscriber::set_default(logs.clone());
+            task.round(&wanted).await;
+            task.round(&wanted).await;
+        }
+        assert!(fake.asked().is_empty(), "{name} written");
+        let errors = logs.errors();
+        assert_eq!(errors.len(), 1, "logged once: {errors:?}");
+        assert!(
+            errors[0].contains("pod=trainer-0") && errors[0].contains(&format!("configmap={name}")),
+            "{}",
+            errors[0]
+        );
+        assert_eq!(count(&recorder, "failed"), "1");
+    }
+}
+
+// === a log recorder ===
+
+/// Records each event at ERROR as a line: the fields of the spans it is
+/// in, then its own (`name=value`), on the thread it is set on.
+#[derive(Clone, Default)]
+struct Logs {
+    inner: Arc<Mutex<LogsInner>>,
+}
+
+#[derive(Default)]
+struct LogsInner {
+    /// Each span's fields, by id - 1.
+    spans: Vec<String>,
+    entered: Vec<u64>,
+    errors: Vec<String>,
+}
+
+impl Logs {
+    fn errors(&self) -> Vec<String> {
+        self.inner.lock().expect("lock").errors.clone()
+    }
+}
+
+/// `name=value ` for every field visited.
+struct Fields(String);
+
+impl tracing::field::Visit for Fields {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.push_str(&format!("{}={value} ", field.name()));
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!("{}={value:?} ", field.name()));
+    }
+}
+
+impl tracing::Subscriber for Logs {
+    fn register_callsite(
+        &self,
+        _: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
+
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let mut fields = Fields(String::new());
+        span.record(&mut fields);
+        let mut inner = self.inner.lock().expect("lock");
+        inner.spans.push(fields.0);
+        tracing::span::Id::from_u64(inner.spans.len() as u64)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        if *event.metadata().level() != tracing::Level::ERROR {
+            return;
+        }
+        let mut inner = self.inner.lock().expect("lock");
+        let mut line = Fields(String::new());
+        for id in &inner.entered {
+            let at = usize::try_from(*id).expect("an id") - 1;
+            line.0.push_str(&inner.spans[at]);
+        }
+        event.record(&mut line);
+        inner.errors.push(line.0);
+    }
+
+    fn enter(&self, span: &tracing::span::Id) {
+        self.inner
+            .lock()
+            .expect("lock")
+            .entered
+            .push(span.into_u64());
+    }
+
+    fn exit(&self, _: &tracing::span::Id) {
+        self.inner.lock().expect("lock").entered.pop();
+    }
 }

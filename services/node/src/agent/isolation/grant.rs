@@ -23,7 +23,8 @@
 //! A container naming a DRA GPU-memory claim ([`dra`]) has no KAI grant:
 //! on each device the grant is what the allocation consumed of it
 //! (`consumedCapacity`), which the scheduler rounded up from the request
-//! the webhook took the cap from.
+//! the webhook took the cap from; for a device allocated whole, its whole
+//! capacity as its ResourceSlice publishes it.
 
 use kai_vocab::grant::LABEL_GPU_MEMORY;
 
@@ -186,8 +187,8 @@ pub enum DraGrant {
     Unallocated(String),
     /// Nothing can be told: no share yet, a share whose device has no
     /// known UUID (the slice not read, or the driver publishes none)
-    /// could be this one, or the allocation does not say what a share
-    /// here consumed.
+    /// could be this one, or neither the allocation nor (for a device
+    /// allocated whole) the slice says what a share here consumed.
     Unknown,
 }
 
@@ -240,20 +241,27 @@ pub fn dra(namespace: &str, shares: &[DraShare], uuid: &str) -> DraGrant {
 }
 
 /// `ResourceClaim team-a/two-gpus request gpus: share a1 of
-/// gpu.example.com/node-1/gpu-0, consumedCapacity memory 17Gi`.
+/// gpu.example.com/node-1/gpu-0, consumedCapacity memory 17Gi`; for a
+/// device allocated whole, `…: device gpu.example.com/node-1/gpu-0,
+/// device allocated whole: capacity memory 80Gi`.
 pub fn share_text(namespace: &str, share: &DraShare) -> String {
     let device = format!("{}/{}/{}", share.driver, share.pool, share.device);
     let of = match &share.share_id {
         Some(id) => format!("share {id} of {device}"),
         None => format!("device {device}"),
     };
-    let consumed = match share.consumed_bytes {
-        Some(bytes) => format!(
+    let consumed = match (share.consumed_bytes, share.whole_device) {
+        (Some(bytes), false) => format!(
             "consumedCapacity {} {}",
             share.capacity,
             quantity_text(bytes)
         ),
-        None => format!("no consumedCapacity {}", share.capacity),
+        (Some(bytes), true) => format!(
+            "device allocated whole: capacity {} {}",
+            share.capacity,
+            quantity_text(bytes)
+        ),
+        (None, _) => format!("no consumedCapacity {}", share.capacity),
     };
     format!(
         "ResourceClaim {namespace}/{} request {}: {of}, {consumed}",

@@ -1869,6 +1869,7 @@ fn share(id: &str, device: &str, uuid: Option<&str>, consumed: Option<u64>) -> D
         capacity: "memory".into(),
         gpu_uuid: uuid.map(str::to_owned),
         consumed_bytes: consumed,
+        whole_device: false,
     }
 }
 
@@ -1933,6 +1934,38 @@ fn a_cap_above_the_share_is_above_grant_and_the_reason_names_the_claim() {
         evidence.contains("NVML measures 18 GiB") && evidence.contains("a grant of 17408 MiB"),
         "{evidence}"
     );
+}
+
+/// A device allocated whole (no `consumedCapacity`, no `shareID`; the
+/// agent read its capacity from the ResourceSlice): held to all of it.
+#[test]
+fn a_device_allocated_whole_is_held_to_its_capacity() {
+    let whole = || DraShare {
+        share_id: None,
+        consumed_bytes: Some(80 * GIB),
+        whole_device: true,
+        ..on_gpu()
+    };
+    let (isolation, _, _) = on_node(
+        claiming(80 * GIB, GIB, vec![whole()]),
+        GpuMemoryLabel::Missing,
+        81920,
+        None,
+    );
+    assert_eq!(isolation.state, IsolationState::Capped, "{isolation:?}");
+    let raised = || claiming(90 * GIB, GIB, vec![whole()]);
+    let (isolation, _, evict) = on_node(raised(), GpuMemoryLabel::Missing, 81920, None);
+    assert_eq!(isolation.state, IsolationState::AboveGrant);
+    assert_eq!(
+        isolation.reason,
+        format!(
+            "the cap on {GPU} is 92160 MiB, above the pod's grant of 81920 MiB (ResourceClaim team-a/two-gpus request gpus: device gpu.example.com/node-1/gpu-0, device allocated whole: capacity memory 80Gi): the container set its own limit"
+        )
+    );
+    assert!(evict.is_empty(), "{evict:?}");
+    let (_, _, evict) = on_node(raised(), GpuMemoryLabel::Missing, 81920, Some(85 * GIB));
+    assert_eq!(evict.len(), 1, "NVML beyond the whole device's grant");
+    assert_eq!(evict[0].reason, crate::agent::enforce::Reason::AboveGrant);
 }
 
 /// The region says it holds; NVML measures the pod's own process beyond
