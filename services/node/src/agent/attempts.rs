@@ -8,10 +8,32 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// Delays between attempts on one pod: `first`, doubling up to `max`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    pub first: Duration,
+    pub max: Duration,
+}
+
+impl Backoff {
+    /// Evictions: a PodDisruptionBudget's refusal lasts until a replica is
+    /// back, so there is no point in asking often.
+    pub const EVICTIONS: Self = Self {
+        first: Duration::from_secs(5),
+        max: Duration::from_secs(300),
+    };
+    /// Node-decided DRA limits: short, the container waits on the
+    /// ConfigMap (the kubelet retries its start with its own backoff, up to
+    /// five minutes).
+    pub const LIMITS: Self = Self {
+        first: Duration::from_secs(1),
+        max: Duration::from_secs(60),
+    };
+}
+
 /// The pods (UIDs) handled, and those waiting for their next attempt.
 pub(crate) struct Attempts {
-    first: Duration,
-    max: Duration,
+    backoff: Backoff,
     /// Handled for good: nothing more is tried while the list names them.
     done: HashSet<String>,
     /// To try again: when, and their schedule (dropped once handled).
@@ -19,11 +41,9 @@ pub(crate) struct Attempts {
 }
 
 impl Attempts {
-    /// Retries `first` after a failure, doubling to `max`.
-    pub(crate) fn new(first: Duration, max: Duration) -> Self {
+    pub(crate) fn new(backoff: Backoff) -> Self {
         Self {
-            first,
-            max,
+            backoff,
             done: HashSet::new(),
             retry: HashMap::new(),
         }
@@ -73,7 +93,7 @@ impl Attempts {
     /// `uid` failed: its next attempt is due after the returned delay,
     /// double the last one's (up to `max`).
     pub(crate) fn failed(&mut self, uid: &str) -> Duration {
-        let (first, max) = (self.first, self.max);
+        let Backoff { first, max } = self.backoff;
         let (at, schedule) = self.retry.entry(uid.to_owned()).or_insert_with(|| {
             (
                 Instant::now(),

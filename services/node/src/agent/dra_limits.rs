@@ -23,7 +23,6 @@
 //!   [`kube::Client`] and faked in the tests.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -247,23 +246,7 @@ impl Counts {
 
 // === the task ===
 
-/// Delays between attempts on one pod.
-#[derive(Clone, Copy, Debug)]
-pub struct Backoff {
-    pub first: Duration,
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    /// Short: the container waits on it (the kubelet retries its start
-    /// with its own backoff, up to five minutes).
-    fn default() -> Self {
-        Self {
-            first: Duration::from_secs(1),
-            max: Duration::from_secs(60),
-        }
-    }
-}
+pub use crate::agent::attempts::Backoff;
 
 /// Sends what the pods wait for to the writing task (a no-op when off).
 #[derive(Clone, Default)]
@@ -322,7 +305,7 @@ impl<W: CreateConfigMap> Task<W> {
         Self {
             writer,
             counts,
-            attempts: Attempts::new(backoff.first, backoff.max),
+            attempts: Attempts::new(backoff),
             reported: HashSet::new(),
         }
     }

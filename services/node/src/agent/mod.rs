@@ -143,7 +143,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     let dra_limits = match client {
         Some(client) if pods.reads_dra() => dra_limits::Writer::spawn(
             client.clone(),
-            dra_limits::Backoff::default(),
+            dra_limits::Backoff::LIMITS,
             own_metrics.dra_limit_counts(),
             shutdown.clone(),
         ),
@@ -160,7 +160,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
                     config.enforce,
                     client.cloned(),
                     notifier.clone(),
-                    Default::default(),
+                    enforce::driver::Backoff::EVICTIONS,
                     own_metrics.enforce.clone(),
                     shutdown.clone(),
                 ),

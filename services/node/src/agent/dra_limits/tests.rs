@@ -50,10 +50,7 @@ impl CreateConfigMap for Fake {
 fn task(fake: &Fake) -> (Task<Fake>, Recorder) {
     let recorder = Recorder::default();
     let counts = Counts::register(&recorder);
-    (
-        Task::new(fake.clone(), Backoff::default(), counts),
-        recorder,
-    )
+    (Task::new(fake.clone(), Backoff::LIMITS, counts), recorder)
 }
 
 fn count(recorder: &Recorder, result: &str) -> String {
@@ -241,16 +238,12 @@ async fn a_failure_is_retried_after_its_backoff_and_not_before() {
     task.round(&wanted).await;
     assert_eq!(fake.asked().len(), 1, "not before its delay");
     let due = task.next_due(&wanted).expect("a retry is due");
-    assert_eq!(due, Instant::now() + Backoff::default().first);
-    tokio::time::advance(Backoff::default().first).await;
+    assert_eq!(due, Instant::now() + Backoff::LIMITS.first);
+    tokio::time::advance(Backoff::LIMITS.first).await;
     task.round(&wanted).await;
     assert_eq!(fake.asked().len(), 2);
     let later = task.next_due(&wanted).expect("a retry is due");
-    assert_eq!(
-        later - Instant::now(),
-        2 * Backoff::default().first,
-        "doubled"
-    );
+    assert_eq!(later - Instant::now(), 2 * Backoff::LIMITS.first, "doubled");
     tokio::time::advance(later - Instant::now()).await;
     task.round(&wanted).await;
     task.round(&wanted).await;

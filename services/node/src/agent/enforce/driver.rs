@@ -4,8 +4,6 @@
 //! as long as the pod stays a candidate. A pod that stops being one (its
 //! cap holds again, or it is gone) is forgotten.
 
-use std::time::Duration;
-
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -18,21 +16,7 @@ use crate::agent::isolation::{Notice, Subject};
 /// The Event reason of an eviction.
 pub const EVENT_REASON: &str = "GpuIsolationEviction";
 
-/// Delays between attempts on one pod.
-#[derive(Clone, Copy, Debug)]
-pub struct Backoff {
-    pub first: Duration,
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            first: Duration::from_secs(5),
-            max: Duration::from_secs(300),
-        }
-    }
-}
+pub use crate::agent::attempts::Backoff;
 
 /// Sends candidates to the enforcement task (a no-op when disabled).
 #[derive(Clone, Default)]
@@ -71,7 +55,7 @@ impl Enforcer {
             client,
             notifier,
             counts,
-            attempts: Attempts::new(backoff.first, backoff.max),
+            attempts: Attempts::new(backoff),
         };
         tokio::spawn(task.run(rx, shutdown));
         tracing::info!(policy = ?policy, "enforcement on");

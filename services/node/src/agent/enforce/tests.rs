@@ -298,7 +298,7 @@ async fn a_pod_already_gone_or_no_longer_a_candidate_is_dropped() {
         Policy::Evict,
         Some(client),
         Notifier::disabled(),
-        Backoff::default(),
+        Backoff::EVICTIONS,
         counts().1,
         shutdown.clone(),
     );
@@ -341,7 +341,7 @@ async fn dry_run_counts_once_and_calls_nothing() {
         Policy::DryRun,
         Some(client),
         Notifier::disabled(),
-        Backoff::default(),
+        Backoff::EVICTIONS,
         counts,
         shutdown.clone(),
     );
