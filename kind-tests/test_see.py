@@ -245,6 +245,11 @@ def test_initial_view(check, demo, browser):
     assert by["uncapped-job-0"]["state"] == "uncapped_no_limit" and "uncapped" in by["uncapped-job-0"]["bar"], by
     assert by["uncapped-job-0"]["reason"], "the state carries its reason"
     assert by["notebook-0"]["state"] == "capped"
+    # The demo's notebook holds its GPU through a DRA claim (docs/dra.md):
+    # its row names the claim, the share and the grant; the others none.
+    assert "claim team-b/notebook-gpu, share 5c0f…" in by["notebook-0"]["text"], by["notebook-0"]["text"]
+    assert "granted 2.0 GiB" in by["notebook-0"]["text"], by["notebook-0"]["text"]
+    assert not [k for k, r in by.items() if k != "notebook-0" and "claim " in r["text"]], by
     api = {c["pod"]: c["devices"][0] for c in demo.containers()["containers"]}
     inf = api["inference-7d9f5c8b6-x2x4p"]
     want = 100 * inf["usedBytes"] / inf["limitBytes"]

@@ -146,6 +146,10 @@ async fn main() -> anyhow::Result<()> {
         aggregator.http_addr
     );
     println!(
+        "  kubectl-vgpu --aggregator http://{} why notebook-0 -n team-b   # a pod whose GPU share is a DRA claim: its claim, share and grant (docs/dra.md)",
+        aggregator.http_addr
+    );
+    println!(
         "  curl -s --cacert {ca} -H 'Content-Type: application/json' --data @{} https://localhost:{port}/mutate | jq -r .response.patch | base64 -d | jq",
         reviews_dir.join("gpu-sharing-pod.json").display(),
         ca = ca.display()

@@ -29,7 +29,19 @@ struct Sim {
     sm_limit: u64,
     /// KAI's `gpu-memory` annotation (MiB): the grant the agent holds the
     /// region's cap against (a cap above it is `above_grant`).
-    gpu_memory: &'static str,
+    grant: Grant,
+}
+
+/// What the scheduler granted a simulated container.
+enum Grant {
+    /// KAI's `gpu-memory` annotation, in MiB.
+    Kai(&'static str),
+    /// A DRA consumable-capacity claim's share of its GPU (docs/dra.md):
+    /// the claim and the share's ID; the slice is the container's cap.
+    Dra {
+        claim: &'static str,
+        share_id: &'static str,
+    },
 }
 
 const SIMS: [Sim; 4] = [
@@ -42,7 +54,7 @@ const SIMS: [Sim; 4] = [
         limit: 4 * GIB,
         used: 1536 * MIB,
         sm_limit: 100,
-        gpu_memory: "4096",
+        grant: Grant::Kai("4096"),
     },
     Sim {
         uid: "9a1b7c1e-0000-4000-8000-0000000000b2",
@@ -54,7 +66,7 @@ const SIMS: [Sim; 4] = [
         used: 6 * GIB,
         // Annotated kai-resource-isolator.io/gpu-cores: "50".
         sm_limit: 50,
-        gpu_memory: "8192",
+        grant: Grant::Kai("8192"),
     },
     Sim {
         uid: "9a1b7c1e-0000-4000-8000-0000000000c3",
@@ -65,7 +77,11 @@ const SIMS: [Sim; 4] = [
         limit: 2 * GIB,
         used: 300 * MIB,
         sm_limit: 100,
-        gpu_memory: "2048",
+        // Its GPU through a DRA claim of 2Gi (NVIDIA's consumable shares).
+        grant: Grant::Dra {
+            claim: "notebook-gpu",
+            share_id: "5c0ffee0-0000-4000-8000-0000000000c3",
+        },
     },
     // What KAI issue #2156 looks like: preloaded, but no limit was set, so
     // libvgpu records 0 and enforces nothing. The agent flags it.
@@ -78,7 +94,7 @@ const SIMS: [Sim; 4] = [
         limit: 0,
         used: GIB,
         sm_limit: 100,
-        gpu_memory: "1024",
+        grant: Grant::Kai("1024"),
     },
 ];
 
@@ -157,7 +173,21 @@ pub async fn start(
     let list: Vec<_> = SIMS
         .iter()
         .map(|s| {
-            serde_json::json!({"uid": s.uid, "namespace": s.namespace, "name": s.pod, "gpu_memory": s.gpu_memory})
+            let mut pod =
+                serde_json::json!({"uid": s.uid, "namespace": s.namespace, "name": s.pod});
+            let (key, grant) = match s.grant {
+                Grant::Kai(mib) => ("gpu_memory", serde_json::json!(mib)),
+                Grant::Dra { claim, share_id } => (
+                    "dra_shares",
+                    serde_json::json!([{
+                        "claim": claim, "request": "gpu", "driver": "gpu.nvidia.com",
+                        "pool": "demo-node", "device": "gpu-1", "share_id": share_id,
+                        "gpu_uuid": s.gpu, "consumed_bytes": s.limit,
+                    }]),
+                ),
+            };
+            pod[key] = grant;
+            pod
         })
         .collect();
     std::fs::write(&pods, serde_json::to_vec_pretty(&list)?)?;
@@ -247,6 +277,31 @@ pub async fn check(node: &Node) -> anyhow::Result<()> {
         uncapped == 1,
         "expected the one uncapped simulation to be flagged, got {uncapped}"
     );
+    // The DRA container reports its claim's share, granted its slice.
+    for sim in &SIMS {
+        let Grant::Dra { claim, share_id } = sim.grant else {
+            continue;
+        };
+        let container = list.containers.iter().find(|c| c.pod_uid == sim.uid);
+        let shares = container
+            .map(|c| c.dra_shares.as_slice())
+            .unwrap_or_default();
+        anyhow::ensure!(
+            shares.iter().any(|s| s.claim == claim
+                && s.share_id == share_id
+                && s.granted_bytes == sim.limit
+                && s.gpu_uuid == sim.gpu),
+            "expected {}/{} to report its DRA share of {claim}, got {shares:?}",
+            sim.namespace,
+            sim.pod
+        );
+        println!(
+            "    {}/{} holds DRA claim {claim}: share {share_id}, granted {} MiB",
+            sim.namespace,
+            sim.pod,
+            sim.limit / MIB
+        );
+    }
     anyhow::ensure!(
         list.containers.len() == SIMS.len(),
         "expected {} containers, got {}",

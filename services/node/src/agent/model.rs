@@ -45,7 +45,10 @@ pub struct PodMeta {
 /// One device's slice of a DRA claim, as the allocation records it
 /// (`status.allocation.devices.results[]`) and the node's ResourceSlice
 /// names its device.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// A `--static-pods` entry may list them (`dra_shares`, these field names;
+/// `capacity` defaults to `memory`), as the demo does for its DRA pod.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
 pub struct DraShare {
     /// The ResourceClaim's name, in the pod's namespace.
     pub claim: String,
@@ -57,6 +60,7 @@ pub struct DraShare {
     /// `shareID`; `None` for a device that is not shared.
     pub share_id: Option<String>,
     /// The device capacity that is its memory (the declared class's).
+    #[serde(default = "memory")]
     pub capacity: String,
     /// The device's UUID, from this node's ResourceSlice; `None` while the
     /// slice is not known or its device publishes none.
@@ -69,7 +73,14 @@ pub struct DraShare {
     pub consumed_bytes: Option<u64>,
     /// `consumed_bytes` is the whole device's capacity, read from its
     /// ResourceSlice: the allocation recorded none.
+    #[serde(default)]
     pub whole_device: bool,
+}
+
+/// The capacity name of the NVIDIA DRA driver's (and dra-example-driver's)
+/// GPU memory, the default of a static entry.
+fn memory() -> String {
+    "memory".to_owned()
 }
 
 /// This node's `nvidia.com/gpu.memory` label, which KAI's binder computes

@@ -23,8 +23,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::dra::{DraSource, Reading};
 use super::dra_limits;
+use super::model::{DraShare, PodMeta, RunningContainer};
 pub use super::model::{Lookup, PodSourceStatus};
-use super::model::{PodMeta, RunningContainer};
 use super::scope::{Scope, WebhookScope};
 
 /// Source of pod metadata.
@@ -87,6 +87,9 @@ struct StaticPod {
     gpu_memory: Option<String>,
     #[serde(default)]
     gpu_fraction: Option<String>,
+    /// The DRA shares of its GPU container ([`PodMeta::dra_shares`]).
+    #[serde(default)]
+    dra_shares: Option<Vec<DraShare>>,
 }
 
 fn yes() -> bool {
@@ -112,7 +115,9 @@ pub enum PodSourceError {
 
 impl PodSource {
     /// Loads a JSON array of `{uid, namespace, name[, sharing,
-    /// gpu_container, gpu_memory, gpu_fraction, running: [{name, id, started_at}]]}`.
+    /// gpu_container, gpu_memory, gpu_fraction, running: [{name, id, started_at}],
+    /// dra_shares: [{claim, request, driver, pool, device, share_id, gpu_uuid,
+    /// consumed_bytes}]]}`.
     pub fn from_static_file(path: &Path) -> Result<Self, PodSourceError> {
         let text = std::fs::read_to_string(path).map_err(|source| PodSourceError::Read {
             path: path.to_owned(),
@@ -136,7 +141,7 @@ impl PodSource {
                             gpu_container: p.gpu_container,
                             running: p.running,
                             grant: Grant::of(p.gpu_memory.as_deref(), p.gpu_fraction.as_deref()),
-                            dra_shares: None,
+                            dra_shares: p.dra_shares,
                         },
                     )
                 })
@@ -577,6 +582,49 @@ mod tests {
         for _ in 0..16 {
             tokio::task::yield_now().await;
         }
+    }
+
+    #[test]
+    fn a_static_entry_may_hold_dra_shares_and_a_bad_one_says_where() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("pods.json");
+        std::fs::write(
+            &path,
+            r#"[{"uid": "u1", "namespace": "team-b", "name": "nb", "gpu_container": "jupyter",
+                "dra_shares": [{"claim": "nb-gpu", "request": "gpu", "driver": "gpu.nvidia.com",
+                  "pool": "node-1", "device": "gpu-1", "share_id": "s1", "gpu_uuid": "GPU-1",
+                  "consumed_bytes": 2147483648}]},
+               {"uid": "u2", "namespace": "team-a", "name": "kai", "gpu_memory": "4096"}]"#,
+        )
+        .expect("write");
+        let source = PodSource::from_static_file(&path).expect("reads");
+        let Lookup::Known(nb) = source.lookup("u1") else {
+            panic!("u1 is listed")
+        };
+        let shares = nb.dra_shares.expect("its shares");
+        assert_eq!(shares.len(), 1);
+        let share = &shares[0];
+        assert_eq!(
+            (share.claim.as_str(), share.device.as_str()),
+            ("nb-gpu", "gpu-1")
+        );
+        assert_eq!(share.capacity, "memory", "the default capacity name");
+        assert_eq!(share.consumed_bytes, Some(2 << 30));
+        assert!(!share.whole_device);
+        assert!(nb.grant.is_none(), "a DRA pod has no KAI grant");
+        let Lookup::Known(kai) = source.lookup("u2") else {
+            panic!("u2 is listed")
+        };
+        assert_eq!(kai.dra_shares, None, "a KAI pod has no shares");
+        std::fs::write(
+            &path,
+            r#"[{"uid": "u1", "namespace": "a", "name": "b", "dra_shares": [{"claim": 1}]}]"#,
+        )
+        .expect("write");
+        let Err(err) = PodSource::from_static_file(&path) else {
+            panic!("a share's claim is a string")
+        };
+        assert!(err.to_string().contains("pods.json"), "{err}");
     }
 
     // --- DRA GPU-memory claims (module `dra`) ---
