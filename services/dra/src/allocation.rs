@@ -5,7 +5,7 @@
 //! rounding of a request to the device's `requestPolicy`, so a reason can
 //! say why a slice is larger than what was asked.
 
-use k8s_openapi::api::resource::v1::{DeviceCapacity, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{Device, DeviceCapacity, ResourceClaim, ResourceSlice};
 
 use crate::UUID_ATTRIBUTE;
 use crate::claims::gpu_requests;
@@ -66,27 +66,56 @@ pub fn shares(claim: &ResourceClaim, classes: &MemoryClasses) -> Result<Vec<Shar
         .collect()
 }
 
-/// The UUID the driver publishes for `device` of `pool` (its
-/// [`UUID_ATTRIBUTE`], bare or qualified with the driver's domain).
-pub fn device_uuid<'a>(
+/// `device` of `pool` as `driver`'s ResourceSlices publish it.
+pub fn slice_device<'a>(
     slices: impl IntoIterator<Item = &'a ResourceSlice>,
     driver: &str,
     pool: &str,
     device: &str,
-) -> Option<&'a str> {
-    let qualified = format!("{driver}/{UUID_ATTRIBUTE}");
+) -> Option<&'a Device> {
     slices
         .into_iter()
         .filter(|s| s.spec.driver == driver && s.spec.pool.name == pool)
         .flat_map(|s| s.spec.devices.iter().flatten())
-        .find(|d| d.name == device)?
+        .find(|d| d.name == device)
+}
+
+/// Whether `key`, an attribute or capacity name of a device of `driver`,
+/// is `name`: bare (a name without a domain is in the driver's own) or
+/// qualified with the driver's domain (`<driver>/<name>`).
+pub fn is_named(key: &str, driver: &str, name: &str) -> bool {
+    key == name
+        || key
+            .strip_prefix(driver)
+            .and_then(|rest| rest.strip_prefix('/'))
+            == Some(name)
+}
+
+/// The UUID `device` of `driver` publishes (its [`UUID_ATTRIBUTE`]).
+pub fn device_uuid<'a>(device: &'a Device, driver: &str) -> Option<&'a str> {
+    device
         .attributes
         .as_ref()?
         .iter()
-        .find(|(key, _)| *key == UUID_ATTRIBUTE || **key == qualified)?
+        .find(|(key, _)| is_named(key, driver, UUID_ATTRIBUTE))?
         .1
         .string
         .as_deref()
+}
+
+/// `device`'s capacity `capacity` (of `driver`) in bytes; `None` when it
+/// publishes none of that name.
+pub fn device_capacity_bytes(
+    device: &Device,
+    driver: &str,
+    capacity: &str,
+) -> Option<Result<u64, QuantityError>> {
+    let (_, found) = device
+        .capacity
+        .as_ref()?
+        .iter()
+        .find(|(key, _)| is_named(key, driver, capacity))?;
+    Some(quantity::bytes(&found.value.0))
 }
 
 /// What the scheduler allocates of a capacity for a request of
@@ -262,6 +291,34 @@ mod tests {
     }
 
     #[test]
+    fn capacities_by_bare_or_qualified_name() {
+        let device: Device =
+            serde_json::from_value(serde_json::json!({"name": "gpu-0", "capacity": {
+            "memory": {"value": "80Gi"}, "gpu.example.com/compute": {"value": "100"},
+            "other.example.com/memory": {"value": "1Gi"}}}))
+            .expect("a device");
+        let bytes = |name| device_capacity_bytes(&device, "gpu.example.com", name);
+        assert_eq!(bytes("memory"), Some(Ok(80 * GI)));
+        assert_eq!(bytes("compute"), Some(Ok(100)));
+        assert_eq!(bytes("ecc"), None);
+        assert!(!is_named(
+            "other.example.com/memory",
+            "gpu.example.com",
+            "memory"
+        ));
+        assert!(!is_named(
+            "gpu.example.commemory",
+            "gpu.example.com",
+            "memory"
+        ));
+        assert!(is_named(
+            "gpu.example.com/memory",
+            "gpu.example.com",
+            "memory"
+        ));
+    }
+
+    #[test]
     fn uuids_from_the_slice_of_the_pool() {
         let slices: Vec<ResourceSlice> = vec![
             serde_json::from_value(serde_json::json!({"spec": {"driver": "gpu.example.com",
@@ -276,25 +333,16 @@ mod tests {
                     {"name": "gpu-2", "attributes": {"index": {"int": 2}}}]}}))
             .expect("a slice"),
         ];
+        let uuid = |driver: &str, pool: &str, device: &str| {
+            slice_device(&slices, driver, pool, device).and_then(|d| device_uuid(d, driver))
+        };
+        assert_eq!(uuid("gpu.example.com", "node-1", "gpu-0"), Some("gpu-aaaa"));
+        assert_eq!(uuid("gpu.example.com", "node-1", "gpu-1"), Some("gpu-bbbb"));
+        assert_eq!(uuid("gpu.example.com", "node-1", "gpu-2"), None);
         assert_eq!(
-            device_uuid(&slices, "gpu.example.com", "node-1", "gpu-0"),
-            Some("gpu-aaaa")
-        );
-        assert_eq!(
-            device_uuid(&slices, "gpu.example.com", "node-1", "gpu-1"),
-            Some("gpu-bbbb")
-        );
-        assert_eq!(
-            device_uuid(&slices, "gpu.example.com", "node-1", "gpu-2"),
-            None
-        );
-        assert_eq!(
-            device_uuid(&slices, "gpu.example.com", "node-2", "gpu-0"),
+            uuid("gpu.example.com", "node-2", "gpu-0"),
             Some("gpu-other")
         );
-        assert_eq!(
-            device_uuid(&slices, "other.example.com", "node-1", "gpu-0"),
-            None
-        );
+        assert_eq!(uuid("other.example.com", "node-1", "gpu-0"), None);
     }
 }

@@ -18,7 +18,9 @@ pub mod claims;
 pub mod class;
 pub mod quantity;
 
-pub use allocation::{Share, consumed_bytes, device_uuid, shares};
+pub use allocation::{
+    Share, consumed_bytes, device_capacity_bytes, device_uuid, is_named, shares, slice_device,
+};
 pub use claims::{
     ClaimRef, ClaimSource, Count, GpuRequest, claim_name, claim_refs, claim_source, covers,
     gpu_requests,

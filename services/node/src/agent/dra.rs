@@ -249,25 +249,21 @@ pub fn read(
                 if shares.iter().any(|s| same_share(s, &share)) {
                     continue;
                 }
-                let gpu_uuid = kai_dra::device_uuid(
+                let device = kai_dra::slice_device(
                     slices.iter().map(AsRef::as_ref),
                     &share.driver,
                     &share.pool,
                     &share.device,
-                )
-                .map(str::to_owned);
-                let whole = match (share.consumed_bytes, &share.share_id) {
+                );
+                let gpu_uuid = device
+                    .and_then(|d| kai_dra::device_uuid(d, &share.driver))
+                    .map(str::to_owned);
+                let whole = match (share.consumed_bytes, &share.share_id, device) {
                     // Kubernetes records consumedCapacity only for a device
                     // that allows multiple allocations, and every such
                     // allocation has a shareID. Without both, the device
                     // is the claim's alone: its grant is all of it.
-                    (None, None) => whole_capacity(
-                        slices,
-                        &share.driver,
-                        &share.pool,
-                        &share.device,
-                        &request.capacity,
-                    ),
+                    (None, None, Some(device)) => whole_capacity(device, &share, &request.capacity),
                     _ => None,
                 };
                 shares.push(DraShare {
@@ -305,35 +301,13 @@ fn same_share(known: &DraShare, share: &kai_dra::Share) -> bool {
         && known.share_id == share.share_id
 }
 
-/// The capacity `capacity` of `device` of `pool` as its ResourceSlice
-/// publishes it (the key bare, or qualified with the driver's domain as
-/// capacity names may be), in bytes; `None` when no slice of this node
-/// says, or says it in no quantity (logged).
-fn whole_capacity(
-    slices: &[Arc<ResourceSlice>],
-    driver: &str,
-    pool: &str,
-    device: &str,
-    capacity: &str,
-) -> Option<u64> {
-    let qualified = format!("{driver}/{capacity}");
-    let value = slices
-        .iter()
-        .filter(|s| s.spec.driver == driver && s.spec.pool.name == pool)
-        .flat_map(|s| s.spec.devices.iter().flatten())
-        .find(|d| d.name == device)?
-        .capacity
-        .as_ref()?
-        .iter()
-        .find(|(key, _)| *key == capacity || **key == qualified)?
-        .1
-        .value
-        .0
-        .as_str();
-    match kai_dra::bytes(value) {
+/// `device`'s whole capacity `capacity` as its ResourceSlice publishes
+/// it, in bytes; `None` when it publishes none, or in no quantity (logged).
+fn whole_capacity(device: &Device, share: &kai_dra::Share, capacity: &str) -> Option<u64> {
+    match kai_dra::device_capacity_bytes(device, &share.driver, capacity)? {
         Ok(bytes) => Some(bytes),
         Err(error) => {
-            tracing::warn!(%driver, %pool, %device, %capacity, %error, "cannot read the device's capacity in its ResourceSlice; the grant of its whole-device allocations is not known");
+            tracing::warn!(driver = %share.driver, pool = %share.pool, device = %share.device, %capacity, %error, "cannot read the device's capacity in its ResourceSlice; the grant of its whole-device allocations is not known");
             None
         }
     }
@@ -430,24 +404,20 @@ fn trim_slice(slice: &mut ResourceSlice, capacities: &[String]) {
         ..ObjectMeta::default()
     };
     let spec = std::mem::take(&mut slice.spec);
-    let qualified = format!("{}/{UUID_ATTRIBUTE}", spec.driver);
+    let driver = spec.driver.as_str();
     slice.spec = ResourceSliceSpec {
         devices: spec.devices.map(|all| {
             all.into_iter()
                 .map(|d| Device {
                     name: d.name,
                     attributes: d.attributes.map(|mut a| {
-                        a.retain(|k, _| k == UUID_ATTRIBUTE || *k == qualified);
+                        a.retain(|k, _| kai_dra::is_named(k, driver, UUID_ATTRIBUTE));
                         a
                     }),
                     capacity: d.capacity.map(|all| {
                         all.into_iter()
                             .filter(|(k, _)| {
-                                let bare = k
-                                    .strip_prefix(spec.driver.as_str())
-                                    .and_then(|k| k.strip_prefix('/'))
-                                    .unwrap_or(k);
-                                capacities.iter().any(|c| c == bare)
+                                capacities.iter().any(|c| kai_dra::is_named(k, driver, c))
                             })
                             .map(|(k, c)| {
                                 let value = DeviceCapacity {
