@@ -77,6 +77,17 @@ pub struct DraShare {
     pub whole_device: bool,
 }
 
+impl DraShare {
+    /// Whether the share is on the device a region or NVML names `uuid`.
+    /// UUIDs compare without regard to case: NVML writes `GPU-…`, a
+    /// driver's slice may not (dra-example-driver writes `gpu-…`).
+    pub fn is_on(&self, uuid: &str) -> bool {
+        self.gpu_uuid
+            .as_deref()
+            .is_some_and(|u| u.eq_ignore_ascii_case(uuid))
+    }
+}
+
 /// The capacity name of the NVIDIA DRA driver's (and dra-example-driver's)
 /// GPU memory, the default of a static entry.
 fn memory() -> String {

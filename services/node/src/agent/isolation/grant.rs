@@ -198,14 +198,7 @@ pub enum DraGrant {
 /// dra-example-driver's `gpu-…`), and a UUID's hex digits are one value
 /// either way.
 pub fn dra(namespace: &str, shares: &[DraShare], uuid: &str) -> DraGrant {
-    let here: Vec<&DraShare> = shares
-        .iter()
-        .filter(|s| {
-            s.gpu_uuid
-                .as_deref()
-                .is_some_and(|u| u.eq_ignore_ascii_case(uuid))
-        })
-        .collect();
+    let here: Vec<&DraShare> = shares.iter().filter(|s| s.is_on(uuid)).collect();
     if here.is_empty() {
         if shares.is_empty() || shares.iter().any(|s| s.gpu_uuid.is_none()) {
             return DraGrant::Unknown;

@@ -79,11 +79,7 @@ pub(super) fn judge(views: &[ContainerView], verdicts: &mut [Verdict]) {
         for d in view.snapshot.devices.iter().filter(|d| d.limit > 0) {
             let here: Vec<(ShareKey<'_>, &DraShare)> = shares
                 .iter()
-                .filter(|s| {
-                    s.gpu_uuid
-                        .as_deref()
-                        .is_some_and(|u| u.eq_ignore_ascii_case(&d.uuid))
-                })
+                .filter(|s| s.is_on(&d.uuid))
                 .map(|s| (key(&pod.namespace, s), s))
                 .collect();
             if here.is_empty() {
