@@ -10,12 +10,15 @@
 //! - [`quantity`]: a Kubernetes quantity in whole bytes;
 //! - [`claims`]: which pod claims a container names, and which requests of a
 //!   claim are GPU memory, with what they ask;
+//! - [`holders`]: how many containers of a pod hold a request at once,
+//!   which split its slice;
 //! - [`allocation`]: what the scheduler allocated for them (the shares), the
 //!   device's UUID in its ResourceSlice, and the scheduler's rounding.
 
 pub mod allocation;
 pub mod claims;
 pub mod class;
+pub mod holders;
 pub mod quantity;
 
 pub use allocation::{
@@ -26,6 +29,7 @@ pub use claims::{
     gpu_requests,
 };
 pub use class::{DEFAULT_MEMORY_CLASS, MemoryClass, MemoryClasses, ParseClassError};
+pub use holders::{Runs, at_once, holds};
 pub use quantity::{QuantityError, bytes};
 
 /// The device attribute a DRA driver publishes its GPU's UUID under (the
