@@ -40,7 +40,7 @@ pub enum MountError {
     },
     /// The pod already has [`MAX_VOLUMES_PER_POD`] volumes of this driver.
     #[error(
-        "pod {pod_uid} already has {published} volumes of this driver (at most {MAX_VOLUMES_PER_POD}; the webhook adds one): refused"
+        "pod {pod_uid} already has {published} volumes of this driver (at most {MAX_VOLUMES_PER_POD}; the webhook adds one per GPU container): refused"
     )]
     TooMany { pod_uid: String, published: usize },
     /// A path of the host that must not be a link is one.
@@ -451,12 +451,7 @@ fn read_mountinfo() -> Result<MountInfos, MountError> {
         })
 }
 
-/// Volumes of one pod published at most. The webhook adds one; a tenant can
-/// declare any number of inline volumes of the driver itself, each five
-/// mounts in the host's mount namespace and work for every later publish:
-/// unbounded, one pod spec could fill the node's mount table
-/// (`fs.mount-max`) and block every pod's volumes.
-pub const MAX_VOLUMES_PER_POD: usize = 8;
+pub use kai_vocab::csi::MAX_VOLUMES_PER_POD;
 
 /// How many volumes of this driver pod `pod_uid` has published: the roots
 /// (our tmpfs, source `kai-vgpu`, at kubelet's place for a volume,

@@ -90,9 +90,9 @@ mod tests {
             (Runs::Regular, other.as_slice()),
             (Runs::Regular, none.as_slice()),
         ];
-        assert_eq!(at_once(pod.clone(), "gpu", "a"), 2);
-        assert_eq!(at_once(pod.clone(), "gpu", "a/small"), 2);
-        assert_eq!(at_once(pod.clone(), "gpu", "b"), 3);
+        assert_eq!(at_once(pod, "gpu", "a"), 2);
+        assert_eq!(at_once(pod, "gpu", "a/small"), 2);
+        assert_eq!(at_once(pod, "gpu", "b"), 3);
         assert_eq!(at_once(pod, "tpu", "a"), 1, "nobody holds it: no split");
     }
 

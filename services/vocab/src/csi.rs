@@ -26,3 +26,11 @@ pub const CONTAINERS: &str = "containers";
 /// The volume's lock directory of the pod, mounted at `/tmp/vgpulock`,
 /// where HAMi-core looks.
 pub const VGPULOCK: &str = "vgpulock";
+
+/// Volumes of this driver one pod gets published at most. The webhook adds
+/// one per libvgpu target (a DRA pod may have several); a tenant can
+/// declare any number of inline volumes of the driver itself, each five
+/// mounts in the host's mount namespace and work for every later publish:
+/// unbounded, one pod spec could fill the node's mount table
+/// (`fs.mount-max`) and block every pod's volumes.
+pub const MAX_VOLUMES_PER_POD: usize = 8;

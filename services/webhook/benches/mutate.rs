@@ -81,7 +81,7 @@ fn hostile_pod() -> Value {
 /// The plan step of `pod`: the decision and its RFC 6902 operations.
 fn plan_step(pod: &Pod, cfg: &InjectConfig) -> Option<json_patch::Patch> {
     match plan(pod, cfg, OptOut::Ignored) {
-        Decision::Inject { target, patch } => patch.operations(&target, cfg).ok(),
+        Decision::Inject { patch, .. } => patch.operations(cfg).ok(),
         _ => None,
     }
 }

@@ -76,6 +76,9 @@ pub struct Container {
     pub resources: Option<ResourceRequirements>,
     /// Its own user and group, which win over the pod's.
     pub security_context: Option<RunAs>,
+    /// An init container's `Always` makes it a sidecar, which runs beside
+    /// the containers: read for who holds a DRA slice at the same time.
+    pub restart_policy: Option<String>,
 }
 
 /// The user and group of a pod's or a container's `securityContext`, the

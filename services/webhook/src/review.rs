@@ -273,8 +273,19 @@ impl Pending {
                 if patch.removes_tenant_env() {
                     reviewed.tenant_env = Some("replaced");
                 }
-                response = response.with_patch(patch.operations(&target, cfg)?)?;
-                reviewed.container = Some(target.name);
+                response = response.with_patch(patch.operations(cfg)?)?;
+                // Every target's name: a DRA pod may have several.
+                reviewed.container = Some(match patch.parts() {
+                    [_, _, ..] => {
+                        let names: Vec<&str> = patch
+                            .parts()
+                            .iter()
+                            .map(|p| p.target.name.as_str())
+                            .collect();
+                        names.join(",")
+                    }
+                    _ => target.name,
+                });
             }
             Decision::AlreadyInjected { target } => reviewed.container = Some(target.name),
             Decision::NotSharing { share_resource } => reviewed.detail = share_resource,

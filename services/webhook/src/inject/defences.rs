@@ -8,33 +8,35 @@
 use k8s_openapi::api::core::v1::{Volume, VolumeDevice, VolumeMount};
 
 use super::denial::Denial;
-use super::items::{Dir, Layout, Source, VolumeSpec};
+use super::items::{Dir, Layout, MountSpec, Slot, Source, VolumeSpec};
 use super::paths::{clean, covering};
 use super::{CSI_ATTR_CONTAINER, LEGACY_HOST_VGPULOCK};
 use crate::config::InjectConfig;
 use crate::pod::{Container, RunAs, Spec};
 
-/// Whether `spec`, whose sharing container is `target` running as
-/// `run_as`, may get our volumes and mounts under `layout`.
+/// Whether `spec`, whose sharing container `target` (running as `run_as`)
+/// is the `slot`th of its `slots` targets, may get our volumes and mounts
+/// under `layout`.
 pub fn check<'a>(
     spec: &'a Spec,
     target: &'a Container,
+    (slot, slots): (Slot, usize),
     layout: &Layout,
     cfg: &InjectConfig,
     run_as: RunAs,
 ) -> Result<(), Denial<'a>> {
     let volumes = spec.volumes.as_deref().unwrap_or_default();
     foreign_host_path(volumes, layout, cfg)?;
-    foreign_volume(volumes, layout, cfg, &target.name, run_as)?;
-    foreign_driver_volume(volumes, layout, cfg)?;
+    foreign_volume(volumes, layout, slot, cfg, &target.name, run_as)?;
+    foreign_driver_volume(volumes, layout, slots, cfg)?;
     let containers = spec
         .init_containers
         .iter()
         .flatten()
         .chain(&spec.containers);
-    propagated_mount(containers, layout)?;
+    propagated_mount(containers, layout, slots)?;
     let ours = our_paths(layout, cfg);
-    clashing_mount(target, layout, cfg, &ours)?;
+    clashing_mount(target, layout, slot, cfg, &ours)?;
     clashing_device(target, &ours)
 }
 
@@ -87,12 +89,13 @@ fn foreign_host_path<'a>(
 fn foreign_volume<'a>(
     volumes: &'a [Volume],
     layout: &Layout,
+    slot: Slot,
     cfg: &InjectConfig,
     container: &str,
     run_as: RunAs,
 ) -> Result<(), Denial<'a>> {
     let ours = |have: &Volume, spec: &VolumeSpec| {
-        let want = spec.volume(cfg, container, run_as);
+        let want = spec.volume(&have.name, cfg, container, run_as);
         let mut rest = have.clone();
         let (host, csi) = (rest.host_path.take(), rest.csi.take());
         let only_that = rest
@@ -134,7 +137,7 @@ fn foreign_volume<'a>(
         layout
             .volumes
             .iter()
-            .find(|v| v.name == have.name)
+            .find(|v| layout.volume_name(v.name, slot) == have.name)
             .is_some_and(|spec| !ours(have, spec))
     });
     found.map_or(Ok(()), |volume| {
@@ -147,20 +150,21 @@ fn foreign_volume<'a>(
 /// An inline volume of our CSI driver that is not the one we add: kai-csi
 /// publishes whatever attributes such a volume carries, for the pod's own
 /// directories (a second volume asking for another user, or an id the
-/// plugin must refuse). Ours is the layout's CSI volume by name, whose
-/// source [`foreign_volume`] compares with what we write; under hostPath
+/// plugin must refuse). Ours are the layout's CSI volumes by name, one per
+/// target, whose sources [`foreign_volume`] compares with what we write
+/// for each; under hostPath
 /// delivery no volume of the driver is ours. Driver names are compared
 /// without case: the cost of denying a variant spelling is nil.
 fn foreign_driver_volume<'a>(
     volumes: &'a [Volume],
     layout: &Layout,
+    slots: usize,
     cfg: &InjectConfig,
 ) -> Result<(), Denial<'a>> {
     let found = volumes.iter().find_map(|volume| {
         let ours_by_name = layout
-            .volumes
-            .iter()
-            .any(|v| v.name == volume.name && v.source == Source::Csi);
+            .volume_named(&volume.name, slots)
+            .is_some_and(|v| v.source == Source::Csi);
         let csi = volume.csi.as_ref()?;
         (!ours_by_name && csi.driver.eq_ignore_ascii_case(&cfg.csi_driver)).then_some(
             Denial::ForeignDriverVolume {
@@ -181,8 +185,9 @@ fn foreign_driver_volume<'a>(
 fn propagated_mount<'a>(
     mut containers: impl Iterator<Item = &'a Container>,
     layout: &Layout,
+    slots: usize,
 ) -> Result<(), Denial<'a>> {
-    let ours = |name: &str| layout.volumes.iter().any(|v| v.name == name);
+    let ours = |name: &str| layout.volume_named(name, slots).is_some();
     let found = containers.find_map(|container| {
         container.volume_mounts.iter().flatten().find_map(|mount| {
             let propagation = mount.mount_propagation.as_deref()?;
@@ -210,12 +215,14 @@ fn propagated_mount<'a>(
 fn clashing_mount<'a>(
     target: &'a Container,
     layout: &Layout,
+    slot: Slot,
     cfg: &InjectConfig,
     ours: &[String],
 ) -> Result<(), Denial<'a>> {
     let mounts: &'a [VolumeMount] = target.volume_mounts.as_deref().unwrap_or_default();
     let found = mounts.iter().find_map(|have| {
-        if layout.mounts.iter().any(|want| want.is(have, cfg)) {
+        let is_ours = |want: &MountSpec| want.is(have, &layout.volume_name(want.volume, slot), cfg);
+        if layout.mounts.iter().any(is_ours) {
             return None;
         }
         covering(&have.mount_path, ours).map(|root| Denial::ClashingMount {

@@ -33,7 +33,7 @@ pub enum Denial<'a> {
     )]
     ForeignVolume { volume: &'a str },
     #[error(
-        "volume {volume:?} is an inline volume of kai-resource-isolator's CSI driver {driver:?}, which only kai-resource-isolator adds (its one volume {VOLUME_VGPU:?} for the GPU-sharing container, with csi library delivery): remove it from the pod spec"
+        "volume {volume:?} is an inline volume of kai-resource-isolator's CSI driver {driver:?}, which only kai-resource-isolator adds (its volume {VOLUME_VGPU:?} for the GPU-sharing container, and {VOLUME_VGPU:?}-<n> for each further one of a pod with several DRA GPU containers, with csi library delivery): remove it from the pod spec"
     )]
     ForeignDriverVolume { volume: &'a str, driver: &'a str },
     #[error(
@@ -105,8 +105,8 @@ pub enum Denial<'a> {
         claim: String,
     },
     #[error(
-        "containers {} each get GPU memory from a DRA claim: kai-resource-isolator caps one such container per pod for now; give the GPU-memory claim to one container",
-        quoted(.containers)
+        "containers {} each get GPU memory from a DRA claim: kai-resource-isolator caps at most {} such containers per pod (each gets a library volume of its own); give the GPU-memory claims to fewer containers",
+        quoted(.containers), kai_vocab::csi::MAX_VOLUMES_PER_POD
     )]
     ManyGpuContainers { containers: Vec<&'a str> },
     #[error(

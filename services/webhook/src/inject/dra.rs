@@ -9,8 +9,11 @@
 
 use std::fmt;
 
+use k8s_openapi::api::core::v1::ResourceClaim as ContainerClaim;
 use k8s_openapi::api::resource::v1::ResourceClaimSpec;
-use kai_dra::{ClaimSource, Count, GpuRequest, claim_refs, claim_source, covers, gpu_requests};
+use kai_dra::{
+    ClaimSource, Count, GpuRequest, Runs, at_once, claim_refs, claim_source, covers, gpu_requests,
+};
 
 use super::denial::Denial;
 use super::{
@@ -323,13 +326,20 @@ pub fn read<'a>(
 }
 
 impl<'a> GpuContainers<'a> {
-    /// The one container and its limit, or why the pod is denied: KAI's
-    /// sharing annotations as well, more than one container, or requests
-    /// libvgpu's one limit cannot hold (differing stated sizes, less than
-    /// a MiB). A request that states no memory, or asks for every device,
-    /// leaves the limit to the node ([`MemoryLimit::NodeDecided`]).
-    pub fn one(self) -> Result<GpuContainer<'a>, Decision> {
-        let Self { pod, mut found } = self;
+    /// Each container and its limit, or why the pod is denied: KAI's
+    /// sharing annotations as well, more GPU containers than the CSI
+    /// plugin publishes volumes for one pod, or requests libvgpu's one
+    /// limit cannot hold (differing sizes, less than a MiB). A request that
+    /// states no memory, or asks for every device, leaves the limit to the
+    /// node ([`MemoryLimit::NodeDecided`]).
+    ///
+    /// A request several containers hold at once is split between them
+    /// evenly ([`kai_dra::at_once`], which the node agent applies to the
+    /// allocation too): one region cannot be shared by two containers, so
+    /// the only hard cap on the slice is each holder's part of it
+    /// (docs/dra.md, "Several containers").
+    pub fn each(self) -> Result<Vec<GpuContainer<'a>>, Decision> {
+        let Self { pod, found } = self;
         let kai = [ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY]
             .into_iter()
             .find(|key| pod.annotation(key).is_some());
@@ -342,58 +352,92 @@ impl<'a> GpuContainers<'a> {
             }
             .into());
         }
-        if found.len() > 1 {
+        if found.len() > MAX_GPU_CONTAINERS {
             return Err(Denial::ManyGpuContainers {
                 containers: found.iter().map(|(_, c, _)| c.name.as_str()).collect(),
             }
             .into());
         }
-        let (target, container, requests) = found.remove(0);
-        // Every stated size must be the one limit, even when the node
-        // decides it: libvgpu holds every device to it, and the node
-        // writes the smallest slice (the same in practice).
-        let stated: Vec<(&Found<'_>, u64)> = requests
+        let runs: Vec<(Runs, &[ContainerClaim])> = pod
+            .spec
             .iter()
-            .filter_map(|r| Some((r, r.request.memory_bytes?)))
+            .flat_map(|spec| {
+                let init = spec.init_containers.iter().flatten();
+                init.map(|c| (Runs::init(c.restart_policy.as_deref()), c.claims()))
+                    .chain(spec.containers.iter().map(|c| (Runs::Regular, c.claims())))
+            })
             .collect();
-        if let Some(&(_, bytes)) = stated.first()
-            && stated.iter().any(|&(_, other)| other != bytes)
-        {
-            return Err(Denial::DifferingMemory {
-                container: &container.name,
-                sizes: stated
-                    .iter()
-                    .map(|(r, bytes)| format!("{r}: {}", size(*bytes)))
-                    .collect(),
-            }
-            .into());
-        }
-        // libvgpu's literal is whole MiB: the floor keeps the cap at or
-        // below what the claim states (and the slice, which is larger).
-        if let Some(&(request, bytes)) = stated.first()
-            && bytes / MIB == 0
-        {
-            return Err(Denial::MemoryBelowMib {
-                container: &container.name,
-                request: request.to_string(),
-                size: size(bytes),
-            }
-            .into());
-        }
-        let node_decided = requests
-            .iter()
-            .any(|r| r.request.count == Count::All || r.request.memory_bytes.is_none());
-        let limit = match stated.first() {
-            Some(&(_, bytes)) if !node_decided => MemoryLimit::Stated { mib: bytes / MIB },
-            _ => MemoryLimit::NodeDecided,
-        };
-        Ok(GpuContainer {
-            target,
-            container,
-            limit,
-        })
+        found
+            .into_iter()
+            .map(|(target, container, requests)| {
+                let limit = limit(container, &requests, &runs)?;
+                Ok(GpuContainer {
+                    target,
+                    container,
+                    limit,
+                })
+            })
+            .collect()
     }
 }
+
+/// The limit of `container`, whose GPU-memory requests are `requests`,
+/// among the pod's containers `runs`.
+fn limit(
+    container: &Container,
+    requests: &[Found<'_>],
+    runs: &[(Runs, &[ContainerClaim])],
+) -> Result<MemoryLimit, Decision> {
+    // Each stated size, divided between the containers holding it at once.
+    let stated: Vec<(&Found<'_>, u64, u64)> = requests
+        .iter()
+        .filter_map(|r| {
+            let split = at_once(runs.iter().copied(), r.pod_claim, &r.request.name);
+            Some((r, r.request.memory_bytes? / split, split))
+        })
+        .collect();
+    // Every part must be the one limit, even when the node decides it:
+    // libvgpu holds every device to it, and the node writes the smallest
+    // (the same in practice).
+    if let Some(&(_, bytes, _)) = stated.first()
+        && stated.iter().any(|&(_, other, _)| other != bytes)
+    {
+        return Err(Denial::DifferingMemory {
+            container: &container.name,
+            sizes: stated
+                .iter()
+                .map(|(r, bytes, split)| match split {
+                    1 => format!("{r}: {}", size(*bytes)),
+                    n => format!("{r}: {} ({n} containers share it)", size(*bytes)),
+                })
+                .collect(),
+        }
+        .into());
+    }
+    // libvgpu's literal is whole MiB: the floor keeps the cap at or below
+    // what the claim states (and the slice, which is larger).
+    if let Some(&(request, bytes, _)) = stated.first()
+        && bytes / MIB == 0
+    {
+        return Err(Denial::MemoryBelowMib {
+            container: &container.name,
+            request: request.to_string(),
+            size: size(bytes),
+        }
+        .into());
+    }
+    let node_decided = requests
+        .iter()
+        .any(|r| r.request.count == Count::All || r.request.memory_bytes.is_none());
+    Ok(match stated.first() {
+        Some(&(_, bytes, _)) if !node_decided => MemoryLimit::Stated { mib: bytes / MIB },
+        _ => MemoryLimit::NodeDecided,
+    })
+}
+
+/// GPU containers of one pod at most: each has a library volume of its
+/// own under CSI delivery, and the plugin publishes no more for one pod.
+const MAX_GPU_CONTAINERS: usize = kai_vocab::csi::MAX_VOLUMES_PER_POD;
 
 /// The limits ConfigMap of a pod whose DRA GPU container's limit is
 /// decided on the node.

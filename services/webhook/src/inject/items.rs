@@ -3,6 +3,7 @@
 //! compares the pod with and the patch writes from. The env vars are
 //! [`super::vars`].
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
@@ -130,6 +131,52 @@ pub const CSI: Layout = Layout {
     ],
 };
 
+/// Which of a pod's libvgpu targets a volume or mount is for: its place
+/// among them (init containers first, then containers). A KAI pod has one
+/// target, slot 0; a DRA pod one per container naming a GPU-memory claim.
+/// Under CSI delivery each target has a library volume of its own (the
+/// plugin binds the region directory of the container its attributes
+/// name); hostPath delivery's volumes are the node's directories, one set
+/// for every target.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Slot(pub usize);
+
+/// The name of slot `slot`'s library volume: [`VOLUME_VGPU`] for the first
+/// (what every release wrote, and what tells the node agent a pod was
+/// injected), `<VOLUME_VGPU>-<slot>` for the others.
+pub fn vgpu_volume(slot: Slot) -> Cow<'static, str> {
+    match slot.0 {
+        0 => Cow::Borrowed(VOLUME_VGPU),
+        n => Cow::Owned(format!("{VOLUME_VGPU}-{n}")),
+    }
+}
+
+impl Layout {
+    /// Whether the library volume is one per target (CSI).
+    pub fn per_target(&self) -> bool {
+        self.volumes
+            .iter()
+            .any(|v| v.name == VOLUME_VGPU && v.source == Source::Csi)
+    }
+
+    /// The name a volume of this layout called `name` has for `slot`.
+    pub fn volume_name(&self, name: &'static str, slot: Slot) -> Cow<'static, str> {
+        if name == VOLUME_VGPU && self.per_target() {
+            vgpu_volume(slot)
+        } else {
+            Cow::Borrowed(name)
+        }
+    }
+
+    /// Whether `name` is one of this layout's volumes for any of `slots`
+    /// targets, and which spec it is.
+    pub fn volume_named(&self, name: &str, slots: usize) -> Option<&'static VolumeSpec> {
+        self.volumes.iter().find(|spec| {
+            (0..slots.max(1)).any(|slot| self.volume_name(spec.name, Slot(slot)) == name)
+        })
+    }
+}
+
 /// The volumes and mounts of `delivery`.
 pub fn layout(delivery: Delivery) -> &'static Layout {
     match delivery {
@@ -178,10 +225,11 @@ impl Dir {
 }
 
 impl VolumeSpec {
-    /// The volume as we add it (and as the API server then stores it).
-    pub fn volume(&self, cfg: &InjectConfig, container: &str, run_as: RunAs) -> Volume {
+    /// The volume as we add it (and as the API server then stores it),
+    /// called `name` (its slot's, [`Layout::volume_name`]).
+    pub fn volume(&self, name: &str, cfg: &InjectConfig, container: &str, run_as: RunAs) -> Volume {
         let mut volume = Volume {
-            name: self.name.to_owned(),
+            name: name.to_owned(),
             ..Volume::default()
         };
         match self.source {
@@ -229,10 +277,11 @@ pub fn csi_attributes(container: &str, run_as: RunAs) -> BTreeMap<String, String
 }
 
 impl MountSpec {
-    /// The mount as we add it.
-    pub fn mount(&self, cfg: &InjectConfig) -> VolumeMount {
+    /// The mount as we add it, of the volume called `volume` (its slot's,
+    /// [`Layout::volume_name`]).
+    pub fn mount(&self, volume: &str, cfg: &InjectConfig) -> VolumeMount {
         VolumeMount {
-            name: self.volume.to_owned(),
+            name: volume.to_owned(),
             mount_path: self.path.resolve(cfg),
             sub_path: self.sub_path.map(str::to_owned),
             // Written only when true, as the API server stores it.
@@ -252,8 +301,9 @@ impl MountSpec {
     /// sees. On our read-only mounts it is not compared: older releases
     /// mounted `<mount>` read-write, and under CSI the plugin binds the
     /// library read-only whatever the mount says.
-    pub fn is(&self, have: &VolumeMount, cfg: &InjectConfig) -> bool {
-        have.name == self.volume
+    /// `volume` is the name of this mount's volume for the target's slot.
+    pub fn is(&self, have: &VolumeMount, volume: &str, cfg: &InjectConfig) -> bool {
+        have.name == volume
             && clean(&have.mount_path) == clean(&self.path.resolve(cfg))
             && have.sub_path.as_deref().unwrap_or("") == self.sub_path.unwrap_or("")
             && have.sub_path_expr.as_deref().unwrap_or("").is_empty()

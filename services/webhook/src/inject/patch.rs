@@ -7,14 +7,14 @@ use json_patch::{AddOperation, PatchOperation, RemoveOperation, ReplaceOperation
 use serde::Serialize;
 use serde_json::Value;
 
-use super::items::{MountSpec, VolumeSpec, csi_attributes, literal};
+use super::items::{MountSpec, Slot, VolumeSpec, csi_attributes, layout, literal};
 use super::vars::{Limit, LimitValue, Masked, OurEnv};
 use super::{ANNOTATION_DRA_LIMITS_CONFIG_MAP, Target};
 use crate::config::InjectConfig;
 use crate::pod::RunAs;
 
-/// One change to the pod. "The target" is the sharing container
-/// (`/spec/<initContainers|containers>/<index>`).
+/// One change to the pod. "The target" is the part's container
+/// (`/spec/<initContainers|containers>/<index>`), "our volume" its slot's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
     /// `remove <target>/env/<index>`: an entry of the tenant's isolation
@@ -59,49 +59,85 @@ pub enum Op {
     },
 }
 
-/// What the plan changes, in order. Indices in the ops are those of the
-/// list as the ops before them left it: the tenant's entries are removed
-/// last first, and limits are appended before the inserts, which go from
-/// the highest index down, so no op moves another's place.
+/// What the plan changes: one [`Part`] per target, in order. Indices in
+/// a part's ops are those of the list as the ops before them left it: the
+/// tenant's entries are removed last first, and limits are appended before
+/// the inserts, which go from the highest index down, so no op moves
+/// another's place. Parts touch their own containers; the pod's volume
+/// list only grows at its end, so no part moves another's volume either.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Patch {
-    ops: Vec<Op>,
-    /// The target's effective user and group, which the CSI volume's
+    parts: Vec<Part>,
+}
+
+/// What the patch changes for one target (and, in the first part, for the
+/// pod: the volumes every target shares, the annotation).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Part {
+    pub target: Target,
+    /// Which target it is, which names its library volume under CSI.
+    pub slot: Slot,
+    /// The target's effective user and group, which its CSI volume's
     /// attributes name.
-    run_as: RunAs,
+    pub run_as: RunAs,
+    pub ops: Vec<Op>,
 }
 
 impl Patch {
-    /// The patch of `ops`, in order, for a target running as `run_as`.
-    pub fn new(run_as: RunAs, ops: impl IntoIterator<Item = Op>) -> Self {
-        Self {
-            ops: ops.into_iter().collect(),
-            run_as,
-        }
+    /// The patch of `parts`, in order.
+    pub fn new(parts: Vec<Part>) -> Self {
+        Self { parts }
     }
 
+    /// The first target's operations: the whole patch of a pod with one
+    /// target (every KAI pod).
     pub fn ops(&self) -> &[Op] {
-        &self.ops
+        self.parts.first().map_or(&[], |part| &part.ops)
+    }
+
+    /// Every target's part, in order.
+    pub fn parts(&self) -> &[Part] {
+        &self.parts
     }
 
     /// Nothing to change: the pod is injected already.
     pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
+        self.parts.iter().all(|part| part.ops.is_empty())
     }
 
     /// Whether the patch removes isolation env the tenant set.
     pub fn removes_tenant_env(&self) -> bool {
-        self.ops
+        self.parts
             .iter()
+            .flat_map(|part| &part.ops)
             .any(|op| matches!(op, Op::RemoveTenantEnv { .. }))
     }
 
-    /// The RFC 6902 operations of this patch for `target` under `cfg`.
-    pub fn operations(
+    /// The RFC 6902 operations of this patch under `cfg`.
+    pub fn operations(&self, cfg: &InjectConfig) -> Result<json_patch::Patch, serde_json::Error> {
+        let mut ops = Vec::new();
+        for part in &self.parts {
+            part.operations(cfg, &mut ops)?;
+        }
+        Ok(json_patch::Patch(ops))
+    }
+}
+
+impl Part {
+    /// This part's RFC 6902 operations, appended to `ops`.
+    fn operations(
         &self,
-        target: &Target,
         cfg: &InjectConfig,
-    ) -> Result<json_patch::Patch, serde_json::Error> {
+        ops: &mut Vec<PatchOperation>,
+    ) -> Result<(), serde_json::Error> {
+        let Self {
+            target,
+            slot,
+            run_as,
+            ops: ours,
+        } = self;
+        let (slot, run_as) = (*slot, *run_as);
+        let layout = layout(cfg.delivery);
         let container =
             PointerBuf::from_tokens(["spec", target.list.field(), &target.index.to_string()]);
         let at = |base: &PointerBuf, tokens: &[&str]| {
@@ -113,9 +149,11 @@ impl Patch {
         };
         let volumes = PointerBuf::from_tokens(["spec", "volumes"]);
         let name = target.name.as_str();
-        let run_as = self.run_as;
-        let mut ops = Vec::with_capacity(self.ops.len());
-        for op in &self.ops {
+        let volume = |spec: &VolumeSpec| {
+            spec.volume(&layout.volume_name(spec.name, slot), cfg, name, run_as)
+        };
+        let mount = |spec: &MountSpec| spec.mount(&layout.volume_name(spec.volume, slot), cfg);
+        for op in ours {
             ops.push(match op {
                 Op::RemoveTenantEnv { index } => {
                     let mut path = at(&container, &["env"]);
@@ -132,21 +170,14 @@ impl Patch {
                 }
                 Op::AddVolumes(specs) => add(
                     volumes.clone(),
-                    specs
-                        .iter()
-                        .map(|v| v.volume(cfg, name, run_as))
-                        .collect::<Vec<_>>(),
+                    specs.iter().map(volume).collect::<Vec<_>>(),
                 )?,
-                Op::AppendVolume(spec) => {
-                    add(at(&volumes, &["-"]), spec.volume(cfg, name, run_as))?
-                }
+                Op::AppendVolume(spec) => add(at(&volumes, &["-"]), volume(spec))?,
                 Op::AddMounts(specs) => add(
                     at(&container, &["volumeMounts"]),
-                    specs.iter().map(|m| m.mount(cfg)).collect::<Vec<_>>(),
+                    specs.iter().map(mount).collect::<Vec<_>>(),
                 )?,
-                Op::AppendMount(spec) => {
-                    add(at(&container, &["volumeMounts", "-"]), spec.mount(cfg))?
-                }
+                Op::AppendMount(spec) => add(at(&container, &["volumeMounts", "-"]), mount(spec))?,
                 Op::AddEnv => add(
                     at(&container, &["env"]),
                     OurEnv::ALL.map(|var| var.entry(name, cfg)),
@@ -184,7 +215,7 @@ impl Patch {
                 }
             });
         }
-        Ok(json_patch::Patch(ops))
+        Ok(())
     }
 }
 

@@ -12,8 +12,8 @@ use super::defences;
 use super::denial::Denial;
 use super::dra::{self, Claims, MemoryLimit};
 use super::env::{EnvRead, Wanted, kai_config_map};
-use super::items::{Layout, Source, csi_attributes, layout};
-use super::patch::{Op, Patch};
+use super::items::{Layout, Slot, Source, csi_attributes, layout};
+use super::patch::{Op, Part, Patch};
 use super::target;
 use super::vars::{Limit, LimitValue, Masked, OurEnv, PerLimit};
 use super::{Decision, Target, VOLUME_VGPU};
@@ -42,8 +42,108 @@ fn steps(
     claims: &Claims,
 ) -> Result<Decision, Decision> {
     // 1-2. What the pod asks for (or not a sharing pod at all), and the
-    // container that gets libvgpu: the one a DRA claim gives GPU memory,
-    // else the KAI annotations'.
+    // containers that get libvgpu.
+    let chosen = choose(pod, cfg, opt_out, claims)?;
+    let spec = pod.spec.as_ref().ok_or(Decision::NoContainers)?;
+    let layout = layout(cfg.delivery);
+    let slots = chosen.len();
+    // 3-5. For each target, in order: what the pod may not declare, its
+    // env, its part of the patch.
+    let parts = chosen
+        .into_iter()
+        .enumerate()
+        .map(|(slot, chosen)| part(pod, spec, cfg, layout, (Slot(slot), slots), chosen))
+        .collect::<Result<Vec<_>, _>>()?;
+    let target = parts
+        .first()
+        .map(|part| part.target.clone())
+        .ok_or(Decision::NoContainers)?;
+    let patch = Patch::new(parts);
+    Ok(if patch.is_empty() {
+        Decision::AlreadyInjected { target }
+    } else {
+        Decision::Inject { target, patch }
+    })
+}
+
+/// Steps 1-2: the targets, the first first, and their limits: each
+/// container a DRA claim gives GPU memory, else the KAI annotations' one.
+fn choose<'a>(
+    pod: &'a Pod,
+    cfg: &InjectConfig,
+    opt_out: OptOut,
+    claims: &'a Claims,
+) -> Result<Vec<Chosen<'a>>, Decision> {
+    let Some(gpu) = dra::read(pod, cfg, claims)? else {
+        let ask = Ask::read(pod, cfg, opt_out)?;
+        let spec = pod.spec.as_ref().ok_or(Decision::NoContainers)?;
+        let (target, container) = target::find(pod, spec)?;
+        return Ok(vec![Chosen {
+            kai_config_map: kai_config_map(pod, &target),
+            target,
+            container,
+            memory: ask
+                .memory_mib
+                .map(|mib| LimitValue::Literal(format!("{mib}m"))),
+            sm_percent: ask.sm_percent,
+            annotate: None,
+        }]);
+    };
+    if opt_out == OptOut::Honoured && asks_to_opt_out(pod) {
+        return Err(Decision::OptedOut);
+    }
+    let each = gpu.each()?;
+    // One limits ConfigMap for the pod, a key per container, when any
+    // container's limit is decided on the node.
+    let config_map = each
+        .iter()
+        .find(|gpu| gpu.limit == MemoryLimit::NodeDecided)
+        .map(|gpu| dra::limits_config_map(pod, &gpu.target.name, claims.suffix()))
+        .transpose()?;
+    let sm_percent = sm_percent(pod)?;
+    let mut annotate = config_map
+        .as_ref()
+        .and_then(|map| map.annotate.then(|| map.name.clone()));
+    Ok(each
+        .into_iter()
+        .map(|gpu| {
+            // The claim's memory is the only cap, so it is written whatever
+            // `--memory-limit-fallback` says. No KAI reference is ours to
+            // keep: KAI does not share this GPU, so an entry that looks
+            // like KAI's is the tenant's.
+            let memory = match (gpu.limit, &config_map) {
+                (MemoryLimit::Stated { mib }, _) => LimitValue::Literal(format!("{mib}m")),
+                (MemoryLimit::NodeDecided, Some(map)) => LimitValue::ConfigMapKey {
+                    config_map: map.name.clone(),
+                    key: gpu.target.name.clone(),
+                },
+                // `config_map` is Some whenever a limit is node-decided;
+                // the literal of nothing would never pass the agent's check.
+                (MemoryLimit::NodeDecided, None) => LimitValue::Literal(String::new()),
+            };
+            Chosen {
+                target: gpu.target,
+                container: gpu.container,
+                memory: Some(memory),
+                sm_percent,
+                kai_config_map: None,
+                // The pod's annotation, with the first target's part.
+                annotate: annotate.take(),
+            }
+        })
+        .collect())
+}
+
+/// Steps 3-5 for one target: what the pod may not declare, the target's
+/// env, and its part of the patch.
+fn part(
+    pod: &Pod,
+    spec: &crate::pod::Spec,
+    cfg: &InjectConfig,
+    layout: &'static Layout,
+    (slot, slots): (Slot, usize),
+    chosen: Chosen<'_>,
+) -> Result<Part, Decision> {
     let Chosen {
         target,
         container,
@@ -51,58 +151,10 @@ fn steps(
         sm_percent,
         kai_config_map,
         annotate,
-    } = match dra::read(pod, cfg, claims)? {
-        Some(gpu) => {
-            if opt_out == OptOut::Honoured && asks_to_opt_out(pod) {
-                return Err(Decision::OptedOut);
-            }
-            let gpu = gpu.one()?;
-            // The claim's memory is the only cap, so it is written whatever
-            // `--memory-limit-fallback` says. No KAI reference is ours to
-            // keep: KAI does not share this GPU, so an entry that looks
-            // like KAI's is the tenant's.
-            let (memory, annotate) = match gpu.limit {
-                MemoryLimit::Stated { mib } => (LimitValue::Literal(format!("{mib}m")), None),
-                MemoryLimit::NodeDecided => {
-                    let name = &gpu.target.name;
-                    let config_map = dra::limits_config_map(pod, name, claims.suffix())?;
-                    let value = LimitValue::ConfigMapKey {
-                        config_map: config_map.name.clone(),
-                        key: name.clone(),
-                    };
-                    (value, config_map.annotate.then_some(config_map.name))
-                }
-            };
-            Chosen {
-                target: gpu.target,
-                container: gpu.container,
-                memory: Some(memory),
-                sm_percent: sm_percent(pod)?,
-                kai_config_map: None,
-                annotate,
-            }
-        }
-        None => {
-            let ask = Ask::read(pod, cfg, opt_out)?;
-            let spec = pod.spec.as_ref().ok_or(Decision::NoContainers)?;
-            let (target, container) = target::find(pod, spec)?;
-            Chosen {
-                kai_config_map: kai_config_map(pod, &target),
-                target,
-                container,
-                memory: ask
-                    .memory_mib
-                    .map(|mib| LimitValue::Literal(format!("{mib}m"))),
-                sm_percent: ask.sm_percent,
-                annotate: None,
-            }
-        }
-    };
-    let spec = pod.spec.as_ref().ok_or(Decision::NoContainers)?;
+    } = chosen;
     // 3. What the pod may not declare.
-    let layout = layout(cfg.delivery);
     let run_as = container.effective_run_as(spec.security_context.as_ref());
-    defences::check(spec, container, layout, cfg, run_as)?;
+    defences::check(spec, container, (slot, slots), layout, cfg, run_as)?;
     // 4. The target's env: ours, KAI's, the tenant's.
     // `envFrom` (a ConfigMap or Secret whose keys we cannot see) may set
     // any of libvgpu's variables; an explicit `env` entry wins over it, so
@@ -139,13 +191,15 @@ fn steps(
         .chain(stale_csi_attributes(
             volumes,
             layout,
+            slot,
             &container.name,
             run_as,
         ))
-        .chain(missing_volumes(volumes, layout))
+        .chain(missing_volumes(volumes, layout, slot))
         .chain(missing_mounts(
             container.volume_mounts.as_deref(),
             layout,
+            slot,
             cfg,
         ))
         .chain(missing_env(env))
@@ -155,16 +209,18 @@ fn steps(
         .chain(annotate.map(|name| Op::AnnotateLimitsConfigMap {
             name,
             map_exists: pod.metadata.annotations.is_some(),
-        }));
-    let patch = Patch::new(run_as, ops);
-    Ok(if patch.is_empty() {
-        Decision::AlreadyInjected { target }
-    } else {
-        Decision::Inject { target, patch }
+        }))
+        .collect();
+    Ok(Part {
+        target,
+        slot,
+        run_as,
+        ops,
     })
 }
 
-/// What steps 1-2 chose: the target, and what its limits are.
+/// What steps 1-2 chose for one target: the container, and what its
+/// limits are.
 struct Chosen<'a> {
     target: Target,
     container: &'a Container,
@@ -174,7 +230,8 @@ struct Chosen<'a> {
     sm_percent: Option<u8>,
     /// The ConfigMap KAI's references read (KAI pods only).
     kai_config_map: Option<String>,
-    /// The limits ConfigMap the pod is to be annotated with.
+    /// The limits ConfigMap the pod is to be annotated with (the first
+    /// target's part writes it).
     annotate: Option<String>,
 }
 
@@ -205,6 +262,7 @@ fn our_limits(
 fn stale_csi_attributes(
     volumes: Option<&[Volume]>,
     layout: &Layout,
+    slot: Slot,
     container: &str,
     run_as: RunAs,
 ) -> Option<Op> {
@@ -212,8 +270,9 @@ fn stale_csi_attributes(
         return None;
     }
     let want = csi_attributes(container, run_as);
+    let name = layout.volume_name(VOLUME_VGPU, slot);
     let volume = volumes?.iter().position(|v| {
-        v.name == VOLUME_VGPU
+        v.name == name
             && v.csi
                 .as_ref()
                 .is_some_and(|csi| csi.volume_attributes.as_ref() != Some(&want))
@@ -222,17 +281,29 @@ fn stale_csi_attributes(
 }
 
 /// Our volumes the pod lacks. Volumes compare by name: one of ours already
-/// there is kept as it is (the defences checked its source).
+/// there is kept as it is (the defences checked its source). The first
+/// target's part adds the layout's volumes (and the list, when the pod has
+/// none); a later target's only a library volume of its own (CSI), to the
+/// list the first made sure of: hostPath delivery's are everyone's.
 fn missing_volumes(
     volumes: Option<&[Volume]>,
     layout: &'static Layout,
+    slot: Slot,
 ) -> impl Iterator<Item = Op> {
+    let (volumes, specs) = match slot {
+        Slot(0) => (volumes, layout.volumes),
+        _ if layout.per_target() => (Some(volumes.unwrap_or_default()), layout.volumes),
+        _ => (Some(volumes.unwrap_or_default()), &[][..]),
+    };
     missing(
         volumes,
-        layout.volumes,
+        specs,
         Op::AddVolumes,
         Op::AppendVolume,
-        |have, spec| have.iter().any(|v| v.name == spec.name),
+        move |have, spec| {
+            let name = layout.volume_name(spec.name, slot);
+            have.iter().any(|v| v.name == name)
+        },
     )
 }
 
@@ -240,6 +311,7 @@ fn missing_volumes(
 fn missing_mounts<'a>(
     mounts: Option<&'a [VolumeMount]>,
     layout: &'static Layout,
+    slot: Slot,
     cfg: &'a InjectConfig,
 ) -> impl Iterator<Item = Op> + 'a {
     missing(
@@ -247,7 +319,10 @@ fn missing_mounts<'a>(
         layout.mounts,
         Op::AddMounts,
         Op::AppendMount,
-        move |have, spec| have.iter().any(|m| spec.is(m, cfg)),
+        move |have, spec| {
+            let volume = layout.volume_name(spec.volume, slot);
+            have.iter().any(|m| spec.is(m, &volume, cfg))
+        },
     )
 }
 

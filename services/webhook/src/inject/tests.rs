@@ -31,8 +31,8 @@ fn removed(patch: &Patch) -> Vec<usize> {
 
 /// Our patch as JSON text, read back as RFC 6902 by `json_patch`, as the
 /// API server would.
-fn rfc6902(patch: &Patch, target: &Target, cfg: &InjectConfig) -> json_patch::Patch {
-    let ops = patch.operations(target, cfg).expect("patch serialises");
+fn rfc6902(patch: &Patch, cfg: &InjectConfig) -> json_patch::Patch {
+    let ops = patch.operations(cfg).expect("patch serialises");
     let json = serde_json::to_string(&ops).expect("patch serialises");
     serde_json::from_str(&json).unwrap_or_else(|e| panic!("not an RFC 6902 patch ({e}): {json}"))
 }
@@ -54,8 +54,8 @@ fn apply(original: &Value) -> (Decision, Value) {
 fn apply_with(original: &Value, cfg: &InjectConfig) -> (Decision, Value) {
     let decision = plan_for(original, cfg);
     let mut doc = original.clone();
-    if let Decision::Inject { patch, target } = &decision {
-        json_patch::patch(&mut doc, &rfc6902(patch, target, cfg)).expect("patch applies");
+    if let Decision::Inject { patch, .. } = &decision {
+        json_patch::patch(&mut doc, &rfc6902(patch, cfg)).expect("patch applies");
     }
     (decision, doc)
 }
@@ -72,7 +72,7 @@ fn sharing_pod(containers: Value) -> Value {
 
 fn paths(decision: &Decision) -> Vec<String> {
     match decision {
-        Decision::Inject { patch, target } => rfc6902(patch, target, &cfg())
+        Decision::Inject { patch, .. } => rfc6902(patch, &cfg())
             .0
             .iter()
             .map(|op| match op {
@@ -382,11 +382,11 @@ fn custom_mount_is_used_everywhere() {
         ..cfg()
     };
     let original = sharing_pod(json!([{"name": "main"}]));
-    let Decision::Inject { patch, target } = plan_for(&original, &custom) else {
+    let Decision::Inject { patch, .. } = plan_for(&original, &custom) else {
         panic!("expected injection");
     };
     let mut doc = original;
-    json_patch::patch(&mut doc, &rfc6902(&patch, &target, &custom)).expect("applies");
+    json_patch::patch(&mut doc, &rfc6902(&patch, &custom)).expect("applies");
     assert_eq!(doc["spec"]["volumes"][0]["hostPath"]["path"], "/opt/hami");
     assert_eq!(
         doc["spec"]["volumes"][1]["hostPath"]["path"],
@@ -408,11 +408,11 @@ fn host_directory_is_the_hostpath_source_and_the_mount_stays() {
         ..cfg()
     };
     let original = sharing_pod(json!([{"name": "main"}]));
-    let Decision::Inject { patch, target } = plan_for(&original, &split) else {
+    let Decision::Inject { patch, .. } = plan_for(&original, &split) else {
         panic!("expected injection");
     };
     let mut doc = original;
-    json_patch::patch(&mut doc, &rfc6902(&patch, &target, &split)).expect("applies");
+    json_patch::patch(&mut doc, &rfc6902(&patch, &split)).expect("applies");
     let volumes = &doc["spec"]["volumes"];
     assert_eq!(
         volumes[0]["hostPath"]["path"],
@@ -567,7 +567,7 @@ fn the_literal_memory_limit_can_be_turned_off() {
         ..cfg()
     };
     let original = sharing_pod(json!([{"name": "main", "env": [kai_memory_ref()]}]));
-    let Decision::Inject { patch, target } = plan_for(&original, &off) else {
+    let Decision::Inject { patch, .. } = plan_for(&original, &off) else {
         panic!("expected injection");
     };
     assert!(
@@ -578,7 +578,7 @@ fn the_literal_memory_limit_can_be_turned_off() {
         "{patch:?}"
     );
     let mut doc = original;
-    json_patch::patch(&mut doc, &rfc6902(&patch, &target, &off)).expect("applies");
+    json_patch::patch(&mut doc, &rfc6902(&patch, &off)).expect("applies");
     assert_eq!(
         env_of(&doc)
             .iter()
@@ -1039,8 +1039,8 @@ fn csi_mounts() -> Vec<(String, String, Option<String>, bool)> {
 /// The patch's operations as JSON text.
 fn patch_text(decision: &Decision, cfg: &InjectConfig) -> String {
     match decision {
-        Decision::Inject { patch, target } => {
-            serde_json::to_string(&rfc6902(patch, target, cfg)).expect("patch serialises")
+        Decision::Inject { patch, .. } => {
+            serde_json::to_string(&rfc6902(patch, cfg)).expect("patch serialises")
         }
         _ => String::new(),
     }
@@ -1200,7 +1200,7 @@ fn csi_delivery_leaves_the_env_as_hostpath_delivery_writes_it() {
         assert_eq!(env_of(&under_csi), env_of(&under_host_path));
         let env_ops = |d: &Decision, cfg: &InjectConfig| -> Vec<String> {
             match d {
-                Decision::Inject { patch, target } => rfc6902(patch, target, cfg)
+                Decision::Inject { patch, .. } => rfc6902(patch, cfg)
                     .0
                     .iter()
                     .map(|op| serde_json::to_string(op).expect("serialises"))

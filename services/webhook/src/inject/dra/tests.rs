@@ -99,8 +99,8 @@ fn plan_of(pod: &Value, cfg: &InjectConfig, claims: &Claims) -> Decision {
 fn apply(pod: &Value, cfg: &InjectConfig, claims: &Claims) -> (Decision, Value) {
     let decision = plan_of(pod, cfg, claims);
     let mut doc = pod.clone();
-    if let Decision::Inject { patch, target } = &decision {
-        let ops = patch.operations(target, cfg).expect("patch serialises");
+    if let Decision::Inject { patch, .. } = &decision {
+        let ops = patch.operations(cfg).expect("patch serialises");
         let text = serde_json::to_string(&ops).expect("patch serialises");
         let rfc: json_patch::Patch = serde_json::from_str(&text).expect("RFC 6902");
         json_patch::patch(&mut doc, &rfc).expect("patch applies");
@@ -873,23 +873,229 @@ fn env_from_gets_the_reference_and_the_masks() {
     );
 }
 
-#[test]
-fn two_containers_with_gpu_memory_claims_are_denied_naming_them() {
-    let pod = json!({
-        "metadata": {"name": "p"},
-        "spec": {
-            "initContainers": [{"name": "warm", "resources": {"claims": [{"name": "gpu"}]}}],
-            "containers": [{"name": "app", "resources": {"claims": [{"name": "gpu"}]}}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared-gpu"}]
-        }
+/// The `value` (or `valueFrom`) of `CUDA_DEVICE_MEMORY_LIMIT` in
+/// `container`.
+fn memory_limit(container: &Value) -> &Value {
+    let entry = container["env"]
+        .as_array()
+        .and_then(|env| env.iter().find(|e| e["name"] == "CUDA_DEVICE_MEMORY_LIMIT"));
+    entry
+        .and_then(|e| e.get("value").or_else(|| e.get("valueFrom")))
+        .unwrap_or(&Value::Null)
+}
+
+/// The volume names `container` mounts.
+fn mounted(container: &Value) -> Vec<&str> {
+    let mounts = container["volumeMounts"].as_array().into_iter().flatten();
+    mounts.filter_map(|m| m["name"].as_str()).collect()
+}
+
+/// Two containers naming the same claim of one `memory` request; `c`
+/// names `gpu` too when `third`.
+fn two_holders(third: bool) -> Value {
+    let holder = |name: &str| json!({"name": name, "resources": {"claims": [{"name": "gpu"}]}});
+    let mut containers = vec![holder("a"), holder("b")];
+    containers.push(if third {
+        holder("c")
+    } else {
+        json!({"name": "c"})
     });
-    let decision = plan_of(&pod, &cfg(), &app_claims("8Gi"));
+    dra_pod(
+        Value::Array(containers),
+        json!([{"name": "gpu", "resourceClaimTemplateName": "gpu-16g"}]),
+    )
+}
+
+#[test]
+fn containers_holding_one_claim_split_its_slice_each_in_its_own_volume() {
+    let claims = found(vec![(ClaimObject::Template("gpu-16g".into()), gpu("16Gi"))]);
+    let (decision, doc) = apply(&two_holders(false), &cfg(), &claims);
+    let Decision::Inject { target, patch } = &decision else {
+        panic!("{decision:?}");
+    };
+    assert_eq!(target.name, "a", "the first target leads");
+    let names: Vec<&str> = patch
+        .parts()
+        .iter()
+        .map(|p| p.target.name.as_str())
+        .collect();
+    assert_eq!(names, ["a", "b"]);
+    let containers = &doc["spec"]["containers"];
+    // 16Gi held by two at once: 8Gi each, so the slice holds.
+    assert_eq!(memory_limit(&containers[0]), "8192m");
+    assert_eq!(memory_limit(&containers[1]), "8192m");
+    assert_eq!(containers[2], json!({"name": "c"}), "c names no claim");
+    assert_eq!(
+        doc["spec"]["volumes"],
+        json!([
+            {"name": VOLUME_VGPU, "csi": {"driver": "vgpu.kai-resource-isolator.io", "readOnly": false,
+                "volumeAttributes": {"kai-resource-isolator.io/container": "a"}}},
+            {"name": format!("{VOLUME_VGPU}-1"), "csi": {"driver": "vgpu.kai-resource-isolator.io", "readOnly": false,
+                "volumeAttributes": {"kai-resource-isolator.io/container": "b"}}},
+        ])
+    );
+    // Each container sees its own region directory only.
+    assert_eq!(mounted(&containers[0]), [VOLUME_VGPU; 3]);
+    let second = format!("{VOLUME_VGPU}-1");
+    assert_eq!(mounted(&containers[1]), [second.as_str(); 3]);
+    assert_eq!(
+        containers[1]["env"][1],
+        json!({"name": "CONTAINER_NAME", "value": "b"})
+    );
+    // Reinvoked: nothing more, whichever volume is looked at.
+    let (again, twice) = apply(&doc, &cfg(), &claims);
     assert!(
-        denial(&decision).starts_with(
-            "containers \"warm\", \"app\" each get GPU memory from a DRA claim: kai-resource-isolator caps one such container per pod for now"
-        ),
+        matches!(again, Decision::AlreadyInjected { .. }),
+        "{again:?}"
+    );
+    assert_eq!(doc, twice);
+    // Three holders: a third each, floored to whole MiB.
+    let (_, doc) = apply(&two_holders(true), &cfg(), &claims);
+    for container in doc["spec"]["containers"].as_array().expect("containers") {
+        assert_eq!(memory_limit(container), "5461m");
+    }
+}
+
+#[test]
+fn containers_naming_their_own_claims_each_get_their_own_limit() {
+    let pod = dra_pod(
+        json!([
+            {"name": "big", "resources": {"claims": [{"name": "one"}]}},
+            {"name": "small", "resources": {"claims": [{"name": "two"}]}},
+        ]),
+        json!([
+            {"name": "one", "resourceClaimName": "gpu-a"},
+            {"name": "two", "resourceClaimName": "gpu-b"},
+        ]),
+    );
+    let claims = found(vec![
+        (named("gpu-a"), gpu("12Gi")),
+        (named("gpu-b"), gpu("4Gi")),
+    ]);
+    let (_, doc) = apply(&pod, &cfg(), &claims);
+    assert_eq!(memory_limit(&doc["spec"]["containers"][0]), "12288m");
+    assert_eq!(memory_limit(&doc["spec"]["containers"][1]), "4096m");
+    // hostPath delivery: one set of the node's volumes, mounted by both.
+    let host_path = InjectConfig {
+        delivery: Delivery::HostPath,
+        ..cfg()
+    };
+    let (_, doc) = apply(&pod, &host_path, &claims);
+    let volumes: Vec<&str> = doc["spec"]["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert_eq!(
+        volumes,
+        [
+            VOLUME_VGPU,
+            "kai-resource-isolator-containers",
+            "kai-resource-isolator-vgpulock"
+        ]
+    );
+    for container in doc["spec"]["containers"].as_array().expect("containers") {
+        assert_eq!(mounted(container).len(), 4, "{container}");
+    }
+    let (again, _) = apply(&doc, &host_path, &claims);
+    assert!(
+        matches!(again, Decision::AlreadyInjected { .. }),
+        "{again:?}"
+    );
+}
+
+#[test]
+fn a_plain_init_container_runs_alone_and_a_sidecar_splits() {
+    let pod = |restart_policy: Option<&str>| {
+        let mut warm = json!({"name": "warm", "resources": {"claims": [{"name": "gpu"}]}});
+        if let Some(policy) = restart_policy {
+            warm["restartPolicy"] = json!(policy);
+        }
+        json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "initContainers": [warm],
+                "containers": [{"name": "app", "resources": {"claims": [{"name": "gpu"}]}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared-gpu"}]
+            }
+        })
+    };
+    let claims = app_claims("8Gi");
+    let limits = |pod: &Value| {
+        let (_, doc) = apply(pod, &cfg(), &claims);
+        (
+            memory_limit(&doc["spec"]["initContainers"][0]).clone(),
+            memory_limit(&doc["spec"]["containers"][0]).clone(),
+        )
+    };
+    assert_eq!(limits(&pod(None)), (json!("8192m"), json!("8192m")));
+    assert_eq!(
+        limits(&pod(Some("Always"))),
+        (json!("4096m"), json!("4096m"))
+    );
+}
+
+#[test]
+fn node_decided_containers_read_their_own_keys_of_one_config_map() {
+    let pod = dra_pod(
+        json!([
+            {"name": "app", "resources": {"claims": [{"name": "gpu"}]}},
+            {"name": "helper", "resources": {"claims": [{"name": "gpu"}]}},
+        ]),
+        json!([{"name": "gpu", "resourceClaimName": "shared-gpu"}]),
+    );
+    let (_, doc) = apply(&pod, &cfg(), &unstated("abcde12345"));
+    assert_eq!(
+        doc["metadata"]["annotations"],
+        json!({ANNOTATION_DRA_LIMITS_CONFIG_MAP: "p-vgpu-dra-abcde12345"})
+    );
+    for (index, name) in ["app", "helper"].into_iter().enumerate() {
+        assert_eq!(
+            memory_limit(&doc["spec"]["containers"][index]),
+            &json!({"configMapKeyRef": {"name": "p-vgpu-dra-abcde12345", "key": name, "optional": false}}),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn more_gpu_containers_than_volumes_the_plugin_publishes_are_denied() {
+    let many: Vec<Value> = (0..9)
+        .map(|i| json!({"name": format!("c{i}"), "resources": {"claims": [{"name": "gpu"}]}}))
+        .collect();
+    let pod = dra_pod(
+        Value::Array(many),
+        json!([{"name": "gpu", "resourceClaimName": "shared-gpu"}]),
+    );
+    let decision = plan_of(&pod, &cfg(), &app_claims("90Gi"));
+    assert!(
+        denial(&decision).contains("caps at most 8 such containers per pod"),
         "{decision:?}"
     );
+}
+
+#[test]
+fn a_second_library_volume_is_ours_only_for_a_second_target() {
+    let csi = |container: &str| {
+        json!({"name": format!("{VOLUME_VGPU}-1"), "csi": {"driver": "vgpu.kai-resource-isolator.io",
+            "volumeAttributes": {"kai-resource-isolator.io/container": container}}})
+    };
+    // One target: a volume of the driver under the second's name is the
+    // tenant's.
+    let mut one = app_pod(None);
+    one["spec"]["volumes"] = json!([csi("app")]);
+    let decision = plan_of(&one, &cfg(), &app_claims("8Gi"));
+    assert!(
+        denial(&decision).contains("-1\" is an inline volume"),
+        "{decision:?}"
+    );
+    // Two targets: the second's, naming the first container, is refused.
+    let claims = found(vec![(ClaimObject::Template("gpu-16g".into()), gpu("16Gi"))]);
+    let mut two = two_holders(false);
+    two["spec"]["volumes"] = json!([csi("a")]);
+    let decision = plan_of(&two, &cfg(), &claims);
+    assert!(denial(&decision).contains("-1"), "{decision:?}");
 }
 
 #[test]
@@ -961,10 +1167,10 @@ fn a_memory_that_is_no_quantity_is_denied() {
 #[test]
 fn the_patch_names_only_the_target() {
     let (decision, _) = apply(&app_pod(None), &cfg(), &app_claims("1Gi"));
-    let Decision::Inject { patch, target } = &decision else {
+    let Decision::Inject { patch, .. } = &decision else {
         panic!("{decision:?}");
     };
-    let ops = patch.operations(target, &cfg()).expect("serialises");
+    let ops = patch.operations(&cfg()).expect("serialises");
     let text = serde_json::to_string(&ops).expect("serialises");
     let rfc: json_patch::Patch = serde_json::from_str(&text).expect("RFC 6902");
     for op in &rfc.0 {
