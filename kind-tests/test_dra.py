@@ -148,14 +148,14 @@ class Shares:
     def env(self, name, var, ns=TEAM):
         return d.env_of(self.node, name, ns, var, WORK)
 
-    def region(self, p, limit_mib, used_mib, devices=("gpu-0",)):
+    def region(self, p, limit_mib, used_mib, devices=("gpu-0",), container=WORK):
         """The container's region as libvgpu writes it at cuInit: cap
         `limit_mib` (one for all, or one per device) on each of `devices`
         (their slice UUIDs), one live slot of its host PID using `used_mib`.
         The host PID."""
-        pid = self.node.host_pid(p, WORK)
+        pid = self.node.host_pid(p, container)
         limits = limit_mib if isinstance(limit_mib, (list, tuple)) else [limit_mib]
-        self.node.write_region(p, WORK, pid, limits, used_mib, [self.uuids[x] for x in devices])
+        self.node.write_region(p, container, pid, limits, used_mib, [self.uuids[x] for x in devices])
         return pid
 
     def nvml(self, processes=None):
@@ -168,12 +168,14 @@ class Shares:
                           env={"KUBECONFIG": self.node.admin})
         return json.loads(r.stdout)
 
-    def row(self, name, device, what, ok, ns=TEAM):
-        """kubectl vgpu's row of pod `name` on `device`, once `ok(row)`."""
+    def row(self, name, device, what, ok, ns=TEAM, container=WORK):
+        """kubectl vgpu's row of pod `name`'s `container` on `device`, once
+        `ok(row)`."""
         uuid = self.uuids[device]
 
         def mine():
-            rows = [r for r in self.rows(ns) if r["pod"] == name and r["gpu"] == uuid]
+            rows = [r for r in self.rows(ns) if r["pod"] == name and r["gpu"] == uuid
+                    and r["container"] == container]
             return rows[0] if rows and ok(rows[0]) else None
         return wait(f"kubectl vgpu top: pod {name} on {device} {what}", mine, timeout=120,
                     show=lambda: [r for r in self.rows(ns) if r["pod"] == name])
@@ -187,11 +189,12 @@ class Shares:
                             f"http://{svc['spec']['clusterIP']}:{port}/api/v1/containers?namespace={ns}&pod={name}")
         return [c for c in json.loads(out.stdout).get("containers") or [] if c.get("pod") == name]
 
-    def dra_shares(self, name, want, ns=TEAM):
-        """The `draShares` of pod `name`'s container as the aggregator
+    def dra_shares(self, name, want, ns=TEAM, container=WORK):
+        """The `draShares` of pod `name`'s `container` as the aggregator
         serves them, once there are `want` of them."""
         def shares():
-            got = [s for c in self.containers(name, ns) if c.get("container") == WORK for s in c.get("draShares") or []]
+            got = [s for c in self.containers(name, ns) if c.get("container") == container
+                   for s in c.get("draShares") or []]
             return got if len(got) == want else None
         return wait(f"the aggregator: {want} draShares of pod {name}", shares, timeout=120,
                     show=lambda: self.containers(name, ns))
@@ -534,26 +537,127 @@ def test_unequal_requests_denied(isolator):
         s.delete(["unequal"], ["unequal"])
 
 
-def test_two_gpu_containers_denied(isolator):
-    """Two containers of one pod naming GPU-memory claims: denied for now,
-    the message naming both containers."""
-    s = isolator
-    obj = d.pod("twoc", ["twoc-a", "twoc-b"])
+def two_container_pod(name, claims, template=None):
+    """Pod `name` of containers `work` and `side`; `claims` maps each to
+    the pod claims it names. With `template`, the one pod claim `gpu` is
+    made from that ResourceClaimTemplate; else each pod claim is the
+    ResourceClaim of its name."""
+    obj = d.pod(name)
     (first,) = obj["spec"]["containers"]
     second = json.loads(json.dumps(first))
-    first["name"], second["name"] = "left", "right"
-    first["resources"] = {"claims": [{"name": "twoc-a"}]}
-    second["resources"] = {"claims": [{"name": "twoc-b"}]}
+    second["name"] = "side"
     obj["spec"]["containers"].append(second)
+    for c in obj["spec"]["containers"]:
+        c["resources"] = {"claims": [{"name": n} for n in claims[c["name"]]]}
+    if template:
+        obj["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
+    else:
+        names = sorted({n for ns in claims.values() for n in ns})
+        obj["spec"]["resourceClaims"] = [{"name": n, "resourceClaimName": n} for n in names]
+    return obj
+
+
+def template(name, **kw):
+    """A ResourceClaimTemplate of d.claim(name, **kw)'s spec."""
+    c = d.claim(name, **kw)
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name}, "spec": {"spec": c["spec"]}}
+
+
+def made_claim(s, pod_name):
+    """The ResourceClaim the controller made of the pod's template."""
+    def made():
+        p = s.node.kjson("get", "pod", pod_name, "-n", TEAM)
+        names = [x.get("resourceClaimName") for x in (p.get("status") or {}).get("resourceClaimStatuses") or []]
+        return names[0] if names and names[0] else None
+    return wait(f"the claim made for pod {pod_name}", made)
+
+
+def library_volumes(p):
+    """{container the kai-csi volume is for: the volume's name}."""
+    return {v["csi"]["volumeAttributes"]["kai-resource-isolator.io/container"]: v["name"]
+            for v in p["spec"]["volumes"] if (v.get("csi") or {}).get("driver") == CSI_DRIVER}
+
+
+def test_template_shared_by_two_containers(isolator):
+    """One ResourceClaimTemplate {memory: 16Gi, compute: 20} on gpu-0, its
+    claim named by both containers of a pod: one 16Gi slice, split between
+    the two (8192m each, so together they hold to the slice); each
+    container has a kai-csi volume of its own and its own region directory;
+    both regions at 8192 MiB are capped, each share granted half the
+    allocation's consumedCapacity (split 2); `side` raised to 8193 MiB is
+    above_grant while `work` stays capped."""
+    s = isolator
     try:
-        for n in ("twoc-a", "twoc-b"):
-            d.create(s.node, d.claim(n, memory="8Gi", compute="1", index=0), TEAM)
-        r = d.create(s.node, obj, TEAM, check=False)
-        assert not isinstance(r, dict), "pod twoc admitted"
-        print(f"twoc: {r.stderr.strip()}")
-        assert "left" in r.stderr and "right" in r.stderr, r.stderr
+        d.create(s.node, template("pair", memory="16Gi", compute="20", index=0), TEAM)
+        d.create(s.node, two_container_pod("pair", {WORK: ["gpu"], "side": ["gpu"]}, template="pair"), TEAM)
+        p = d.running(s.node, "pair", TEAM)
+        claim_name = made_claim(s, "pair")
+        (r,) = d.allocated(s.node, claim_name, TEAM)
+        assert d.consumed(r) == 16 * GIB, r
+        vols = library_volumes(p)
+        assert sorted(vols) == [WORK, "side"] and len(set(vols.values())) == 2, p["spec"]["volumes"]
+        pids = {}
+        for c in (WORK, "side"):
+            assert d.env_of(s.node, "pair", TEAM, "CUDA_DEVICE_MEMORY_LIMIT", c) == "8192m", c
+            assert d.env_of(s.node, "pair", TEAM, "CONTAINER_NAME", c) == c
+            pids[c] = s.region(p, 8192, 1000, container=c)
+        s.nvml({"gpu-0": {pid: 1000 for pid in pids.values()}})
+        for c in (WORK, "side"):
+            row = s.row("pair", "gpu-0", "capped", lambda x: x["state"] == "capped", container=c)
+            assert row["limitBytes"] == 8 * GIB, row
+            (share,) = s.dra_shares("pair", 1, container=c)
+            assert share["claim"] == claim_name and share["shareId"] == r["shareID"], share
+            assert int(share["split"]) == 2, share
+            assert int(share["grantedBytes"]) == 8 * GIB, share
+        s.region(p, 8193, 1000, container="side")
+        s.row("pair", "gpu-0", "above_grant", lambda x: x["state"] == "above_grant", container="side")
+        row = s.row("pair", "gpu-0", "capped", lambda x: x["state"] == "capped")
+        assert row["limitBytes"] == 8 * GIB, row
     finally:
-        s.delete(["twoc"], ["twoc-a", "twoc-b"])
+        s.delete(["pair"])
+        s.node.kubectl("delete", "resourceclaimtemplate", "pair", "-n", TEAM, "--ignore-not-found")
+
+
+def test_template_without_memory_two_containers(isolator):
+    """A template stating no memory, named by both containers: one
+    ConfigMap, a required reference to its own key in each container, and
+    the agent writes half the allocation (the whole 80Gi device: 40960m)
+    to each key."""
+    s = isolator
+    try:
+        d.create(s.node, template("pairless", index=1), TEAM)
+        d.create(s.node, two_container_pod("pairless", {WORK: ["gpu"], "side": ["gpu"]},
+                                           template="pairless"), TEAM)
+        p = d.running(s.node, "pairless", TEAM)
+        config_map = p["metadata"]["annotations"][ANNOTATION_LIMITS]
+        (r,) = d.allocated(s.node, made_claim(s, "pairless"), TEAM)
+        half = d.consumed(r) // 2 // MIB
+        cm = s.node.kjson("get", "configmap", config_map, "-n", TEAM)
+        assert cm["data"] == {WORK: f"{half}m", "side": f"{half}m"}, cm["data"]
+        for c in (WORK, "side"):
+            (entry,) = [e for x in p["spec"]["containers"] if x["name"] == c
+                        for e in x["env"] if e["name"] == "CUDA_DEVICE_MEMORY_LIMIT"]
+            assert entry["valueFrom"]["configMapKeyRef"] == {"name": config_map, "key": c, "optional": False}
+            assert d.env_of(s.node, "pairless", TEAM, "CUDA_DEVICE_MEMORY_LIMIT", c) == f"{half}m", c
+    finally:
+        s.delete(["pairless"])
+        s.node.kubectl("delete", "resourceclaimtemplate", "pairless", "-n", TEAM, "--ignore-not-found")
+
+
+def test_two_containers_own_claims(isolator):
+    """Two containers, each naming its own claim (8Gi and 4Gi of gpu-0):
+    each capped at its own claim's memory, nothing split."""
+    s = isolator
+    try:
+        for n, memory in (("own-a", "8Gi"), ("own-b", "4Gi")):
+            d.create(s.node, d.claim(n, memory=memory, compute="1", index=0), TEAM)
+        d.create(s.node, two_container_pod("own", {WORK: ["own-a"], "side": ["own-b"]}), TEAM)
+        d.running(s.node, "own", TEAM)
+        assert d.env_of(s.node, "own", TEAM, "CUDA_DEVICE_MEMORY_LIMIT", WORK) == "8192m"
+        assert d.env_of(s.node, "own", TEAM, "CUDA_DEVICE_MEMORY_LIMIT", "side") == "4096m"
+    finally:
+        s.delete(["own"], ["own-a", "own-b"])
 
 
 def test_two_devices(isolator):
