@@ -91,6 +91,7 @@ fn share() -> pb::DraShare {
         share_id: "3f2a9c1e-7b4d-4e0a-9d7c-5b1e2f3a4b5c".into(),
         gpu_uuid: "GPU-2".into(),
         granted_bytes: 16 << 30,
+        split: 1,
     }
 }
 
@@ -221,6 +222,7 @@ async fn an_agents_shares_reach_the_json_api_grpc_and_the_web_view() {
             "shareId": "3f2a9c1e-7b4d-4e0a-9d7c-5b1e2f3a4b5c",
             "gpuUuid": "GPU-2",
             "grantedBytes": 17_179_869_184_u64,
+            "split": 1,
         }])
     );
     assert_eq!(by_pod("kai-pod")["draShares"], json!([]));

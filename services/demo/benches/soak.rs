@@ -59,7 +59,7 @@ fn container(node: usize, serial: u64) -> ContainerView {
             name: format!("job-{node}-{serial}"),
             sharing: true,
             opted_out: false,
-            gpu_container: Some("main".into()),
+            gpu_containers: vec!["main".into()],
             running: Vec::new(),
             grant: None,
             dra_shares: None,

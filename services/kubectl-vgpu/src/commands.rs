@@ -188,6 +188,7 @@ mod tests {
             share_id: "3f2a9c1e-7b4d-4e0a-9d7c-5b1e2f3a4b5c".into(),
             gpu_uuid: gpu.into(),
             granted_bytes: 16 << 30,
+            split: 1,
         }
     }
 
@@ -239,6 +240,7 @@ mod tests {
                 "shareId": "3f2a9c1e-7b4d-4e0a-9d7c-5b1e2f3a4b5c",
                 "gpuUuid": "GPU-2",
                 "grantedBytes": 17_179_869_184_u64,
+                "split": 1,
             }])
         );
         let kai = value
@@ -297,6 +299,46 @@ mod tests {
         assert_eq!(shares[0]["claim"], "gpu-claim", "{}", out.text);
         assert_eq!(shares[0]["grantedBytes"], 16u64 << 30);
         assert_eq!(shares[0]["gpuUuid"], "GPU-2");
+    }
+
+    /// A share several of the pod's containers hold at once: the grant
+    /// is this container's even part, the slice and the split beside it;
+    /// a share of one holder (or from an agent without the field) says
+    /// the slice alone.
+    #[test]
+    fn why_text_shows_a_split_share_as_its_part_of_the_slice() {
+        let report = |split: u64| WhyReport {
+            namespace: "team-a".into(),
+            pod: "p".into(),
+            containers: vec![WhyContainer {
+                container: "main".into(),
+                node: "gpu-1".into(),
+                state: State(IsolationState::Capped).label(),
+                reason: String::new(),
+                what_to_do: State(IsolationState::Capped).advice(),
+                stale_slots: 0,
+                devices: vec![],
+                dra_shares: vec![pb::DraShare {
+                    split,
+                    ..share("pair", "GPU-2")
+                }],
+            }],
+            escaped_processes: vec![],
+            events: vec![],
+            events_unavailable: None,
+        };
+        let text = why_text(&report(2));
+        assert!(
+            text.contains(", granted 8Gi (16Gi split 2 ways) on GPU-2"),
+            "{text}"
+        );
+        for alone in [0, 1] {
+            let text = why_text(&report(alone));
+            assert!(
+                text.contains(", granted 16Gi on GPU-2") && !text.contains("split"),
+                "{text}"
+            );
+        }
     }
 
     #[test]

@@ -229,7 +229,7 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
             sharing: true,
             opted_out: false,
             // No gpu-fraction-container-name annotation: KAI's default.
-            gpu_container: Some("main".into()),
+            gpu_containers: vec!["main".into()],
             // The waiting sidecar is not running.
             running: vec![RunningContainer {
                 name: "main".into(),
@@ -284,14 +284,14 @@ async fn node_scoped_reflector_resolves_pods_by_uid() {
     assert!(
         matches!(
             source.lookup(NAMED),
-            Lookup::Known(PodMeta { gpu_container: Some(ref c), .. }) if c == "sidecar"
+            Lookup::Known(PodMeta { ref gpu_containers, .. }) if gpu_containers == &["sidecar"]
         ),
         "KAI's gpu-fraction-container-name picks the GPU container"
     );
     let Lookup::Known(warm) = source.lookup(INIT_GPU) else {
         panic!("{INIT_GPU} not known")
     };
-    assert_eq!(warm.gpu_container.as_deref(), Some("warmup"));
+    assert_eq!(warm.gpu_containers, ["warmup"]);
     assert_eq!(
         warm.running,
         [
@@ -403,11 +403,11 @@ async fn claims_and_the_nodes_slices_give_a_container_its_share() {
             panic!("{uid} not known")
         };
         assert!(meta.sharing, "{meta:?}");
-        assert_eq!(meta.gpu_container.as_deref(), Some("main"));
+        assert_eq!(meta.gpu_containers, ["main"]);
         let shares: Vec<_> = meta
-            .dra_shares
+            .dra_shares_of("main")
+            .unwrap_or_default()
             .iter()
-            .flatten()
             .map(|s| {
                 (
                     s.share_id.as_deref(),

@@ -171,9 +171,13 @@ pub struct DraShare {
     pub share_id: String,
     /// The device's GPU UUID; empty while its ResourceSlice is not known.
     pub gpu_uuid: String,
-    /// The memory the allocation consumed on the device (the grant the
-    /// cap is held to); 0 when the allocation does not say.
+    /// The memory the allocation consumed on the device (the slice,
+    /// whoever holds it); 0 when the allocation does not say.
     pub granted_bytes: u64,
+    /// How many of the pod's containers hold the share at once: the slice
+    /// is split evenly between them, and this container's cap is held to
+    /// `granted_bytes / split`. 0 (an older aggregator) means 1.
+    pub split: u64,
 }
 
 /// Which of a container's rows (one per GPU in `row_gpus` order, or one
@@ -303,6 +307,7 @@ mod tests {
             share_id: "3f2a9c1e-0000-4000-8000-000000000001".into(),
             gpu_uuid: "GPU-1".into(),
             granted_bytes: 16 << 30,
+            split: 2,
         };
         let column = COLUMNS
             .iter()
@@ -320,6 +325,7 @@ mod tests {
                 "shareId": "3f2a9c1e-0000-4000-8000-000000000001",
                 "gpuUuid": "GPU-1",
                 "grantedBytes": 17_179_869_184_u64,
+                "split": 2,
             }])
         );
         let without = serde_json::to_value(row(Vec::new())).expect("serialises");

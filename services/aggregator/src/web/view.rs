@@ -26,6 +26,7 @@ fn dra_share(s: &pb::DraShare) -> DraShare {
         share_id: s.share_id.clone(),
         gpu_uuid: s.gpu_uuid.clone(),
         granted_bytes: s.granted_bytes,
+        split: s.split,
     }
 }
 
@@ -244,6 +245,7 @@ mod tests {
             share_id: format!("share-{claim}"),
             gpu_uuid: gpu.into(),
             granted_bytes: granted,
+            split: 1,
         }
     }
 
@@ -267,7 +269,11 @@ mod tests {
         let mut pending = container("pending", "GPU-1", 0, 0, 0);
         pending.devices.clear();
         pending.isolation_state = pb::IsolationState::Pending.into();
-        pending.dra_shares = vec![share("waiting", "GPU-3", 4 << 30)];
+        // Held by two of the pod's containers at once.
+        pending.dra_shares = vec![pb::DraShare {
+            split: 2,
+            ..share("waiting", "GPU-3", 4 << 30)
+        }];
         let kai = container("kai", "GPU-1", 5, 1000, 0);
         let mut node = NodeEntry::new("10.0.0.1:50051");
         node.containers = std::sync::Arc::new(vec![two, pending, kai]);
@@ -310,6 +316,7 @@ mod tests {
         let pending_row = rows.iter().find(|r| r[1] == "pending").expect("row");
         assert_eq!(pending_row[column][0]["claim"], "waiting");
         assert_eq!(pending_row[column][0]["grantedBytes"], 4u64 << 30);
+        assert_eq!(pending_row[column][0]["split"], 2, "the split, as reported");
         assert_eq!(pending_row[column][0]["shareId"], "share-waiting");
     }
 }

@@ -212,6 +212,15 @@ fn share_text(namespace: &str, s: &pb::DraShare) -> String {
     }
     if s.granted_bytes == 0 {
         text.push_str(", granted: the allocation does not say");
+    } else if s.split > 1 {
+        // Several of the pod's containers hold it at once: each is held
+        // to an even part of the slice. (0 is an older agent's 1.)
+        text.push_str(&format!(
+            ", granted {} ({} split {} ways)",
+            bytes(s.granted_bytes / s.split),
+            bytes(s.granted_bytes),
+            s.split
+        ));
     } else {
         text.push_str(&format!(", granted {}", bytes(s.granted_bytes)));
     }

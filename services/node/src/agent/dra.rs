@@ -1,17 +1,20 @@
 //! DRA consumable-capacity GPU claims of this node's pods (issue 40;
-//! docs/isolation.md, "DRA claims"): which container of a pod names a
-//! claim of a declared GPU-memory class (`--dra-memory-class`), and the
-//! shares the scheduler allocated it, each with its device's UUID from
-//! this node's ResourceSlices. A share's consumed memory is the grant the
-//! container's region cap is held to (`isolation::grant`): the
-//! allocation's `consumedCapacity`, or for a device allocated whole (a
-//! driver without consumable capacity: no `consumedCapacity`, no
-//! `shareID`) the device's whole capacity from its slice. A share named
-//! by two of the container's claim entries is one grant, read once. A
-//! device the container's region records and none of its shares is on
-//! (every share's UUID known) is `above_grant`, never evicted on that
-//! alone: the device's identity is the driver's attribute; a breach of a
-//! device it was given still evicts.
+//! docs/isolation.md, "DRA claims"): which containers of a pod name claims
+//! of a declared GPU-memory class (`--dra-memory-class`), each a libvgpu
+//! target of its own, and the shares the scheduler allocated each, with
+//! its device's UUID from this node's ResourceSlices. A share's consumed
+//! memory is the slice; a holder's grant, which its region cap is held to
+//! (`isolation::grant`), is its part: the slice over the pod's containers
+//! holding the request at once (`split`, [`kai_dra::at_once`], the same
+//! division the webhook makes), since one libvgpu region cannot be shared
+//! by two containers. The slice is the allocation's `consumedCapacity`,
+//! or for a device allocated whole (a driver without consumable capacity:
+//! no `consumedCapacity`, no `shareID`) the device's whole capacity from
+//! its slice. A share named by two of a container's claim entries is one
+//! grant, read once. A device the container's region records and none of
+//! its shares is on (every share's UUID known) is `above_grant`, never
+//! evicted on that alone: the device's identity is the driver's
+//! attribute; a breach of a device it was given still evicts.
 //!
 //! With a class declared and the API server, two reflectors: every
 //! ResourceClaim (RBAC cannot scope claims to a node, and a pod's claims
@@ -52,13 +55,20 @@ pub enum Reading {
     /// The pod names claims, and the claims or slices have not been
     /// listed yet: nothing can be said about it.
     NotSynced,
-    /// `container` (the first, init containers first, as they run) names
-    /// GPU-memory claims; `shares` are what was allocated for them, empty
-    /// while no claim is allocated.
-    Gpu {
-        container: String,
-        shares: Vec<DraShare>,
-    },
+    /// Every container naming GPU-memory claims, init containers first,
+    /// then the containers, as the webhook injects them (at least one):
+    /// each is a libvgpu target of its own.
+    Gpu(Vec<GpuContainer>),
+}
+
+/// One container of a pod that names GPU-memory claims.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuContainer {
+    pub name: String,
+    /// What was allocated for its own claim entries, empty while no claim
+    /// is allocated; each with the number of the pod's containers that
+    /// hold it at once ([`DraShare::split`]).
+    pub shares: Vec<DraShare>,
 }
 
 /// Reflectors of the claims and of this node's slices.
@@ -194,20 +204,28 @@ pub fn read(
         return Reading::None;
     };
     let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-    let containers = spec
+    // Every container with when it runs: a slice several of them hold at
+    // once is split evenly between them (kai_dra::at_once), as the webhook
+    // splits the limit it writes.
+    let containers: Vec<_> = spec
         .init_containers
         .iter()
         .flatten()
-        .chain(&spec.containers);
-    for container in containers {
-        let entries = container
-            .resources
-            .as_ref()
-            .and_then(|r| r.claims.as_deref())
-            .unwrap_or_default();
+        .map(|c| (kai_dra::Runs::init(c.restart_policy.as_deref()), c))
+        .chain(spec.containers.iter().map(|c| (kai_dra::Runs::Regular, c)))
+        .collect();
+    let split = |pod_claim: &str, request: &str| {
+        kai_dra::at_once(
+            containers.iter().map(|(runs, c)| (*runs, entries_of(c))),
+            pod_claim,
+            request,
+        )
+    };
+    let mut gpu_containers = Vec::new();
+    for (_, container) in &containers {
         let mut gpu = false;
         let mut shares = Vec::new();
-        for entry in kai_dra::claim_refs(entries) {
+        for entry in kai_dra::claim_refs(entries_of(container)) {
             let Some(name) = kai_dra::claim_name(pod, entry.pod_claim) else {
                 continue;
             };
@@ -266,6 +284,7 @@ pub fn read(
                     (None, None, Some(device)) => whole_capacity(device, &share, &request.capacity),
                     _ => None,
                 };
+                let split = split(entry.pod_claim, &share.request);
                 shares.push(DraShare {
                     claim: share.claim,
                     request: share.request,
@@ -277,17 +296,33 @@ pub fn read(
                     gpu_uuid,
                     consumed_bytes: share.consumed_bytes.or(whole),
                     whole_device: whole.is_some(),
+                    split,
                 });
             }
         }
         if gpu {
-            return Reading::Gpu {
-                container: container.name.clone(),
+            gpu_containers.push(GpuContainer {
+                name: container.name.clone(),
                 shares,
-            };
+            });
         }
     }
-    Reading::None
+    if gpu_containers.is_empty() {
+        Reading::None
+    } else {
+        Reading::Gpu(gpu_containers)
+    }
+}
+
+/// A container's claim entries (`resources.claims`).
+fn entries_of(
+    container: &k8s_openapi::api::core::v1::Container,
+) -> &[k8s_openapi::api::core::v1::ResourceClaim] {
+    container
+        .resources
+        .as_ref()
+        .and_then(|r| r.claims.as_deref())
+        .unwrap_or_default()
 }
 
 /// Whether `share` is `known`: the same claim, request, device and
@@ -540,17 +575,30 @@ pub(crate) mod tests {
     /// A share as the tests compare it: device, UUID, consumed bytes.
     type Brief<'a> = (&'a str, Option<&'a str>, Option<u64>);
 
-    /// The GPU container and its shares, in brief.
+    /// The one GPU container and its shares, in brief.
     fn summary(reading: &Reading) -> Option<(&str, Vec<Brief<'_>>)> {
         match reading {
-            Reading::Gpu { container, shares } => Some((
-                container.as_str(),
-                shares
-                    .iter()
-                    .map(|s| (s.device.as_str(), s.gpu_uuid.as_deref(), s.consumed_bytes))
-                    .collect(),
-            )),
+            Reading::Gpu(containers) => {
+                let [GpuContainer { name, shares }] = containers.as_slice() else {
+                    panic!("one GPU container: {containers:?}")
+                };
+                Some((
+                    name.as_str(),
+                    shares
+                        .iter()
+                        .map(|s| (s.device.as_str(), s.gpu_uuid.as_deref(), s.consumed_bytes))
+                        .collect(),
+                ))
+            }
             _ => None,
+        }
+    }
+
+    /// The shares of the one GPU container.
+    fn only_shares(reading: Reading) -> Vec<DraShare> {
+        match reading {
+            Reading::Gpu(mut containers) if containers.len() == 1 => containers.remove(0).shares,
+            other => panic!("one GPU container: {other:?}"),
         }
     }
 
@@ -568,9 +616,7 @@ pub(crate) mod tests {
                 ]
             ))
         );
-        let Reading::Gpu { shares, .. } = got else {
-            unreachable!("checked above")
-        };
+        let shares = only_shares(got);
         assert_eq!(
             shares[0],
             DraShare {
@@ -584,6 +630,7 @@ pub(crate) mod tests {
                 gpu_uuid: Some("GPU-aaaa".into()),
                 consumed_bytes: Some(17 * GIB),
                 whole_device: false,
+                split: 1,
             }
         );
     }
@@ -759,9 +806,7 @@ pub(crate) mod tests {
             result.device = "gpu-0".into();
         }
         let pod = pod(serde_json::json!({"resourceClaimName": "two-gpus"}), None);
-        let Reading::Gpu { shares, .. } = reading(&pod, &[two_on_one], &classes()) else {
-            panic!("a GPU container")
-        };
+        let shares = only_shares(reading(&pod, &[two_on_one], &classes()));
         let ids: Vec<_> = shares.iter().map(|s| s.share_id.as_deref()).collect();
         assert_eq!(ids, [Some("a1"), Some("b2")], "two grants, both kept");
     }
@@ -808,9 +853,7 @@ pub(crate) mod tests {
             )),
             "the slice's capacity, bare or qualified with the driver"
         );
-        let Reading::Gpu { shares, .. } = got else {
-            unreachable!("checked above")
-        };
+        let shares = only_shares(got);
         assert!(shares.iter().all(|s| s.whole_device), "{shares:?}");
         assert_eq!(
             crate::agent::isolation::grant::share_text("team-a", &shares[0]),
@@ -823,10 +866,10 @@ pub(crate) mod tests {
         let find = |_: &str, _: &str| Some(claim.clone());
         assert_eq!(
             read(&pod, &classes(), &find, &[Arc::new(slim)]),
-            Reading::Gpu {
-                container: "main".into(),
+            Reading::Gpu(vec![GpuContainer {
+                name: "main".into(),
                 shares,
-            }
+            }])
         );
     }
 
@@ -848,9 +891,7 @@ pub(crate) mod tests {
         for result in results(&mut shared) {
             result.consumed_capacity = None;
         }
-        let Reading::Gpu { shares, .. } = reading(&pod, &[shared], &classes()) else {
-            panic!("a GPU container")
-        };
+        let shares = only_shares(reading(&pod, &[shared], &classes()));
         assert_eq!(
             shares
                 .iter()

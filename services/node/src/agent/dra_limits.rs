@@ -61,8 +61,6 @@ pub struct Wanted {
     pub pod: String,
     /// The annotation's value.
     pub configmap: String,
-    /// The pod's DRA GPU container: the key.
-    pub container: String,
     /// What can be written.
     pub write: Write,
 }
@@ -70,23 +68,40 @@ pub struct Wanted {
 /// What the agent can write for a pod that waits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Write {
-    /// The limit, from the shares' consumed memory.
-    Limit(Limit),
-    /// This share's consumed memory is said neither by the allocation
+    /// One key per GPU container whose shares' consumed memory is all
+    /// known (at least one): its name, and the limit from its shares.
+    /// `undecided`: the GPU containers left out, as for
+    /// [`Write::Undecided`]; a container with a stated limit never reads
+    /// its key, so one whose share is unknown does not hold up the others.
+    Limits {
+        limits: BTreeMap<String, Limit>,
+        undecided: Vec<Undecided>,
+    },
+    /// No GPU container's limit can be decided: each has a share whose
+    /// consumed memory is said neither by the allocation
     /// (`consumedCapacity`) nor, for a device allocated whole, by its
-    /// ResourceSlice (`capacity`): no limit can be decided, and the
-    /// container cannot start without one.
-    Undecided(Box<DraShare>),
+    /// ResourceSlice (`capacity`), and a container reading its key cannot
+    /// start without one. Nothing is written until a slice says.
+    Undecided(Vec<Undecided>),
     /// The annotation names no ConfigMap of the form the webhook names
     /// ([`is_dra_limits_config_map_name`]): a name the tenant chose, which
     /// could be any ConfigMap of the namespace. Nothing is written.
     ForeignName,
 }
 
-/// The memory a container's shares consumed.
+/// A GPU container whose limit cannot be decided, and the first of its
+/// shares whose consumed memory nothing says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Undecided {
+    pub container: String,
+    pub share: Box<DraShare>,
+}
+
+/// The memory a container's shares granted it (each share's part: what
+/// it consumed over the pod's containers holding it at once).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limit {
-    /// The least any share consumed, in bytes.
+    /// The least any share granted, in bytes.
     pub least_bytes: u64,
     /// The most, when the shares differ (libvgpu applies one limit to
     /// every device: the least is the one no device is granted less than).
@@ -99,19 +114,36 @@ impl Limit {
     pub fn mib(&self) -> u64 {
         self.least_bytes / MIB
     }
+
+    /// The limit of a container holding `shares`; `Err` with the first
+    /// share whose memory is not known; `Ok(None)` without shares.
+    fn of(shares: &[DraShare]) -> Result<Option<Self>, &DraShare> {
+        if let Some(unknown) = shares.iter().find(|s| s.part().is_none()) {
+            return Err(unknown);
+        }
+        let parts = shares.iter().filter_map(DraShare::part);
+        let (Some(least), Some(most)) = (parts.clone().min(), parts.max()) else {
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            least_bytes: least,
+            most_bytes: (most != least).then_some(most),
+        }))
+    }
 }
 
 impl Wanted {
     /// The ConfigMap `pod` waits for, given what the agent knows of it
     /// (`meta`, [`super::pods`]'s reading). `None` unless the pod carries
-    /// the annotation, is not being deleted, its GPU container names
+    /// the annotation, is not being deleted, containers of it name
     /// GPU-memory claims (`meta.dra_shares`: a KAI pod, a plain pod, or
     /// claims of other classes have none) and they are allocated (a share
-    /// at least: until then the limit is not known, and the container
-    /// cannot start without it). Each share's consumed memory is what the
-    /// allocation recorded, or a whole device's capacity ([`super::dra`]);
-    /// a share with neither is [`Write::Undecided`], never silently waited
-    /// for.
+    /// at least: until then no limit is known, and a container cannot
+    /// start without it). Each GPU container's limit is the least of its
+    /// shares' parts ([`DraShare::part`]: the allocation's consumed memory,
+    /// or a whole device's capacity ([`super::dra`]), over the pod's
+    /// containers holding it at once); a container with a share of
+    /// neither is [`Undecided`], never silently waited for.
     pub fn of(pod: &Pod, meta: &PodMeta) -> Option<Self> {
         let configmap = pod
             .metadata
@@ -121,35 +153,44 @@ impl Wanted {
         if pod.metadata.deletion_timestamp.is_some() {
             return None;
         }
-        let shares = meta.dra_shares.as_deref()?;
+        let by_container = meta.dra_shares.as_ref()?;
+        let mut limits = BTreeMap::new();
+        let mut undecided = Vec::new();
+        for (container, shares) in by_container {
+            match Limit::of(shares) {
+                Ok(Some(limit)) => {
+                    limits.insert(container.clone(), limit);
+                }
+                Ok(None) => {}
+                Err(share) => undecided.push(Undecided {
+                    container: container.clone(),
+                    share: Box::new(share.clone()),
+                }),
+            }
+        }
         let write = if !is_dra_limits_config_map_name(configmap) {
             Write::ForeignName
-        } else if let Some(unknown) = shares.iter().find(|s| s.consumed_bytes.is_none()) {
-            Write::Undecided(Box::new(unknown.clone()))
+        } else if !limits.is_empty() {
+            Write::Limits { limits, undecided }
+        } else if !undecided.is_empty() {
+            Write::Undecided(undecided)
         } else {
-            let consumed = shares.iter().filter_map(|s| s.consumed_bytes);
-            let least = consumed.clone().min()?;
-            let most = consumed.max()?;
-            Write::Limit(Limit {
-                least_bytes: least,
-                most_bytes: (most != least).then_some(most),
-            })
+            return None;
         };
         Some(Self {
             uid: pod.metadata.uid.clone()?,
             namespace: pod.metadata.namespace.clone()?,
             pod: pod.metadata.name.clone()?,
             configmap: configmap.clone(),
-            container: meta.gpu_container.clone()?,
             write,
         })
     }
 
-    /// The ConfigMap: `{<container>: "<MiB>m"}` of `limit`, owned by the
-    /// pod (so the garbage collector deletes it with the pod;
+    /// The ConfigMap: `{<container>: "<MiB>m"}` for each of `limits`,
+    /// owned by the pod (so the garbage collector deletes it with the pod;
     /// `blockOwnerDeletion` false, which needs no permission on the pod's
     /// finalizers), with our managed-by label.
-    pub fn configmap(&self, limit: &Limit) -> ConfigMap {
+    pub fn configmap(&self, limits: &BTreeMap<String, Limit>) -> ConfigMap {
         ConfigMap {
             metadata: ObjectMeta {
                 name: Some(self.configmap.clone()),
@@ -168,10 +209,12 @@ impl Wanted {
                 }]),
                 ..ObjectMeta::default()
             },
-            data: Some(BTreeMap::from([(
-                self.container.clone(),
-                format!("{}m", limit.mib()),
-            )])),
+            data: Some(
+                limits
+                    .iter()
+                    .map(|(container, limit)| (container.clone(), format!("{}m", limit.mib())))
+                    .collect(),
+            ),
             ..ConfigMap::default()
         }
     }
@@ -351,9 +394,9 @@ impl<W: CreateConfigMap> Task<W> {
             if !self.attempts.due(&wanted.uid) {
                 continue;
             }
-            match &wanted.write {
-                Write::Limit(limit) => self.write(wanted, limit).await,
-                Write::Undecided(_) | Write::ForeignName => self.report(wanted),
+            self.report(wanted);
+            if let Write::Limits { limits, .. } = &wanted.write {
+                self.write(wanted, limits).await;
             }
         }
     }
@@ -364,65 +407,93 @@ impl<W: CreateConfigMap> Task<W> {
             .next_due(current.iter().map(|w| w.uid.as_str()))
     }
 
-    /// Says once per pod why nothing is written for it, and counts it
-    /// failed: its container waits for a ConfigMap that does not come.
-    #[tracing::instrument(name = "dra_limits_configmap", skip_all, fields(namespace = %w.namespace, pod = %w.pod, configmap = %w.configmap, container = %w.container))]
+    /// Says once per pod why nothing is written for it, or for some of
+    /// its GPU containers (which wait for a key that does not come), and
+    /// counts it failed: not on every scan or retry.
+    #[tracing::instrument(name = "dra_limits_configmap", skip_all, fields(namespace = %w.namespace, pod = %w.pod, configmap = %w.configmap))]
     fn report(&mut self, w: &Wanted) {
-        if !self.reported.insert(w.uid.clone()) {
+        let (undecided, limits) = match &w.write {
+            Write::Limits { limits, undecided } => (undecided.as_slice(), Some(limits)),
+            Write::Undecided(undecided) => (undecided.as_slice(), None),
+            Write::ForeignName => (&[][..], None),
+        };
+        let under_mib: Vec<(&String, &Limit)> = limits
+            .into_iter()
+            .flatten()
+            .filter(|(_, limit)| limit.mib() == 0)
+            .collect();
+        let all_written = limits.is_some() && undecided.is_empty() && under_mib.is_empty();
+        if all_written || !self.reported.insert(w.uid.clone()) {
             return;
         }
-        match &w.write {
-            Write::Undecided(share) => {
-                let device = format!("{}/{}/{}", share.driver, share.pool, share.device);
-                tracing::error!(
-                    claim = %share.claim,
-                    %device,
-                    share = %share_text(&w.namespace, share),
-                    "cannot decide the container's GPU memory limit: the allocation records no consumedCapacity {capacity} for this device, and its ResourceSlice publishes no capacity {capacity}; no limit written, the container will not start",
-                    capacity = share.capacity,
-                );
-            }
-            Write::ForeignName => {
-                tracing::error!(
-                    annotation = ANNOTATION_DRA_LIMITS_CONFIG_MAP,
-                    "the annotation names no ConfigMap of the form the webhook names (<pod>-vgpu-dra-<10 of [a-z0-9]>): a name the pod chose, not written"
-                );
-            }
-            Write::Limit(_) => return,
+        if matches!(w.write, Write::ForeignName) {
+            tracing::error!(
+                annotation = ANNOTATION_DRA_LIMITS_CONFIG_MAP,
+                "the annotation names no ConfigMap of the form the webhook names (<pod>-vgpu-dra-<10 of [a-z0-9]>): a name the pod chose, not written"
+            );
+        }
+        for Undecided { container, share } in undecided {
+            let device = format!("{}/{}/{}", share.driver, share.pool, share.device);
+            tracing::error!(
+                %container,
+                claim = %share.claim,
+                %device,
+                share = %share_text(&w.namespace, share),
+                "cannot decide the container's GPU memory limit: the allocation records no consumedCapacity {capacity} for this device, and its ResourceSlice publishes no capacity {capacity}; no limit written for it, the container will not start if it reads one",
+                capacity = share.capacity,
+            );
+        }
+        for (container, limit) in under_mib {
+            // "0m" would be no limit at all to libvgpu: the container waits
+            // for its key (fail closed) rather than running uncapped.
+            tracing::error!(
+                %container,
+                bytes = limit.least_bytes,
+                "a share of the container's claims is under 1 MiB: no limit written for it; the container will not start"
+            );
         }
         self.counts.failed.increment(1);
     }
 
-    #[tracing::instrument(name = "dra_limits_configmap", skip_all, fields(namespace = %w.namespace, pod = %w.pod, configmap = %w.configmap, container = %w.container))]
-    async fn write(&mut self, w: &Wanted, limit: &Limit) {
-        let mib = limit.mib();
-        if mib == 0 {
-            // "0m" would be no limit at all to libvgpu: leave the container
-            // waiting for its ConfigMap (fail closed) rather than uncapped.
-            tracing::error!(
-                bytes = limit.least_bytes,
-                "a share of the claim is under 1 MiB: no limit written; the container will not start"
-            );
-            self.counts.failed.increment(1);
+    /// Creates the ConfigMap with a key per container of `limits` (each
+    /// at least 1 MiB: "0m" is no limit to libvgpu).
+    #[tracing::instrument(name = "dra_limits_configmap", skip_all, fields(namespace = %w.namespace, pod = %w.pod, configmap = %w.configmap))]
+    async fn write(&mut self, w: &Wanted, limits: &BTreeMap<String, Limit>) {
+        // Under 1 MiB: no key ("0m" is no limit to libvgpu), said by
+        // `report`.
+        let keys: BTreeMap<String, Limit> = limits
+            .iter()
+            .filter(|(_, limit)| limit.mib() > 0)
+            .map(|(container, limit)| (container.clone(), *limit))
+            .collect();
+        for (container, limit) in &keys {
+            if let Some(most) = limit.most_bytes {
+                tracing::info!(
+                    %container,
+                    least = limit.least_bytes,
+                    most,
+                    "the container's shares differ: the limit is the least (libvgpu applies one limit to every device)"
+                );
+            }
+        }
+        if keys.is_empty() {
             self.attempts.done(&w.uid);
             return;
         }
-        if let Some(most) = limit.most_bytes {
-            tracing::info!(
-                least = limit.least_bytes,
-                most,
-                "the container's shares differ: the limit is the least (libvgpu applies one limit to every device)"
-            );
-        }
-        match self.writer.create(&w.configmap(limit)).await {
+        let written: Vec<String> = keys
+            .iter()
+            .map(|(container, limit)| format!("{container}={}m", limit.mib()))
+            .collect();
+        let written = written.join(",");
+        match self.writer.create(&w.configmap(&keys)).await {
             Created::Created => {
-                tracing::info!(limit_mib = mib, "wrote the container's GPU memory limit");
+                tracing::info!(limits = %written, "wrote the containers' GPU memory limits");
                 self.counts.created.increment(1);
                 self.attempts.done(&w.uid);
             }
             Created::AlreadyExists => {
                 tracing::info!(
-                    limit_mib = mib,
+                    limits = %written,
                     "the limits ConfigMap is already there; left as it is"
                 );
                 self.counts.already_existed.increment(1);
@@ -431,7 +502,7 @@ impl<W: CreateConfigMap> Task<W> {
             Created::Failed { message } => {
                 self.counts.failed.increment(1);
                 let delay = self.attempts.failed(&w.uid);
-                tracing::warn!(limit_mib = mib, error = %message, retry_in = ?delay, "cannot write the limits ConfigMap (needs create on configmaps, allowed by the node guard); the container waits for it");
+                tracing::warn!(limits = %written, error = %message, retry_in = ?delay, "cannot write the limits ConfigMap (needs create on configmaps, allowed by the node guard); the containers wait for it");
             }
         }
     }

@@ -60,7 +60,7 @@ mod tests {
             name: format!("pod-{sharing}"),
             sharing,
             opted_out: false,
-            gpu_container: Some("main".into()),
+            gpu_containers: vec!["main".into()],
             running: Vec::new(),
             grant: None,
             dra_shares: None,

@@ -2,6 +2,8 @@
 //! become once joined, and the isolation verdicts about them. No I/O here;
 //! every other agent module builds on these, and they import nothing back.
 
+use std::collections::BTreeMap;
+
 use kai_proto::v1::IsolationState;
 use kai_region::RegionSnapshot;
 use kai_region::discovery::ContainerKey;
@@ -21,25 +23,54 @@ pub struct PodMeta {
     /// annotation or the `webhook: ignore` label); `--webhook-configuration`
     /// says which. Runs uncapped; never evicted.
     pub opted_out: bool,
-    /// The container KAI gives the GPU share to and the webhook injects
-    /// libvgpu into: the `gpu-fraction-container-name` annotation (an init
-    /// container or a container: names are unique across both), else the
-    /// first container. `None` when the source does not say (a
-    /// `--static-pods` entry without `gpu_container`).
-    pub gpu_container: Option<String>,
+    /// The containers the webhook injects libvgpu into, each writing its
+    /// own region: for a KAI pod the one KAI gives the GPU share to (the
+    /// `gpu-fraction-container-name` annotation, an init container or a
+    /// container: names are unique across both; else the first
+    /// container); for a DRA pod every container naming a GPU-memory
+    /// claim, init containers first. Empty when the source does not say
+    /// (a `--static-pods` entry naming none): every name of the pod
+    /// counts then.
+    pub gpu_containers: Vec<String>,
     /// Containers and init containers that are running, from the pod status.
     pub running: Vec<RunningContainer>,
     /// What KAI granted the pod (`gpu-memory` / `gpu-fraction`); with the
     /// node's `nvidia.com/gpu.memory` label it gives the cap KAI wrote, and
     /// a region cap above that is `above_grant` (`isolation::grant`).
     pub grant: Option<Grant>,
-    /// `Some` when the GPU container names a DRA claim of a declared GPU
+    /// `Some` when containers of the pod name DRA claims of a declared GPU
     /// memory class (`--dra-memory-class`; docs/isolation.md, "DRA
-    /// claims"): the shares the scheduler allocated it, one per device,
-    /// empty while the claim is not allocated. Each share's consumed
-    /// memory is the grant on its device. `None` for every other pod
-    /// (KAI's, plain ones, claims of other classes, DRA off).
-    pub dra_shares: Option<Vec<DraShare>>,
+    /// claims"): by GPU container, the shares the scheduler allocated its
+    /// own claim entries, one per device, empty while the claim is not
+    /// allocated. Each share's consumed memory, divided among the pod's
+    /// containers holding it at once ([`DraShare::part`]), is the grant on
+    /// its device. `None` for every other pod (KAI's, plain ones, claims
+    /// of other classes, DRA off).
+    pub dra_shares: Option<BTreeMap<String, Vec<DraShare>>>,
+}
+
+/// The key of [`PodMeta::dra_shares`] for shares held by whichever of
+/// the pod's containers has a region: a `--static-pods` entry that lists
+/// shares and names no GPU container (as before a pod could have several).
+/// No container is named `*` (a DNS label).
+pub const ANY_CONTAINER: &str = "*";
+
+impl PodMeta {
+    /// Whether `container` is one of the pod's GPU containers; true when
+    /// the source does not say which they are.
+    pub fn is_gpu_container(&self, container: &str) -> bool {
+        self.gpu_containers.is_empty() || self.gpu_containers.iter().any(|c| c == container)
+    }
+
+    /// `container`'s DRA shares (none for a container naming no
+    /// GPU-memory claim); `None` when the pod is no DRA pod.
+    pub fn dra_shares_of(&self, container: &str) -> Option<&[DraShare]> {
+        self.dra_shares.as_ref().map(|all| {
+            all.get(container)
+                .or_else(|| all.get(ANY_CONTAINER))
+                .map_or(&[][..], Vec::as_slice)
+        })
+    }
 }
 
 /// One device's slice of a DRA claim, as the allocation records it
@@ -70,11 +101,20 @@ pub struct DraShare {
     /// Kubernetes records both only for devices allowing multiple
     /// allocations) the device's whole `capacity[<capacity>]` from its
     /// ResourceSlice ([`Self::whole_device`]). `None` when neither says.
+    /// The slice of the claim, whoever holds it: a holder's grant is its
+    /// [`Self::part`].
     pub consumed_bytes: Option<u64>,
     /// `consumed_bytes` is the whole device's capacity, read from its
     /// ResourceSlice: the allocation recorded none.
     #[serde(default)]
     pub whole_device: bool,
+    /// How many of the pod's containers hold the share at once
+    /// ([`kai_dra::at_once`]), at least 1: the slice is split evenly
+    /// between them, since one libvgpu region cannot be shared by two
+    /// containers (DESIGN §10a) and each holder's own cap is the only hard
+    /// cap on it. A static entry may omit it (1).
+    #[serde(default = "one")]
+    pub split: u64,
 }
 
 impl DraShare {
@@ -86,6 +126,18 @@ impl DraShare {
             .as_deref()
             .is_some_and(|u| u.eq_ignore_ascii_case(uuid))
     }
+
+    /// What one holder is granted of the slice: `consumed_bytes / split`,
+    /// rounded down (the webhook's limit for a holder is the same division,
+    /// floored to MiB, so at or below it). `None` when the slice is not
+    /// known.
+    pub fn part(&self) -> Option<u64> {
+        self.consumed_bytes.map(|bytes| bytes / self.split.max(1))
+    }
+}
+
+fn one() -> u64 {
+    1
 }
 
 /// The capacity name of the NVIDIA DRA driver's (and dra-example-driver's)
@@ -167,16 +219,25 @@ impl ContainerView {
             .filter(|id| !id.is_empty())
     }
 
-    /// Whether the region is in the directory of its pod's GPU container,
-    /// the only one libvgpu writes as the webhook injects it: a region
+    /// Whether the region is in the directory of one of its pod's GPU
+    /// containers, the only ones libvgpu writes as the webhook injects it
+    /// (each its own): a region
     /// under any other name of the pod was put there by someone else and
     /// decides nothing (docs/isolation.md, "Whose region is it"). True
-    /// when the pod, or which container is its GPU container, is not known.
+    /// when the pod, or which containers are its GPU containers, is not
+    /// known.
     pub fn in_gpu_container_dir(&self) -> bool {
         self.pod
             .as_ref()
-            .and_then(|p| p.gpu_container.as_deref())
-            .is_none_or(|gpu| gpu == self.key.container)
+            .is_none_or(|p| p.is_gpu_container(&self.key.container))
+    }
+
+    /// The DRA shares of the region's own container
+    /// ([`PodMeta::dra_shares_of`]): each region is written by its own
+    /// container's libvgpu, so it is held to that container's shares
+    /// alone. `None` for a pod that is no DRA pod, or not known.
+    pub fn dra_shares(&self) -> Option<&[DraShare]> {
+        self.pod.as_ref()?.dra_shares_of(&self.key.container)
     }
 }
 
@@ -242,8 +303,8 @@ pub struct MissingRegion {
     /// ([`kai_region::RegionError::label`]): `unreadable_region`, which
     /// evicts nobody, rather than `no_region`.
     pub refused: Option<&'static str>,
-    /// The container's DRA shares ([`PodMeta::dra_shares`]); empty for
-    /// a KAI pod's.
+    /// The container's own DRA shares ([`PodMeta::dra_shares_of`]); empty
+    /// for a KAI pod's.
     pub dra_shares: Vec<DraShare>,
 }
 

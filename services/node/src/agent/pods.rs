@@ -6,7 +6,7 @@
 //! without one (`--no-kube`), an optional static file, else the directory
 //! name alone.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -21,9 +21,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
-use super::dra::{DraSource, Reading};
+use super::dra::{DraSource, GpuContainer, Reading};
 use super::dra_limits;
-use super::model::{DraShare, PodMeta, RunningContainer};
+use super::model::{ANY_CONTAINER, DraShare, PodMeta, RunningContainer};
 pub use super::model::{Lookup, PodSourceStatus};
 use super::scope::{Scope, WebhookScope};
 
@@ -78,8 +78,13 @@ struct StaticPod {
     /// Let opt out by the webhook ([`PodMeta::opted_out`]); not sharing then.
     #[serde(default)]
     opted_out: bool,
+    /// The one GPU container (the key before a pod could have several).
     #[serde(default)]
     gpu_container: Option<String>,
+    /// Its GPU containers ([`PodMeta::gpu_containers`]), with
+    /// `gpu_container` if both are given.
+    #[serde(default)]
+    gpu_containers: Vec<String>,
     #[serde(default)]
     running: Vec<RunningContainer>,
     /// KAI's `gpu-memory` / `gpu-fraction` annotation values.
@@ -87,9 +92,20 @@ struct StaticPod {
     gpu_memory: Option<String>,
     #[serde(default)]
     gpu_fraction: Option<String>,
-    /// The DRA shares of its GPU container ([`PodMeta::dra_shares`]).
+    /// The DRA shares of its GPU containers ([`PodMeta::dra_shares`]).
     #[serde(default)]
-    dra_shares: Option<Vec<DraShare>>,
+    dra_shares: Option<StaticShares>,
+}
+
+/// A static entry's `dra_shares`: by container, or (as before a pod could
+/// have several GPU containers) one list, each of the GPU containers the
+/// entry names holding all of it (any container of the pod, when it names
+/// none).
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+enum StaticShares {
+    ByContainer(BTreeMap<String, Vec<DraShare>>),
+    List(Vec<DraShare>),
 }
 
 fn yes() -> bool {
@@ -115,9 +131,10 @@ pub enum PodSourceError {
 
 impl PodSource {
     /// Loads a JSON array of `{uid, namespace, name[, sharing,
-    /// gpu_container, gpu_memory, gpu_fraction, running: [{name, id, started_at}],
-    /// dra_shares: [{claim, request, driver, pool, device, share_id, gpu_uuid,
-    /// consumed_bytes}]]}`.
+    /// gpu_container, gpu_containers: [name], gpu_memory, gpu_fraction,
+    /// running: [{name, id, started_at}], dra_shares: [{claim, request,
+    /// driver, pool, device, share_id, gpu_uuid, consumed_bytes, split}] or
+    /// {<container>: [{…}]}]}`.
     pub fn from_static_file(path: &Path) -> Result<Self, PodSourceError> {
         let text = std::fs::read_to_string(path).map_err(|source| PodSourceError::Read {
             path: path.to_owned(),
@@ -128,25 +145,42 @@ impl PodSource {
                 path: path.to_owned(),
                 source,
             })?;
-        Ok(Self::Static(Arc::new(
-            pods.into_iter()
-                .map(|p| {
-                    (
-                        p.uid,
-                        PodMeta {
-                            namespace: p.namespace,
-                            name: p.name,
-                            sharing: p.sharing && !p.opted_out,
-                            opted_out: p.opted_out,
-                            gpu_container: p.gpu_container,
-                            running: p.running,
-                            grant: Grant::of(p.gpu_memory.as_deref(), p.gpu_fraction.as_deref()),
-                            dra_shares: p.dra_shares,
-                        },
-                    )
-                })
-                .collect(),
-        )))
+        let mut known = HashMap::with_capacity(pods.len());
+        for p in pods {
+            let mut gpu_containers = p.gpu_containers;
+            if let Some(one) = p.gpu_container
+                && !gpu_containers.contains(&one)
+            {
+                gpu_containers.insert(0, one);
+            }
+            let dra_shares = match p.dra_shares {
+                None => None,
+                Some(StaticShares::ByContainer(by)) => Some(by),
+                // No container named: every name of the pod counts
+                // (`PodMeta::gpu_containers`), and holds the list.
+                Some(StaticShares::List(shares)) if gpu_containers.is_empty() => {
+                    Some(BTreeMap::from([(ANY_CONTAINER.to_owned(), shares)]))
+                }
+                Some(StaticShares::List(shares)) => Some(
+                    gpu_containers
+                        .iter()
+                        .map(|c| (c.clone(), shares.clone()))
+                        .collect(),
+                ),
+            };
+            let meta = PodMeta {
+                namespace: p.namespace,
+                name: p.name,
+                sharing: p.sharing && !p.opted_out,
+                opted_out: p.opted_out,
+                gpu_containers,
+                running: p.running,
+                grant: Grant::of(p.gpu_memory.as_deref(), p.gpu_fraction.as_deref()),
+                dra_shares,
+            };
+            known.insert(p.uid, meta);
+        }
+        Ok(Self::Static(Arc::new(known)))
     }
 
     /// Starts a reflector of the pods on `node`; it retries with backoff
@@ -362,11 +396,14 @@ fn trim(pod: &mut Pod) {
     });
     pod.metadata.owner_references = None;
     if let Some(spec) = pod.spec.take() {
-        // A container's name and the claims it names (`resources.claims`).
+        // A container's name, the claims it names (`resources.claims`) and
+        // its `restartPolicy` (a sidecar runs beside every later container,
+        // and shares a slice with them: kai_dra::at_once).
         let trim_container = |c: k8s_openapi::api::core::v1::Container| {
             let claims = c.resources.and_then(|r| r.claims);
             k8s_openapi::api::core::v1::Container {
                 name: c.name,
+                restart_policy: c.restart_policy,
                 resources: claims.map(|claims| k8s_openapi::api::core::v1::ResourceRequirements {
                     claims: Some(claims),
                     ..Default::default()
@@ -447,10 +484,17 @@ fn meta_of(pod: &Pod, scope: &WebhookScope, dra: Option<&DraSource>) -> Option<P
         Some(dra) if !kai_sharing => dra.read(pod),
         _ => Reading::None,
     };
-    let (dra_container, dra_shares) = match reading {
+    let (dra_containers, dra_shares) = match reading {
         Reading::NotSynced => return None,
-        Reading::None => (None, None),
-        Reading::Gpu { container, shares } => (Some(container), Some(shares)),
+        Reading::None => (Vec::new(), None),
+        Reading::Gpu(containers) => {
+            let names = containers.iter().map(|c| c.name.clone()).collect();
+            let shares = containers
+                .into_iter()
+                .map(|GpuContainer { name, shares }| (name, shares))
+                .collect();
+            (names, Some(shares))
+        }
     };
     // KAI's annotations or a GPU-memory claim: what the webhook injects.
     let gpu_sharing = kai_sharing || dra_shares.is_some();
@@ -492,13 +536,18 @@ fn meta_of(pod: &Pod, scope: &WebhookScope, dra: Option<&DraSource>) -> Option<P
         name: pod.metadata.name.clone().unwrap_or_default(),
         sharing: gpu_sharing && !opted_out,
         opted_out,
-        // The webhook's target (its `inject::plan`): the container naming
-        // the GPU-memory claim; else the annotation, which it looks up
-        // among the init containers first, then the containers; names are
-        // unique across both, so the name alone is the target.
-        gpu_container: dra_container
-            .or_else(|| annotation(ANNOTATION_CONTAINER_NAME))
-            .or(first),
+        // The webhook's targets (its `inject::plan`): every container
+        // naming a GPU-memory claim; else the annotation, which it looks
+        // up among the init containers first, then the containers; names
+        // are unique across both, so the name alone is the target.
+        gpu_containers: if dra_containers.is_empty() {
+            annotation(ANNOTATION_CONTAINER_NAME)
+                .or(first)
+                .into_iter()
+                .collect()
+        } else {
+            dra_containers
+        },
         grant: Grant::of(
             annotation(ANNOTATION_GPU_MEMORY).as_deref(),
             annotation(ANNOTATION_GPU_FRACTION).as_deref(),
@@ -601,7 +650,9 @@ mod tests {
         let Lookup::Known(nb) = source.lookup("u1") else {
             panic!("u1 is listed")
         };
-        let shares = nb.dra_shares.expect("its shares");
+        // The old one-container key still reads, its list held by it.
+        assert_eq!(nb.gpu_containers, ["jupyter"]);
+        let shares = nb.dra_shares_of("jupyter").expect("its shares");
         assert_eq!(shares.len(), 1);
         let share = &shares[0];
         assert_eq!(
@@ -610,6 +661,7 @@ mod tests {
         );
         assert_eq!(share.capacity, "memory", "the default capacity name");
         assert_eq!(share.consumed_bytes, Some(2 << 30));
+        assert_eq!(share.split, 1, "held by one container unless said");
         assert!(!share.whole_device);
         assert!(nb.grant.is_none(), "a DRA pod has no KAI grant");
         let Lookup::Known(kai) = source.lookup("u2") else {
@@ -625,6 +677,50 @@ mod tests {
             panic!("a share's claim is a string")
         };
         assert!(err.to_string().contains("pods.json"), "{err}");
+        // A list, and no container named (the demo's): whichever
+        // container has a region holds it.
+        std::fs::write(
+            &path,
+            r#"[{"uid": "u1", "namespace": "a", "name": "b",
+                 "dra_shares": [{"claim": "c", "request": "gpu", "driver": "d", "pool": "p",
+                   "device": "gpu-1", "share_id": null, "gpu_uuid": null, "consumed_bytes": null}]}]"#,
+        )
+        .expect("write");
+        let source = PodSource::from_static_file(&path).expect("reads");
+        let Lookup::Known(b) = source.lookup("u1") else {
+            panic!("u1 is listed")
+        };
+        assert!(b.gpu_containers.is_empty() && b.is_gpu_container("any"));
+        assert_eq!(b.dra_shares_of("any").map(<[_]>::len), Some(1));
+    }
+
+    #[test]
+    fn a_static_entry_may_name_several_gpu_containers_with_their_own_shares() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("pods.json");
+        std::fs::write(
+            &path,
+            r#"[{"uid": "u1", "namespace": "team-b", "name": "nb", "gpu_containers": ["a", "b"],
+                "dra_shares": {
+                  "a": [{"claim": "c", "request": "gpu", "driver": "d", "pool": "p",
+                         "device": "gpu-1", "share_id": "s1", "gpu_uuid": "GPU-1",
+                         "consumed_bytes": 2147483648, "split": 2}],
+                  "b": [{"claim": "c", "request": "gpu", "driver": "d", "pool": "p",
+                         "device": "gpu-1", "share_id": "s1", "gpu_uuid": "GPU-1",
+                         "consumed_bytes": 2147483648, "split": 2}]}}]"#,
+        )
+        .expect("write");
+        let source = PodSource::from_static_file(&path).expect("reads");
+        let Lookup::Known(nb) = source.lookup("u1") else {
+            panic!("u1 is listed")
+        };
+        assert_eq!(nb.gpu_containers, ["a", "b"]);
+        assert!(nb.is_gpu_container("b") && !nb.is_gpu_container("c"));
+        for c in ["a", "b"] {
+            let shares = nb.dra_shares_of(c).expect("a DRA pod");
+            assert_eq!(shares[0].part(), Some(1 << 30), "{c}: half of 2 GiB");
+        }
+        assert_eq!(nb.dra_shares_of("c"), Some(&[][..]), "holds nothing");
     }
 
     // --- DRA GPU-memory claims (module `dra`) ---
@@ -670,13 +766,10 @@ mod tests {
         )
         .expect("known");
         assert!(meta.sharing && !meta.opted_out, "{meta:?}");
-        assert_eq!(
-            meta.gpu_container.as_deref(),
-            Some("main"),
-            "not the first container"
-        );
+        assert_eq!(meta.gpu_containers, ["main"], "not the first container");
         assert_eq!(meta.grant, None, "no KAI grant");
-        let shares = meta.dra_shares.expect("DRA shares");
+        let shares = meta.dra_shares_of("main").expect("DRA shares");
+        assert_eq!(meta.dra_shares_of("sidecar"), Some(&[][..]));
         let devices: Vec<_> = shares
             .iter()
             .map(|s| (s.share_id.as_deref(), s.gpu_uuid.as_deref()))
@@ -722,11 +815,7 @@ mod tests {
         );
         let meta = meta_of(&nic, &WebhookScope::Unknown, Some(&source(true))).expect("known");
         assert!(!meta.sharing && meta.dra_shares.is_none(), "{meta:?}");
-        assert_eq!(
-            meta.gpu_container.as_deref(),
-            Some("sidecar"),
-            "the first, as before"
-        );
+        assert_eq!(meta.gpu_containers, ["sidecar"], "the first, as before");
         let off = meta_of(&named_claim(), &WebhookScope::Unknown, None).expect("known");
         assert!(!off.sharing && off.dra_shares.is_none(), "{off:?}");
         // KAI's annotation: KAI's reading, claims unread even before they list.
@@ -736,7 +825,7 @@ mod tests {
         let meta = meta_of(&kai, &WebhookScope::Unknown, Some(&source(false))).expect("known");
         assert!(meta.sharing && meta.dra_shares.is_none());
         assert_eq!(meta.grant, Some(Grant::MemoryMib(4096)));
-        assert_eq!(meta.gpu_container.as_deref(), Some("sidecar"));
+        assert_eq!(meta.gpu_containers, ["sidecar"]);
     }
 
     #[test]
@@ -771,9 +860,9 @@ mod tests {
             spec.containers[0].resources
         );
         let meta = meta_of(&pod, &WebhookScope::Unknown, Some(&source(true))).expect("known");
-        assert_eq!(meta.gpu_container.as_deref(), Some("warmup"));
+        assert_eq!(meta.gpu_containers, ["warmup"]);
         assert!(meta.sharing);
-        assert_eq!(meta.dra_shares.map(|s| s.len()), Some(2));
+        assert_eq!(meta.dra_shares_of("warmup").map(<[_]>::len), Some(2));
     }
 
     #[tokio::test(start_paused = true)]

@@ -96,7 +96,7 @@ pub fn sample(n: usize) -> NodeState {
                     name: format!("job-{i}-0"),
                     sharing: true,
                     opted_out: false,
-                    gpu_container: Some("main".into()),
+                    gpu_containers: vec!["main".into()],
                     running: Vec::new(),
                     grant: None,
                     dra_shares: None,

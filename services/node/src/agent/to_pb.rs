@@ -61,10 +61,10 @@ pub fn container_to_pb(view: &ContainerView, node: &str) -> pb::ContainerUsage {
         isolation_reason: view.isolation.reason.clone(),
         near_cap_devices: view.isolation.near_cap.clone(),
         stale_slots: view.isolation.stale_slots,
+        // The region's own container's shares only: a sibling GPU
+        // container's are on its own row.
         dra_shares: view
-            .pod
-            .as_ref()
-            .and_then(|p| p.dra_shares.as_deref())
+            .dra_shares()
             .unwrap_or_default()
             .iter()
             .map(share_to_pb)
@@ -84,6 +84,7 @@ pub fn share_to_pb(s: &DraShare) -> pb::DraShare {
         share_id: s.share_id.clone().unwrap_or_default(),
         gpu_uuid: s.gpu_uuid.clone().unwrap_or_default(),
         granted_bytes: s.consumed_bytes.unwrap_or(0),
+        split: s.split.max(1),
     }
 }
 

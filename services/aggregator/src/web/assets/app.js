@@ -23,19 +23,28 @@
   function shortId(id) {
     return id.length > 8 ? id.slice(0, 4) + "…" : id;
   }
+  // What a share grants this container: "16 GiB", or where several of the
+  // pod's containers hold it at once "8 GiB (16 GiB split 2 ways)" (the
+  // slice is split evenly; split 0 is an older agent's 1).
+  function granted(s) {
+    if (!s.grantedBytes) return null;
+    const split = s.split > 1 ? s.split : 1;
+    if (split === 1) return bytes(s.grantedBytes);
+    return bytes(Math.floor(s.grantedBytes / split)) + " (" + bytes(s.grantedBytes) + " split " + split + " ways)";
+  }
   // A DRA share as the row shows it: "claim <namespace>/<claim>, share 3f2a…,
   // granted 16 GiB"; the whole of it on hover (shareTitle).
   function shareText(namespace, s) {
     return "claim " + namespace + "/" + s.claim +
       (s.shareId ? ", share " + shortId(s.shareId) : ", whole device") +
-      ", granted " + (s.grantedBytes ? bytes(s.grantedBytes) : "unknown");
+      ", granted " + (granted(s) || "unknown");
   }
   function shareTitle(namespace, s) {
     return "DRA claim " + namespace + "/" + s.claim + (s.request ? ", request " + s.request : "") +
       "\nshare " + (s.shareId || "none (device allocated whole)") +
       "\ndevice " + [s.driver, s.pool, s.device].filter(Boolean).join("/") +
       " (" + (s.gpuUuid || "GPU not known yet") + ")" +
-      "\ngranted " + (s.grantedBytes ? bytes(s.grantedBytes) : "unknown (the allocation does not say)");
+      "\ngranted " + (granted(s) || "unknown (the allocation does not say)");
   }
 
   // A list that keeps one absolutely positioned element per visible row.
@@ -184,7 +193,7 @@
         setBar(c[3], r.used, r.stale, r.gpuCapacity || r.used + r.stale, "uncapped");
       }
       c[3].title = bytes(r.used) + " used, " + bytes(r.stale) + " stale charge, limit " + (r.limit ? bytes(r.limit) : "none") +
-        r.shares.map((s) => ", granted " + (s.grantedBytes ? bytes(s.grantedBytes) : "unknown") + " (claim " + s.claim + ")").join("");
+        r.shares.map((s) => ", granted " + (granted(s) || "unknown") + " (claim " + s.claim + ")").join("");
       c[4].textContent = bytes(r.used);
       c[5].textContent = r.limit ? bytes(r.limit) : "uncapped";
       c[6].textContent = r.limit ? bytes(r.headroom) : "–";

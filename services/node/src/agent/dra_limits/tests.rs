@@ -118,11 +118,16 @@ async fn a_waiting_pod_gets_its_configmap_once_named_placed_filled_and_owned_as_
             namespace: "team-a".into(),
             pod: "trainer-0".into(),
             configmap: NAME.into(),
-            container: "main".into(),
-            write: Write::Limit(Limit {
-                least_bytes: 17 * GIB,
-                most_bytes: None,
-            }),
+            write: Write::Limits {
+                limits: BTreeMap::from([(
+                    "main".to_owned(),
+                    Limit {
+                        least_bytes: 17 * GIB,
+                        most_bytes: None,
+                    }
+                )]),
+                undecided: Vec::new(),
+            },
         }]
     );
     let fake = Fake::default();
@@ -194,16 +199,21 @@ fn shares_that_differ_give_the_least_in_whole_mib() {
         least_bytes: (16500 << 20) + (1 << 20) - 1,
         ..limit
     };
-    let data = |l: &Limit| wanted[0].configmap(l).data.expect("data");
+    let data = |l: &Limit| {
+        let limits = BTreeMap::from([("main".to_owned(), *l)]);
+        wanted[0].configmap(&limits).data.expect("data")
+    };
     assert_eq!(data(&limit)["main"], "16500m");
     assert_eq!(data(&odd)["main"], "16500m");
 }
 
-/// The limit `wanted` writes.
+/// The limit `wanted` writes for `main`, its one GPU container.
 fn limit_of(wanted: &Wanted) -> Limit {
     match &wanted.write {
-        Write::Limit(limit) => *limit,
-        other => panic!("no limit: {other:?}"),
+        Write::Limits { limits, undecided } if limits.len() == 1 && undecided.is_empty() => {
+            limits["main"]
+        }
+        other => panic!("no limit of main alone: {other:?}"),
     }
 }
 
@@ -389,12 +399,19 @@ async fn a_share_whose_memory_nothing_says_is_logged_and_counted_once_never_sile
     ] {
         let wanted = pods.dra_limits().expect("listed");
         assert_eq!(wanted.len(), 1, "{wanted:?}");
-        let Write::Undecided(share) = &wanted[0].write else {
+        let Write::Undecided(undecided) = &wanted[0].write else {
             panic!("undecided: {wanted:?}")
         };
+        let [Undecided { container, share }] = undecided.as_slice() else {
+            panic!("main alone: {undecided:?}")
+        };
         assert_eq!(
-            (share.claim.as_str(), share.device.as_str()),
-            ("two-gpus", "gpu-1")
+            (
+                container.as_str(),
+                share.claim.as_str(),
+                share.device.as_str()
+            ),
+            ("main", "two-gpus", "gpu-1")
         );
         let fake = Fake::default();
         let (mut task, recorder) = task(&fake);

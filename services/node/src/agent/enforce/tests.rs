@@ -27,7 +27,7 @@ fn view(uid: &str, pod: Option<&str>, state: IsolationState) -> ContainerView {
             name: name.to_owned(),
             sharing: true,
             opted_out: false,
-            gpu_container: None,
+            gpu_containers: Vec::new(),
             running: Vec::new(),
             grant: None,
             dra_shares: None,

@@ -124,61 +124,64 @@ impl Assessor {
             .collect();
         let now_secs = (input.now_ms / 1000) as i64;
         for (uid, pod) in input.sharing_pods {
-            let Some(target) = &pod.gpu_container else {
-                continue;
-            };
-            if with_region.contains(&(uid.as_str(), target.as_str())) {
-                continue;
-            }
-            let Some(started_at) = pod
-                .running
-                .iter()
-                .find(|c| &c.name == target)
-                .and_then(|c| c.started_at)
-            else {
-                continue; // not running (yet): nothing to expect
-            };
-            let running_for = now_secs.saturating_sub(started_at);
-            if running_for < self.settings.no_region_grace.as_secs() as i64 {
-                continue;
-            }
-            let refused = input
-                .refused
-                .iter()
-                .find(|(key, _)| key.pod_uid == *uid && key.container == *target)
-                .map(|(_, why)| *why);
-            let (state, reason) = match refused {
-                Some(why) => (
-                    IsolationState::UnreadableRegion,
-                    format!(
-                        "container {target} has a libvgpu region the node agent refuses to read ({why}): its cap cannot be verified; see the agent's log (\"skipping unreadable region\")"
+            // Each GPU container writes a region of its own.
+            for target in &pod.gpu_containers {
+                if with_region.contains(&(uid.as_str(), target.as_str())) {
+                    continue;
+                }
+                let Some(started_at) = pod
+                    .running
+                    .iter()
+                    .find(|c| &c.name == target)
+                    .and_then(|c| c.started_at)
+                else {
+                    continue; // not running (yet): nothing to expect
+                };
+                let running_for = now_secs.saturating_sub(started_at);
+                if running_for < self.settings.no_region_grace.as_secs() as i64 {
+                    continue;
+                }
+                let refused = input
+                    .refused
+                    .iter()
+                    .find(|(key, _)| key.pod_uid == *uid && key.container == *target)
+                    .map(|(_, why)| *why);
+                let (state, reason) = match refused {
+                    Some(why) => (
+                        IsolationState::UnreadableRegion,
+                        format!(
+                            "container {target} has a libvgpu region the node agent refuses to read ({why}): its cap cannot be verified; see the agent's log (\"skipping unreadable region\")"
+                        ),
                     ),
-                ),
-                None => (
-                    IsolationState::NoRegion,
-                    format!(
-                        "container {target} has run {running_for} s without a libvgpu region: libvgpu is not preloaded (webhook skipped the pod, or a static/musl binary), it fell back to its private /tmp cache, or the container has not initialised CUDA yet"
+                    None => (
+                        IsolationState::NoRegion,
+                        format!(
+                            "container {target} has run {running_for} s without a libvgpu region: libvgpu is not preloaded (webhook skipped the pod, or a static/musl binary), it fell back to its private /tmp cache, or the container has not initialised CUDA yet"
+                        ),
                     ),
-                ),
-            };
-            let id = (uid.clone(), target.clone());
-            let subject = Subject::Pod {
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
-                uid: uid.clone(),
-            };
-            self.transition(&id, state, &reason, subject, target, &mut out.notices);
-            seen_states.insert(id, state);
-            out.missing.push(MissingRegion {
-                pod_uid: uid.clone(),
-                namespace: pod.namespace.clone(),
-                pod: pod.name.clone(),
-                container: target.clone(),
-                started_at,
-                reason,
-                refused,
-                dra_shares: pod.dra_shares.clone().unwrap_or_default(),
-            });
+                };
+                let id = (uid.clone(), target.clone());
+                let subject = Subject::Pod {
+                    namespace: pod.namespace.clone(),
+                    name: pod.name.clone(),
+                    uid: uid.clone(),
+                };
+                self.transition(&id, state, &reason, subject, target, &mut out.notices);
+                seen_states.insert(id, state);
+                out.missing.push(MissingRegion {
+                    pod_uid: uid.clone(),
+                    namespace: pod.namespace.clone(),
+                    pod: pod.name.clone(),
+                    container: target.clone(),
+                    started_at,
+                    reason,
+                    refused,
+                    dra_shares: pod
+                        .dra_shares_of(target)
+                        .map(<[_]>::to_vec)
+                        .unwrap_or_default(),
+                });
+            }
         }
 
         if let Ok(processes) = input.gpu_processes {
@@ -212,7 +215,7 @@ impl Assessor {
         let newly_forged = self.states.get(id) != Some(&IsolationState::Forged);
         if let Some(why) = trust::misplaced(view) {
             if newly_forged {
-                tracing::warn!(pod = %view.pod_name(), container = %view.key.container, gpu_container = ?view.pod.as_ref().and_then(|p| p.gpu_container.as_deref()), "forged region: not in the directory of its pod's GPU container");
+                tracing::warn!(pod = %view.pod_name(), container = %view.key.container, gpu_containers = ?view.pod.as_ref().map(|p| &p.gpu_containers), "forged region: not in the directory of any of its pod's GPU containers");
             }
             return (IsolationState::Forged, why, None);
         }
@@ -238,12 +241,10 @@ impl Assessor {
         }
         let (mut state, mut reason) = classify(&view.snapshot, &self.settings);
         let grant = view.pod.as_ref().and_then(|p| p.grant);
-        // A DRA claim's container: its shares are the grant, KAI's
-        // annotations and node label say nothing about it.
-        let dra = view
-            .pod
-            .as_ref()
-            .and_then(|p| Some((p.namespace.as_str(), p.dra_shares.as_deref()?)));
+        // A DRA claim's container: its own shares are the grant (a region
+        // is its own container's libvgpu's), KAI's annotations and node
+        // label say nothing about it.
+        let dra = view.dra_shares().map(|shares| (view.namespace(), shares));
         let resolved = |uuid: &str| match dra {
             Some((namespace, shares)) => match grant::dra(namespace, shares, uuid) {
                 grant::DraGrant::Share(granted) => Some(granted),

@@ -24,7 +24,10 @@
 //! on each device the grant is what the allocation consumed of it
 //! (`consumedCapacity`), which the scheduler rounded up from the request
 //! the webhook took the cap from; for a device allocated whole, its whole
-//! capacity as its ResourceSlice publishes it.
+//! capacity as its ResourceSlice publishes it. A slice several of the
+//! pod's containers hold at once is split evenly between them
+//! ([`DraShare::part`]): one libvgpu region cannot be shared by two
+//! containers, so each holder is held to its part.
 
 use kai_vocab::grant::LABEL_GPU_MEMORY;
 
@@ -179,8 +182,9 @@ pub fn mib_text(bytes: u64) -> String {
 /// What a container's DRA shares grant on one device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DraGrant {
-    /// Shares of its claims are on the device: what they consumed, to the
-    /// byte (the sum, for two shares of one device), decisive.
+    /// Shares of its claims are on the device: its part of what they
+    /// consumed (`consumed / split`, to the byte), summed for two shares of
+    /// one device; decisive.
     Share(Granted),
     /// Every share's device is known, and none is this one: the claims
     /// allocated the container nothing here. The reason, for a person.
@@ -193,7 +197,8 @@ pub enum DraGrant {
 }
 
 /// The grant on device `uuid` of a container of namespace `namespace`
-/// whose claims were allocated `shares`. UUIDs compare without regard to
+/// whose claims were allocated `shares` (its own: each share's part, the
+/// slice divided by the pod's containers holding it at once). UUIDs compare without regard to
 /// case: the driver publishes its own spelling (NVML's `GPU-…`,
 /// dra-example-driver's `gpu-…`), and a UUID's hex digits are one value
 /// either way.
@@ -220,10 +225,10 @@ pub fn dra(namespace: &str, shares: &[DraShare], uuid: &str) -> DraGrant {
     }
     let mut bytes: u64 = 0;
     for share in &here {
-        let Some(consumed) = share.consumed_bytes else {
+        let Some(part) = share.part() else {
             return DraGrant::Unknown;
         };
-        bytes = bytes.saturating_add(consumed);
+        bytes = bytes.saturating_add(part);
     }
     let basis: Vec<String> = here.iter().map(|s| share_text(namespace, s)).collect();
     DraGrant::Share(Granted {
@@ -236,7 +241,9 @@ pub fn dra(namespace: &str, shares: &[DraShare], uuid: &str) -> DraGrant {
 /// `ResourceClaim team-a/two-gpus request gpus: share a1 of
 /// gpu.example.com/node-1/gpu-0, consumedCapacity memory 17Gi`; for a
 /// device allocated whole, `…: device gpu.example.com/node-1/gpu-0,
-/// device allocated whole: capacity memory 80Gi`.
+/// device allocated whole: capacity memory 80Gi`; a share the pod's
+/// containers hold at once adds `, split 2 ways between this pod's
+/// containers holding it: 8Gi each`.
 pub fn share_text(namespace: &str, share: &DraShare) -> String {
     let device = format!("{}/{}/{}", share.driver, share.pool, share.device);
     let of = match &share.share_id {
@@ -256,8 +263,16 @@ pub fn share_text(namespace: &str, share: &DraShare) -> String {
         ),
         (None, _) => format!("no consumedCapacity {}", share.capacity),
     };
+    let split = match (share.split, share.part()) {
+        (0 | 1, _) => String::new(),
+        (n, Some(part)) => format!(
+            ", split {n} ways between this pod's containers holding it: {} each",
+            quantity_text(part)
+        ),
+        (n, None) => format!(", split {n} ways between this pod's containers holding it"),
+    };
     format!(
-        "ResourceClaim {namespace}/{} request {}: {of}, {consumed}",
+        "ResourceClaim {namespace}/{} request {}: {of}, {consumed}{split}",
         share.claim, share.request
     )
 }

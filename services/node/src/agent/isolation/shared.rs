@@ -8,6 +8,12 @@
 //! side by side show it, so it is judged here, after every container's own
 //! verdict.
 //!
+//! Containers of one pod holding one share at once are holders too: there
+//! the slice is split evenly (each capped at `consumed / split`), so their
+//! caps sum to the slice at most and they stay `capped`; a sum above it
+//! means one raised its cap (`above_grant` on its own), and the others are
+//! warned as across pods.
+//!
 //! A warning, no eviction of its own: when the slice runs out, which
 //! holder took another's part cannot be told from the regions or NVML, so
 //! each holder is still evicted only on its own evidence above its own
@@ -73,7 +79,7 @@ pub(super) fn judge(views: &[ContainerView], verdicts: &mut [Verdict]) {
             continue;
         }
         let Some(pod) = &view.pod else { continue };
-        let Some(shares) = pod.dra_shares.as_deref() else {
+        let Some(shares) = view.dra_shares() else {
             continue;
         };
         for d in view.snapshot.devices.iter().filter(|d| d.limit > 0) {

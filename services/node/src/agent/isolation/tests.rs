@@ -2,6 +2,7 @@
 //! region writer (the byte layout libvgpu writes) and decoded by the real
 //! reader, and on the real-library fixture.
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
 
@@ -28,7 +29,7 @@ fn meta(name: &str) -> PodMeta {
         name: name.into(),
         sharing: true,
         opted_out: false,
-        gpu_container: Some("main".into()),
+        gpu_containers: vec!["main".into()],
         running: vec![RunningContainer {
             name: "main".into(),
             id: CGROUP_CID.into(),
@@ -1388,7 +1389,7 @@ fn a_region_counts_only_in_the_directory_of_its_pods_gpu_container() {
     let warm = |container: &str, hostpid: u32| {
         let mut view = planted(container, hostpid);
         if let Some(pod) = view.pod.as_mut() {
-            pod.gpu_container = Some("proxy".into());
+            pod.gpu_containers = vec!["proxy".into()];
         }
         view
     };
@@ -1412,7 +1413,7 @@ fn a_region_counts_only_in_the_directory_of_its_pods_gpu_container() {
     // --static-pods entry without gpu_container): every name counts.
     let mut unsaid = planted("evil", MAIN_PID);
     if let Some(pod) = unsaid.pod.as_mut() {
-        pod.gpu_container = None;
+        pod.gpu_containers = Vec::new();
     }
     assert!(unsaid.in_gpu_container_dir());
 }
@@ -1870,6 +1871,7 @@ fn share(id: &str, device: &str, uuid: Option<&str>, consumed: Option<u64>) -> D
         gpu_uuid: uuid.map(str::to_owned),
         consumed_bytes: consumed,
         whole_device: false,
+        split: 1,
     }
 }
 
@@ -1887,7 +1889,7 @@ fn claiming(limit: u64, used: u64, shares: Vec<DraShare>) -> ContainerView {
 fn claiming_region(region: &RegionBuilder, shares: Vec<DraShare>) -> ContainerView {
     let mut view = view_of(UID, region);
     if let Some(pod) = view.pod.as_mut() {
-        pod.dra_shares = Some(shares);
+        pod.dra_shares = Some(BTreeMap::from([("main".to_owned(), shares)]));
     }
     view
 }
@@ -2131,7 +2133,10 @@ fn a_claims_container_without_a_region_is_missing_with_its_shares() {
             id: String::new(),
             started_at: Some(now_secs - 120),
         }],
-        dra_shares: Some(vec![on_gpu(), share("b2", "gpu-1", None, None)]),
+        dra_shares: Some(BTreeMap::from([(
+            "main".to_owned(),
+            vec![on_gpu(), share("b2", "gpu-1", None, None)],
+        )])),
         ..meta("claimer-0")
     };
     let pods = vec![(UID.to_owned(), pod)];
@@ -2201,7 +2206,7 @@ fn holder(
     let mut view = view_of(uid, &region);
     if let Some(pod) = view.pod.as_mut() {
         pod.name = name.into();
-        pod.dra_shares = Some(shares);
+        pod.dra_shares = Some(BTreeMap::from([("main".to_owned(), shares)]));
     }
     view
 }

@@ -6,13 +6,14 @@
 //! tenant cannot write:
 //!
 //! - *placement*: libvgpu, as the webhook injects it, writes only
-//!   `<podUID>_<GPU container>`; a region under any other name of the pod
-//!   is `forged`;
+//!   `<podUID>_<GPU container>`, one per GPU container (a DRA pod may have
+//!   several); a region under any other name of the pod is `forged`;
 //! - *ownership*: the host PIDs of its live slots must belong, by their
-//!   cgroup in the host's `/proc`, to that container as the pod's status
-//!   names it (its container ID, not just the pod); a slot naming another
-//!   pod's process, or another container's of the same pod, makes the
-//!   region `forged`;
+//!   cgroup in the host's `/proc`, to the region's own container as the
+//!   pod's status names it (its container ID, not just the pod); a slot
+//!   naming another pod's process, or another container's of the same pod
+//!   (another GPU container's too: each writes only its own region), makes
+//!   the region `forged`;
 //! - *grant*: a cap above the one KAI's binder wrote for the pod (its
 //!   portion of the node's `nvidia.com/gpu.memory` label, module `grant`)
 //!   is `above_grant`;
@@ -91,12 +92,15 @@ pub fn misplaced(view: &ContainerView) -> Option<String> {
     let gpu = view
         .pod
         .as_ref()
-        .and_then(|p| p.gpu_container.as_deref())
-        .unwrap_or_default();
+        .map_or(&[][..], |p| p.gpu_containers.as_slice());
+    let whose = match gpu {
+        [one] => format!("this pod's GPU container {one:?}"),
+        all => format!("any of this pod's GPU containers {all:?}"),
+    };
     // The directory's name is whoever made it's: quoted, so a control
     // character in it cannot forge a line of the Event or the log.
     Some(format!(
-        "the region is under container {:?}, not under this pod's GPU container {gpu:?}: libvgpu writes only the GPU container's region, so someone else wrote this one; it is ignored",
+        "the region is under container {:?}, not under {whose}: libvgpu writes only the GPU containers' regions, each its own, so someone else wrote this one; it is ignored",
         view.key.container
     ))
 }
