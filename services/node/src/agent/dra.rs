@@ -901,6 +901,136 @@ pub(crate) mod tests {
         );
     }
 
+    // --- several GPU containers (kai_dra::at_once) ---
+
+    /// A pod of team-a with `spec` (init containers, containers and pod
+    /// claims as the API writes them), its template claim `gpu` made as
+    /// `two-gpus` and `nic` as `other`.
+    fn pod_of(spec: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "trainer-0", "namespace": "team-a", "uid": "p1"},
+            "spec": spec,
+            "status": {"resourceClaimStatuses": [
+                {"name": "gpu", "resourceClaimName": "two-gpus"},
+                {"name": "mine", "resourceClaimName": "other"}]},
+        }))
+        .expect("a pod")
+    }
+
+    /// A share as the split tests compare it: device, split, part.
+    type Part<'a> = (&'a str, u64, Option<u64>);
+
+    /// Each GPU container with its shares, in brief.
+    fn holders(reading: &Reading) -> Vec<(&str, Vec<Part<'_>>)> {
+        let Reading::Gpu(containers) = reading else {
+            panic!("GPU containers: {reading:?}")
+        };
+        containers
+            .iter()
+            .map(|c| {
+                let shares = c.shares.iter();
+                let briefs = shares.map(|s| (s.device.as_str(), s.split, s.part()));
+                (c.name.as_str(), briefs.collect())
+            })
+            .collect()
+    }
+
+    /// ResourceClaim `other` of team-a: request `gpus` of one device,
+    /// gpu-2, 4Gi consumed.
+    fn other_claim() -> ResourceClaim {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "other", "namespace": "team-a"},
+            "spec": {"devices": {"requests": [
+                {"name": "gpus", "exactly": {"deviceClassName": "gpu.example.com",
+                    "capacity": {"requests": {"memory": "4Gi"}}}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpus", "driver": "gpu.example.com", "pool": "node-1",
+                 "device": "gpu-2", "shareID": "o1", "consumedCapacity": {"memory": "4Gi"}}]}}}
+        }))
+        .expect("a claim")
+    }
+
+    #[test]
+    fn two_containers_naming_one_template_are_both_gpu_containers_splitting_it() {
+        let pod = pod_of(serde_json::json!({
+            "containers": [
+                {"name": "a", "resources": {"claims": [{"name": "gpu"}]}},
+                {"name": "idle"},
+                {"name": "b", "resources": {"claims": [{"name": "gpu", "request": "gpus"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "two-gpus-tmpl"}]}));
+        let got = reading(&pod, &[claim("two-gpus", true)], &classes());
+        let half = Some(17 * GIB / 2);
+        assert_eq!(
+            holders(&got),
+            [
+                ("a", vec![("gpu-0", 2, half), ("gpu-1", 2, half)]),
+                ("b", vec![("gpu-0", 2, half), ("gpu-1", 2, half)]),
+            ]
+        );
+    }
+
+    #[test]
+    fn containers_naming_different_claims_each_get_their_own_shares_unsplit() {
+        let pod = pod_of(serde_json::json!({
+            "containers": [
+                {"name": "a", "resources": {"claims": [{"name": "gpu"}]}},
+                {"name": "b", "resources": {"claims": [{"name": "mine"}]}}],
+            "resourceClaims": [
+                {"name": "gpu", "resourceClaimTemplateName": "t"},
+                {"name": "mine", "resourceClaimTemplateName": "t"}]}));
+        let got = reading(&pod, &[claim("two-gpus", true), other_claim()], &classes());
+        assert_eq!(
+            holders(&got),
+            [
+                (
+                    "a",
+                    vec![("gpu-0", 1, Some(17 * GIB)), ("gpu-1", 1, Some(17 * GIB))]
+                ),
+                ("b", vec![("gpu-2", 1, Some(4 * GIB))]),
+            ],
+            "each its own claim's, none of the other's"
+        );
+    }
+
+    #[test]
+    fn a_plain_init_container_runs_alone_and_a_sidecar_splits_with_the_containers() {
+        let spec = |restart: Option<&str>| {
+            let mut init =
+                serde_json::json!({"name": "warmup", "resources": {"claims": [{"name": "gpu"}]}});
+            if let Some(policy) = restart {
+                init["restartPolicy"] = serde_json::json!(policy);
+            }
+            serde_json::json!({
+                "initContainers": [{"name": "setup"}, init],
+                "containers": [{"name": "main", "resources": {"claims": [{"name": "gpu"}]}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]})
+        };
+        let splits = |pod: &Pod| -> Vec<(String, Vec<u64>)> {
+            holders(&reading(pod, &[claim("two-gpus", true)], &classes()))
+                .into_iter()
+                .map(|(c, s)| (c.to_owned(), s.iter().map(|b| b.1).collect()))
+                .collect()
+        };
+        let plain = pod_of(spec(None));
+        assert_eq!(
+            splits(&plain),
+            [
+                ("warmup".to_owned(), vec![1, 1]),
+                ("main".to_owned(), vec![1, 1])
+            ],
+            "the init container is done before main starts"
+        );
+        let sidecar = pod_of(spec(Some("Always")));
+        assert_eq!(
+            splits(&sidecar),
+            [
+                ("warmup".to_owned(), vec![2, 2]),
+                ("main".to_owned(), vec![2, 2])
+            ],
+            "a sidecar runs beside main"
+        );
+    }
+
     #[test]
     fn only_pods_whose_containers_name_claims_wait_for_the_caches() {
         let with = pod(serde_json::json!({"resourceClaimName": "two-gpus"}), None);

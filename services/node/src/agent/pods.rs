@@ -865,6 +865,36 @@ mod tests {
         assert_eq!(meta.dra_shares_of("warmup").map(<[_]>::len), Some(2));
     }
 
+    #[test]
+    fn trimming_keeps_a_sidecars_restart_policy_which_splits_its_slice() {
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "trainer-0", "namespace": "team-a", "uid": "p1"},
+            "spec": {
+                "initContainers": [{"name": "proxy", "image": "cuda", "restartPolicy": "Always",
+                    "resources": {"claims": [{"name": "gpu"}]}}],
+                "containers": [{"name": "main", "image": "cuda",
+                    "resources": {"claims": [{"name": "gpu"}]}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "two-gpus"}]},
+        }))
+        .expect("a pod");
+        trim(&mut pod);
+        let meta = meta_of(&pod, &WebhookScope::Unknown, Some(&source(true))).expect("known");
+        assert_eq!(
+            meta.gpu_containers,
+            ["proxy", "main"],
+            "init containers first"
+        );
+        for c in ["proxy", "main"] {
+            let splits: Vec<u64> = meta
+                .dra_shares_of(c)
+                .unwrap_or_default()
+                .iter()
+                .map(|s| s.split)
+                .collect();
+            assert_eq!(splits, [2, 2], "{c}: the sidecar runs beside main");
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_outage_longer_than_the_watchers_backoff_is_not_taken_for_a_recovery() {
         let (events, rx) = tokio::sync::mpsc::unbounded_channel::<Item>();

@@ -493,6 +493,122 @@ async fn a_configmap_name_not_of_the_webhooks_form_is_never_written() {
     }
 }
 
+/// [`waiting`] with a second container, `second`, naming `entries` too.
+fn with_second(entries: serde_json::Value) -> Pod {
+    let mut pod = waiting();
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.containers.push(
+            serde_json::from_value(serde_json::json!({
+                "name": "second", "resources": {"claims": entries}}))
+            .expect("a container"),
+        );
+    }
+    pod
+}
+
+#[tokio::test]
+async fn two_containers_sharing_a_claim_each_get_a_key_of_half_the_slice() {
+    let pod = with_second(serde_json::json!([{"name": "gpu"}]));
+    let pods = source(vec![pod], dra::claim("two-gpus", true), true);
+    let wanted = pods.dra_limits().expect("listed");
+    assert_eq!(wanted.len(), 1, "one ConfigMap per pod: {wanted:?}");
+    let half = Limit {
+        least_bytes: 17 * GIB / 2,
+        most_bytes: None,
+    };
+    assert_eq!(
+        wanted[0].write,
+        Write::Limits {
+            limits: BTreeMap::from([("main".to_owned(), half), ("second".to_owned(), half)]),
+            undecided: Vec::new(),
+        }
+    );
+    let fake = Fake::default();
+    let (mut task, recorder) = task(&fake);
+    task.round(&wanted).await;
+    let asked = fake.asked();
+    assert_eq!(asked.len(), 1);
+    // 17Gi split 2 ways: 8704 MiB each.
+    assert_eq!(
+        asked[0].data,
+        Some(BTreeMap::from([
+            ("main".to_owned(), "8704m".to_owned()),
+            ("second".to_owned(), "8704m".to_owned()),
+        ]))
+    );
+    assert_eq!(count(&recorder, "created"), "1");
+}
+
+#[tokio::test]
+async fn a_container_whose_share_nothing_says_gets_no_key_and_the_others_do() {
+    // second names `other`, whose device's memory neither the allocation
+    // nor the slice says; main's two-gpus is known.
+    let mut pod = with_second(serde_json::json!([{"name": "mine"}]));
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.resource_claims.get_or_insert_with(Vec::new).push(
+            serde_json::from_value(serde_json::json!(
+                {"name": "mine", "resourceClaimName": "other"}))
+            .expect("a pod claim"),
+        );
+    }
+    let mut other = dra::claim("other", true);
+    for result in other
+        .status
+        .as_mut()
+        .and_then(|s| s.allocation.as_mut())
+        .and_then(|a| a.devices.as_mut())
+        .and_then(|d| d.results.as_mut())
+        .into_iter()
+        .flatten()
+    {
+        result.consumed_capacity = None;
+    }
+    let dra = DraSource::holding(
+        dra::classes(),
+        vec![dra::claim("two-gpus", true), other],
+        vec![dra::slice()],
+        true,
+    );
+    let pods = PodSource::holding(vec![pod], PodSync::Ready, Some(dra));
+    let wanted = pods.dra_limits().expect("listed");
+    let Write::Limits { limits, undecided } = &wanted[0].write else {
+        panic!("main's limit: {wanted:?}")
+    };
+    assert_eq!(limits.keys().collect::<Vec<_>>(), ["main"]);
+    assert_eq!(
+        undecided
+            .iter()
+            .map(|u| (u.container.as_str(), u.share.claim.as_str()))
+            .collect::<Vec<_>>(),
+        [("second", "other")]
+    );
+    let fake = Fake::default();
+    let (mut task, recorder) = task(&fake);
+    let logs = Logs::default();
+    {
+        let _on = tracing::subscriber::set_default(logs.clone());
+        for _ in 0..3 {
+            task.keep(&wanted);
+            task.round(&wanted).await;
+        }
+    }
+    let asked = fake.asked();
+    assert_eq!(asked.len(), 1, "written once, without second's key");
+    assert_eq!(
+        asked[0].data,
+        Some(BTreeMap::from([("main".to_owned(), "17408m".to_owned())]))
+    );
+    let errors = logs.errors();
+    assert_eq!(errors.len(), 1, "logged once: {errors:?}");
+    assert!(
+        errors[0].contains("container=second") && errors[0].contains("claim=other"),
+        "{}",
+        errors[0]
+    );
+    assert_eq!(count(&recorder, "failed"), "1");
+    assert_eq!(count(&recorder, "created"), "1");
+}
+
 // === a log recorder ===
 
 /// Records each event at ERROR as a line: the fields of the spans it is

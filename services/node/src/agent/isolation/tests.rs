@@ -2473,3 +2473,171 @@ fn holders_of_a_shared_claim_on_different_devices_are_not_summed() {
     );
     assert!(notices.is_empty(), "{notices:?}");
 }
+
+// --- Several GPU containers of one pod (docs/isolation.md, "DRA claims") ---
+
+/// The runtime ID of [`two_gpu_containers`]' second GPU container.
+const SECOND_CID: &str = "3333333333333333333333333333333333333333333333333333333333333333";
+
+/// Pod `UID` (trainer-0) whose containers `main` ([`CGROUP_CID`]) and
+/// `second` ([`SECOND_CID`]) both name ResourceClaim team-a/shared's 16Gi
+/// share s1: each holds it split 2 ways, 8Gi its part.
+fn two_gpu_containers() -> PodMeta {
+    let half = DraShare {
+        split: 2,
+        ..shared_claim(Some("s1"))
+    };
+    PodMeta {
+        gpu_containers: vec!["main".into(), "second".into()],
+        running: vec![running("main", CGROUP_CID), running("second", SECOND_CID)],
+        dra_shares: Some(BTreeMap::from([
+            ("main".to_owned(), vec![half.clone()]),
+            ("second".to_owned(), vec![half]),
+        ])),
+        ..meta("trainer-0")
+    }
+}
+
+/// `container`'s region of [`two_gpu_containers`], capped at `cap` on
+/// [`GPU`], one live slot naming `hostpid`.
+fn gpu_container_region(container: &str, cap: u64, hostpid: u32) -> ContainerView {
+    let region = RegionBuilder::v1()
+        .device(GPU, cap)
+        .process(hostpid as i32, vec![UsageSpec::data(GIB, 0)]);
+    ContainerView {
+        pod: Some(two_gpu_containers()),
+        ..view_in(UID, container, &region)
+    }
+}
+
+/// One assessment of `views` with NVML listing `measured` (host PID,
+/// bytes): main's process is 4000, second's 4001; and the pods it would
+/// evict.
+fn assess_pair(
+    views: &mut [ContainerView],
+    measured: &[(u32, u64)],
+) -> (Output, Vec<crate::agent::enforce::Candidate>) {
+    let proc_dir = pod_proc(&[(4000, CGROUP_CID), (4001, SECOND_CID)]);
+    let host = HostProc::new(proc_dir.path());
+    let processes: Vec<GpuProcess> = measured
+        .iter()
+        .map(|&(pid, used)| nvml(pid, used))
+        .collect();
+    let lookup = |uid: &str| match uid {
+        UID => Lookup::Known(two_gpu_containers()),
+        _ => Lookup::Absent,
+    };
+    let out = no_grace().assess(
+        views,
+        &Input {
+            lookup: &lookup,
+            gpu_processes: Ok(&processes),
+            host: Some(&host),
+            ..input(NOW_MS)
+        },
+    );
+    let evict = crate::agent::enforce::candidates(views, &out.missing, &out.escaped);
+    (out, evict)
+}
+
+/// Both containers naming one claim's share are GPU containers, each held
+/// to its half: each capped at 8Gi is `capped` (the caps sum to the slice),
+/// its row carrying its own share with the split.
+#[test]
+fn two_gpu_containers_each_capped_at_half_the_slice_are_capped() {
+    let mut views = vec![
+        gpu_container_region("main", 8 * GIB, 4000),
+        gpu_container_region("second", 8 * GIB, 4001),
+    ];
+    let (out, evict) = assess_pair(&mut views, &[(4000, 6 * GIB), (4001, 6 * GIB)]);
+    assert_eq!(
+        states(&views),
+        [IsolationState::Capped, IsolationState::Capped],
+        "{views:?}"
+    );
+    assert!(out.notices.is_empty(), "{:?}", out.notices);
+    assert!(evict.is_empty(), "{evict:?}");
+    assert!(out.escaped.is_empty(), "each slot covers its own process");
+    let wire = crate::agent::to_pb::container_to_pb(&views[1], "node-1");
+    let shares: Vec<_> = wire
+        .dra_shares
+        .iter()
+        .map(|s| (s.share_id.as_str(), s.granted_bytes, s.split))
+        .collect();
+    assert_eq!(shares, [("s1", 16 * GIB, 2)]);
+}
+
+/// A container whose cap is above its half is `above_grant`, the reason
+/// naming the claim, the share and the split; its sibling, within its
+/// half, is warned that the caps sum above the slice. NVML beyond the half
+/// (plus the margin) evicts the one that took it, not its sibling.
+#[test]
+fn a_gpu_container_capped_above_its_half_is_above_grant_naming_the_split() {
+    let pair = || {
+        vec![
+            gpu_container_region("main", 8 * GIB, 4000),
+            gpu_container_region("second", 10 * GIB, 4001),
+        ]
+    };
+    let mut views = pair();
+    let (out, evict) = assess_pair(&mut views, &[(4000, 6 * GIB), (4001, 6 * GIB)]);
+    assert_eq!(
+        states(&views),
+        [IsolationState::AboveGrant, IsolationState::AboveGrant],
+        "{views:?}"
+    );
+    assert_eq!(
+        views[1].isolation.reason,
+        format!(
+            "the cap on {GPU} is 10240 MiB, above the pod's grant of 8192 MiB (ResourceClaim team-a/shared request gpu: share s1 of gpu.example.com/node-1/gpu-0, consumedCapacity memory 16Gi, split 2 ways between this pod's containers holding it: 8Gi each): the container set its own limit"
+        )
+    );
+    assert!(
+        views[0]
+            .isolation
+            .reason
+            .contains("held on this node by team-a/trainer-0/second (cap 10240 MiB) too"),
+        "{}",
+        views[0].isolation.reason
+    );
+    assert_eq!(
+        reasons(&out.notices),
+        ["GpuMemoryAboveGrant", "GpuMemoryAboveGrant"]
+    );
+    assert!(evict.is_empty(), "within its half as measured: {evict:?}");
+
+    let mut views = pair();
+    let (_, evict) = assess_pair(&mut views, &[(4000, 6 * GIB), (4001, 9 * GIB)]);
+    assert_eq!(views[0].isolation.evidence, None, "main used its own half");
+    let evicted: Vec<_> = evict
+        .iter()
+        .map(|c| (c.reason, c.message.as_str()))
+        .collect();
+    assert_eq!(evicted.len(), 1, "{evicted:?}");
+    assert_eq!(evicted[0].0, crate::agent::enforce::Reason::AboveGrant);
+    assert!(evicted[0].1.starts_with("container second:"), "{evicted:?}");
+}
+
+/// Each region is written by its own container's libvgpu: a slot in
+/// second's region naming main's process is forged (and evicts nobody),
+/// as a slot of any other container of the pod is.
+#[test]
+fn a_sibling_gpu_containers_process_in_a_region_is_forged() {
+    let mut views = vec![
+        gpu_container_region("main", 8 * GIB, 4000),
+        gpu_container_region("second", MIB, 4000),
+    ];
+    let (out, evict) = assess_pair(&mut views, &[(4000, 7 * GIB)]);
+    assert_eq!(views[0].isolation.state, IsolationState::Capped);
+    let isolation = &views[1].isolation;
+    assert_eq!(isolation.state, IsolationState::Forged, "{isolation:?}");
+    assert!(
+        isolation
+            .reason
+            .contains("a process of container main of this pod, not of container second"),
+        "{}",
+        isolation.reason
+    );
+    assert!(reasons(&out.notices).contains(&"GpuRegionForged"));
+    assert!(evict.is_empty(), "{evict:?}");
+}
