@@ -78,7 +78,8 @@ impl PodMeta {
 /// names its device.
 ///
 /// A `--static-pods` entry may list them (`dra_shares`, these field names;
-/// `capacity` defaults to `memory`), as the demo does for its DRA pod.
+/// `capacity` defaults to `memory`, `split` to 1), as the demo does for its
+/// DRA pod.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
 pub struct DraShare {
     /// The ResourceClaim's name, in the pod's namespace.

@@ -2,7 +2,7 @@
 //!
 //! With the API server, a node-scoped (`spec.nodeName=<node>`) reflector of
 //! pods, and with `--dra-memory-class` the claims and slices that say
-//! which container of a pod gets a DRA GPU-memory share (module `dra`);
+//! which containers of a pod get DRA GPU-memory shares (module `dra`);
 //! without one (`--no-kube`), an optional static file, else the directory
 //! name alone.
 

@@ -89,7 +89,7 @@ pub struct Candidate {
 /// of an escaped GPU process whose owner was identified, unless that pod
 /// opted out where its namespace allows it (evicting it would only bring it
 /// back as it was, over and over). A `forged` region evicts nobody, nor
-/// does any region outside the directory of its pod's GPU container (the
+/// does any region outside the directories of its pod's GPU containers (the
 /// assessment calls those forged; checked here again because a region can
 /// only ever condemn the container whose processes wrote it). A container
 /// whose pod is not known (yet) is never a candidate. One per pod, the
