@@ -584,8 +584,8 @@ def test_template_shared_by_two_containers(isolator):
     claim named by both containers of a pod: one 16Gi slice, split between
     the two (8192m each, so together they hold to the slice); each
     container has a kai-csi volume of its own and its own region directory;
-    both regions at 8192 MiB are capped, each share granted half the
-    allocation's consumedCapacity (split 2); `side` raised to 8193 MiB is
+    both regions at 8192 MiB are capped, each container's share the
+    allocation's (grantedBytes 16Gi) split 2; `side` raised to 8193 MiB is
     above_grant while `work` stays capped."""
     s = isolator
     try:
@@ -608,8 +608,9 @@ def test_template_shared_by_two_containers(isolator):
             assert row["limitBytes"] == 8 * GIB, row
             (share,) = s.dra_shares("pair", 1, container=c)
             assert share["claim"] == claim_name and share["shareId"] == r["shareID"], share
-            assert int(share["split"]) == 2, share
-            assert int(share["grantedBytes"]) == 8 * GIB, share
+            # The allocation's slice, held to by the two together: each
+            # container's grant is its part, grantedBytes / split.
+            assert int(share["split"]) == 2 and int(share["grantedBytes"]) == 16 * GIB, share
         s.region(p, 8193, 1000, container="side")
         s.row("pair", "gpu-0", "above_grant", lambda x: x["state"] == "above_grant", container="side")
         row = s.row("pair", "gpu-0", "capped", lambda x: x["state"] == "capped")
