@@ -8,11 +8,11 @@
 //! side by side show it, so it is judged here, after every container's own
 //! verdict.
 //!
-//! Containers of one pod holding one share at once are holders too: there
-//! the slice is split evenly (each capped at `consumed / split`), so their
-//! caps sum to the slice at most and they stay `capped`; a sum above it
-//! means one raised its cap (`above_grant` on its own), and the others are
-//! warned as across pods.
+//! Containers of one pod holding one share at once split the slice evenly
+//! (each capped at `consumed / split`), so their caps sum to the slice at
+//! most; a sum above it means one raised its cap, `above_grant` on its own
+//! grant check, and its siblings within their parts stay `capped`. With
+//! holders of two pods or more, every capped holder is warned.
 //!
 //! A warning, no eviction of its own: when the slice runs out, which
 //! holder took another's part cannot be told from the regions or NVML, so
@@ -154,6 +154,17 @@ fn judge_group(
 ) {
     let holders: BTreeSet<usize> = group.iter().map(|&s| seats[s].view).collect();
     if holders.len() < 2 {
+        return;
+    }
+    // Holders of one pod only: the slice is split between them, each held
+    // to its part by its own grant check, so a sum above the slice is the
+    // one above its part (`above_grant` on its own); the others, within
+    // theirs, did nothing to be warned of.
+    let pods: BTreeSet<&str> = holders
+        .iter()
+        .map(|&v| views[v].key.pod_uid.as_str())
+        .collect();
+    if pods.len() < 2 {
         return;
     }
     let mut shares: BTreeMap<ShareKey<'_>, &DraShare> = BTreeMap::new();
