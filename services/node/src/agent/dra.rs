@@ -171,6 +171,53 @@ impl DraSource {
     }
 }
 
+impl DraSource {
+    /// Whether every claim `pod`'s containers name is made (a template's
+    /// named in the pod's status) and in the claim cache: until then a
+    /// container may name a GPU-memory claim the reading cannot see yet.
+    pub fn knows_every_claim(&self, pod: &Pod) -> bool {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let Some(spec) = pod.spec.as_ref() else {
+            return true;
+        };
+        let containers = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers);
+        containers
+            .flat_map(|c| kai_dra::claim_refs(entries_of(c)))
+            .all(|entry| match kai_dra::claim_name(pod, entry.pod_claim) {
+                Some(name) => self
+                    .claims
+                    .get(&ObjectRef::new(name).within(namespace))
+                    .is_some(),
+                // The status says the controller needed no claim for it
+                // (the entry is to be ignored), or the pod names no such
+                // pod claim (the API server refuses that): nothing to
+                // wait for. Else its claim is not made yet.
+                None => needs_no_claim(pod, entry.pod_claim),
+            })
+    }
+}
+
+/// Whether the pod claim `name` of `pod` has no claim to wait for: its
+/// status entry names none (`resourceClaimName` unset: "generating a
+/// ResourceClaim was not necessary"), or the pod has no such pod claim.
+fn needs_no_claim(pod: &Pod, name: &str) -> bool {
+    let declared = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.as_deref())
+        .is_some_and(|claims| claims.iter().any(|c| c.name == name));
+    let status = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_deref())
+        .and_then(|all| all.iter().find(|s| s.name == name));
+    !declared || status.is_some_and(|s| s.resource_claim_name.is_none())
+}
+
 /// Whether any container of `pod` names a pod claim.
 fn names_claims(pod: &Pod) -> bool {
     pod.spec.as_ref().is_some_and(|spec| {
@@ -214,10 +261,13 @@ pub fn read(
         .map(|c| (kai_dra::Runs::init(c.restart_policy.as_deref()), c))
         .chain(spec.containers.iter().map(|c| (kai_dra::Runs::Regular, c)))
         .collect();
-    let split = |pod_claim: &str, request: &str| {
+    // Counted per ResourceClaim: two pod claims of one claim are one slice,
+    // whichever of them a container names.
+    let split = |claim: &str, request: &str| {
+        let same_claim = |pod_claim: &str| kai_dra::claim_name(pod, pod_claim) == Some(claim);
         kai_dra::at_once(
             containers.iter().map(|(runs, c)| (*runs, entries_of(c))),
-            pod_claim,
+            &same_claim,
             request,
         )
     };
@@ -284,7 +334,7 @@ pub fn read(
                     (None, None, Some(device)) => whole_capacity(device, &share, &request.capacity),
                     _ => None,
                 };
-                let split = split(entry.pod_claim, &share.request);
+                let split = split(name, &share.request);
                 shares.push(DraShare {
                     claim: share.claim,
                     request: share.request,

@@ -68,16 +68,13 @@ pub struct Wanted {
 /// What the agent can write for a pod that waits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Write {
-    /// One key per GPU container whose shares' consumed memory is all
-    /// known (at least one): its name, and the limit from its shares.
-    /// `undecided`: the GPU containers left out, as for
-    /// [`Write::Undecided`]; a container with a stated limit never reads
-    /// its key, so one whose share is unknown does not hold up the others.
-    Limits {
-        limits: BTreeMap<String, Limit>,
-        undecided: Vec<Undecided>,
-    },
-    /// No GPU container's limit can be decided: each has a share whose
+    /// One key per GPU container of the pod, its name, and the limit from
+    /// its shares: every one is decided. The ConfigMap is created once and
+    /// never updated (the node guard allows a create only), so it is
+    /// written whole or not at all: a key left out would keep its container
+    /// waiting for good.
+    Limits(BTreeMap<String, Limit>),
+    /// A GPU container's limit cannot be decided: it has a share whose
     /// consumed memory is said neither by the allocation
     /// (`consumedCapacity`) nor, for a device allocated whole, by its
     /// ResourceSlice (`capacity`), and a container reading its key cannot
@@ -137,20 +134,29 @@ impl Wanted {
     /// (`meta`, [`super::pods`]'s reading). `None` unless the pod carries
     /// the annotation, is not being deleted, containers of it name
     /// GPU-memory claims (`meta.dra_shares`: a KAI pod, a plain pod, or
-    /// claims of other classes have none) and they are allocated (a share
-    /// at least: until then no limit is known, and a container cannot
-    /// start without it). Each GPU container's limit is the least of its
-    /// shares' parts ([`DraShare::part`]: the allocation's consumed memory,
-    /// or a whole device's capacity ([`super::dra`]), over the pod's
-    /// containers holding it at once); a container with a share of
-    /// neither is [`Undecided`], never silently waited for.
-    pub fn of(pod: &Pod, meta: &PodMeta) -> Option<Self> {
+    /// claims of other classes have none), every claim it names is known
+    /// (`every_claim_known`: made, and in the agent's cache) and each GPU
+    /// container's is allocated (a share at least: until then no limit is
+    /// known, and a container cannot start without it). Each GPU
+    /// container's limit is the least of its shares' parts
+    /// ([`DraShare::part`]: the allocation's consumed memory, or a whole
+    /// device's capacity ([`super::dra`]), over the pod's containers
+    /// holding it at once); a container with a share of neither is
+    /// [`Undecided`], never silently waited for, and nothing is written
+    /// until a slice says.
+    pub fn of(pod: &Pod, meta: &PodMeta, every_claim_known: bool) -> Option<Self> {
         let configmap = pod
             .metadata
             .annotations
             .as_ref()?
             .get(ANNOTATION_DRA_LIMITS_CONFIG_MAP)?;
         if pod.metadata.deletion_timestamp.is_some() {
+            return None;
+        }
+        // Until every claim the pod names is made and in the agent's cache
+        // (claims and pods are watched apart), a container may not be
+        // known to be a GPU container yet: wait, or its key is left out.
+        if !every_claim_known {
             return None;
         }
         let by_container = meta.dra_shares.as_ref()?;
@@ -161,7 +167,8 @@ impl Wanted {
                 Ok(Some(limit)) => {
                     limits.insert(container.clone(), limit);
                 }
-                Ok(None) => {}
+                // Not allocated yet: nothing is known, wait.
+                Ok(None) => return None,
                 Err(share) => undecided.push(Undecided {
                     container: container.clone(),
                     share: Box::new(share.clone()),
@@ -170,10 +177,10 @@ impl Wanted {
         }
         let write = if !is_dra_limits_config_map_name(configmap) {
             Write::ForeignName
-        } else if !limits.is_empty() {
-            Write::Limits { limits, undecided }
         } else if !undecided.is_empty() {
             Write::Undecided(undecided)
+        } else if !limits.is_empty() {
+            Write::Limits(limits)
         } else {
             return None;
         };
@@ -395,7 +402,7 @@ impl<W: CreateConfigMap> Task<W> {
                 continue;
             }
             self.report(wanted);
-            if let Write::Limits { limits, .. } = &wanted.write {
+            if let Write::Limits(limits) = &wanted.write {
                 self.write(wanted, limits).await;
             }
         }
@@ -413,7 +420,7 @@ impl<W: CreateConfigMap> Task<W> {
     #[tracing::instrument(name = "dra_limits_configmap", skip_all, fields(namespace = %w.namespace, pod = %w.pod, configmap = %w.configmap))]
     fn report(&mut self, w: &Wanted) {
         let (undecided, limits) = match &w.write {
-            Write::Limits { limits, undecided } => (undecided.as_slice(), Some(limits)),
+            Write::Limits(limits) => (&[][..], Some(limits)),
             Write::Undecided(undecided) => (undecided.as_slice(), None),
             Write::ForeignName => (&[][..], None),
         };

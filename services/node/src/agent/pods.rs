@@ -351,7 +351,10 @@ impl PodSource {
                     .as_ref()
                     .is_some_and(|a| a.contains_key(dra_limits::ANNOTATION_DRA_LIMITS_CONFIG_MAP))
             })
-            .filter_map(|pod| dra_limits::Wanted::of(pod, &meta_of(pod, scope, Some(dra))?))
+            .filter_map(|pod| {
+                let meta = meta_of(pod, scope, Some(dra))?;
+                dra_limits::Wanted::of(pod, &meta, dra.knows_every_claim(pod))
+            })
             .collect();
         Some(wanted)
     }

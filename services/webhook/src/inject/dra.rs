@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use k8s_openapi::api::core::v1::ResourceClaim as ContainerClaim;
+use k8s_openapi::api::core::v1::{PodResourceClaim, ResourceClaim as ContainerClaim};
 use k8s_openapi::api::resource::v1::ResourceClaimSpec;
 use kai_dra::{
     ClaimSource, Count, GpuRequest, Runs, at_once, claim_refs, claim_source, covers, gpu_requests,
@@ -367,10 +367,15 @@ impl<'a> GpuContainers<'a> {
                     .chain(spec.containers.iter().map(|c| (Runs::Regular, c.claims())))
             })
             .collect();
+        let pod_claims = pod
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.resource_claims.as_deref())
+            .unwrap_or_default();
         found
             .into_iter()
             .map(|(target, container, requests)| {
-                let limit = limit(container, &requests, &runs)?;
+                let limit = limit(container, &requests, &runs, pod_claims)?;
                 Ok(GpuContainer {
                     target,
                     container,
@@ -382,17 +387,26 @@ impl<'a> GpuContainers<'a> {
 }
 
 /// The limit of `container`, whose GPU-memory requests are `requests`,
-/// among the pod's containers `runs`.
+/// among the pod's containers `runs` and its claims `pod_claims`.
 fn limit(
     container: &Container,
     requests: &[Found<'_>],
     runs: &[(Runs, &[ContainerClaim])],
+    pod_claims: &[PodResourceClaim],
 ) -> Result<MemoryLimit, Decision> {
-    // Each stated size, divided between the containers holding it at once.
+    // Each stated size, divided between the containers holding it at once:
+    // those naming its pod claim, or another pod claim of the same
+    // ResourceClaim (one slice). Each template's pod claim gets a claim of
+    // its own.
     let stated: Vec<(&Found<'_>, u64, u64)> = requests
         .iter()
         .filter_map(|r| {
-            let split = at_once(runs.iter().copied(), r.pod_claim, &r.request.name);
+            let same_claim = |name: &str| {
+                name == r.pod_claim
+                    || matches!((r.object, claim_source(pod_claims, name)),
+                        (ClaimObject::Claim(claim), Some(ClaimSource::Claim(other))) if claim == other)
+            };
+            let split = at_once(runs.iter().copied(), &same_claim, &r.request.name);
             Some((r, r.request.memory_bytes? / split, split))
         })
         .collect();

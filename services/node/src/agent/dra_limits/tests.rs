@@ -118,16 +118,13 @@ async fn a_waiting_pod_gets_its_configmap_once_named_placed_filled_and_owned_as_
             namespace: "team-a".into(),
             pod: "trainer-0".into(),
             configmap: NAME.into(),
-            write: Write::Limits {
-                limits: BTreeMap::from([(
-                    "main".to_owned(),
-                    Limit {
-                        least_bytes: 17 * GIB,
-                        most_bytes: None,
-                    }
-                )]),
-                undecided: Vec::new(),
-            },
+            write: Write::Limits(BTreeMap::from([(
+                "main".to_owned(),
+                Limit {
+                    least_bytes: 17 * GIB,
+                    most_bytes: None,
+                }
+            )])),
         }]
     );
     let fake = Fake::default();
@@ -210,9 +207,7 @@ fn shares_that_differ_give_the_least_in_whole_mib() {
 /// The limit `wanted` writes for `main`, its one GPU container.
 fn limit_of(wanted: &Wanted) -> Limit {
     match &wanted.write {
-        Write::Limits { limits, undecided } if limits.len() == 1 && undecided.is_empty() => {
-            limits["main"]
-        }
+        Write::Limits(limits) if limits.len() == 1 => limits["main"],
         other => panic!("no limit of main alone: {other:?}"),
     }
 }
@@ -506,6 +501,69 @@ fn with_second(entries: serde_json::Value) -> Pod {
     pod
 }
 
+/// `second` names pod claim `mine` of ResourceClaim `name`.
+fn with_second_claim(name: &str) -> Pod {
+    let mut pod = with_second(serde_json::json!([{"name": "mine"}]));
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.resource_claims.get_or_insert_with(Vec::new).push(
+            serde_json::from_value(serde_json::json!({"name": "mine", "resourceClaimName": name}))
+                .expect("a pod claim"),
+        );
+    }
+    pod
+}
+
+#[test]
+fn nothing_is_written_while_a_claim_of_the_pod_is_not_in_the_cache() {
+    // second's claim `late` is not in the agent's cache yet (claims and
+    // pods are watched apart): second may be a GPU container whose key a
+    // ConfigMap written now would lack for good.
+    let pods = source(
+        vec![with_second_claim("late")],
+        dra::claim("two-gpus", true),
+        true,
+    );
+    assert_eq!(pods.dra_limits().expect("listed"), []);
+    // Once it is there (here of the same claim as main's), both keys.
+    let mut late = dra::claim("two-gpus", true);
+    late.metadata.name = Some("late".into());
+    let dra = DraSource::holding(
+        dra::classes(),
+        vec![dra::claim("two-gpus", true), late],
+        vec![dra::slice()],
+        true,
+    );
+    let pods = PodSource::holding(vec![with_second_claim("late")], PodSync::Ready, Some(dra));
+    let wanted = pods.dra_limits().expect("listed");
+    let Write::Limits(limits) = &wanted[0].write else {
+        panic!("both decided: {wanted:?}")
+    };
+    assert_eq!(limits.keys().collect::<Vec<_>>(), ["main", "second"]);
+}
+
+#[test]
+fn two_pod_claims_of_one_claim_are_one_slice_split_between_their_containers() {
+    // main names pod claim `gpu`, second `mine`: both ResourceClaim
+    // two-gpus, one slice held by both, so half each.
+    let pods = source(
+        vec![with_second_claim("two-gpus")],
+        dra::claim("two-gpus", true),
+        true,
+    );
+    let wanted = pods.dra_limits().expect("listed");
+    let half = Limit {
+        least_bytes: 17 * GIB / 2,
+        most_bytes: None,
+    };
+    assert_eq!(
+        wanted[0].write,
+        Write::Limits(BTreeMap::from([
+            ("main".to_owned(), half),
+            ("second".to_owned(), half)
+        ]))
+    );
+}
+
 #[tokio::test]
 async fn two_containers_sharing_a_claim_each_get_a_key_of_half_the_slice() {
     let pod = with_second(serde_json::json!([{"name": "gpu"}]));
@@ -518,10 +576,10 @@ async fn two_containers_sharing_a_claim_each_get_a_key_of_half_the_slice() {
     };
     assert_eq!(
         wanted[0].write,
-        Write::Limits {
-            limits: BTreeMap::from([("main".to_owned(), half), ("second".to_owned(), half)]),
-            undecided: Vec::new(),
-        }
+        Write::Limits(BTreeMap::from([
+            ("main".to_owned(), half),
+            ("second".to_owned(), half)
+        ]))
     );
     let fake = Fake::default();
     let (mut task, recorder) = task(&fake);
@@ -540,9 +598,11 @@ async fn two_containers_sharing_a_claim_each_get_a_key_of_half_the_slice() {
 }
 
 #[tokio::test]
-async fn a_container_whose_share_nothing_says_gets_no_key_and_the_others_do() {
+async fn a_container_whose_share_nothing_says_keeps_the_whole_configmap_unwritten() {
     // second names `other`, whose device's memory neither the allocation
-    // nor the slice says; main's two-gpus is known.
+    // nor the slice says; main's two-gpus is known. The ConfigMap is
+    // created once and never updated: written without second's key, it
+    // would keep second waiting for good, so nothing is written.
     let mut pod = with_second(serde_json::json!([{"name": "mine"}]));
     if let Some(spec) = pod.spec.as_mut() {
         spec.resource_claims.get_or_insert_with(Vec::new).push(
@@ -571,10 +631,9 @@ async fn a_container_whose_share_nothing_says_gets_no_key_and_the_others_do() {
     );
     let pods = PodSource::holding(vec![pod], PodSync::Ready, Some(dra));
     let wanted = pods.dra_limits().expect("listed");
-    let Write::Limits { limits, undecided } = &wanted[0].write else {
-        panic!("main's limit: {wanted:?}")
+    let Write::Undecided(undecided) = &wanted[0].write else {
+        panic!("undecided: {wanted:?}")
     };
-    assert_eq!(limits.keys().collect::<Vec<_>>(), ["main"]);
     assert_eq!(
         undecided
             .iter()
@@ -592,11 +651,10 @@ async fn a_container_whose_share_nothing_says_gets_no_key_and_the_others_do() {
             task.round(&wanted).await;
         }
     }
-    let asked = fake.asked();
-    assert_eq!(asked.len(), 1, "written once, without second's key");
-    assert_eq!(
-        asked[0].data,
-        Some(BTreeMap::from([("main".to_owned(), "17408m".to_owned())]))
+    assert!(
+        fake.asked().is_empty(),
+        "nothing written: {:?}",
+        fake.asked()
     );
     let errors = logs.errors();
     assert_eq!(errors.len(), 1, "logged once: {errors:?}");
@@ -606,7 +664,7 @@ async fn a_container_whose_share_nothing_says_gets_no_key_and_the_others_do() {
         errors[0]
     );
     assert_eq!(count(&recorder, "failed"), "1");
-    assert_eq!(count(&recorder, "created"), "1");
+    assert_eq!(count(&recorder, "created"), "0");
 }
 
 // === a log recorder ===

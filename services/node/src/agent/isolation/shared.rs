@@ -156,10 +156,13 @@ fn judge_group(
     if holders.len() < 2 {
         return;
     }
-    // Holders of one pod only: the slice is split between them, each held
-    // to its part by its own grant check, so a sum above the slice is the
-    // one above its part (`above_grant` on its own); the others, within
-    // theirs, did nothing to be warned of.
+    // Holders of one pod only: the slice is split between those that run
+    // at once (counted per ResourceClaim, kai_dra::at_once), each held to
+    // its part by its own grant check, so a sum above the slice is the one
+    // above its part (`above_grant` on its own); the others, within theirs,
+    // did nothing to be warned of. Holders that never run together (a plain
+    // init container and the containers after it) have the whole slice in
+    // turn, and their regions' caps add up to more without any excess.
     let pods: BTreeSet<&str> = holders
         .iter()
         .map(|&v| views[v].key.pod_uid.as_str())

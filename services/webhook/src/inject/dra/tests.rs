@@ -1006,6 +1006,39 @@ fn containers_naming_their_own_claims_each_get_their_own_limit() {
 }
 
 #[test]
+fn two_pod_claims_of_one_claim_are_one_slice_split_between_their_containers() {
+    // `a` and `b` both name ResourceClaim shared-gpu: one 16Gi slice.
+    let pod = dra_pod(
+        json!([
+            {"name": "c1", "resources": {"claims": [{"name": "a"}]}},
+            {"name": "c2", "resources": {"claims": [{"name": "b"}]}},
+        ]),
+        json!([
+            {"name": "a", "resourceClaimName": "shared-gpu"},
+            {"name": "b", "resourceClaimName": "shared-gpu"},
+        ]),
+    );
+    let (_, doc) = apply(&pod, &cfg(), &app_claims("16Gi"));
+    assert_eq!(memory_limit(&doc["spec"]["containers"][0]), "8192m");
+    assert_eq!(memory_limit(&doc["spec"]["containers"][1]), "8192m");
+    // Two templates' pod claims are two claims: each its own slice.
+    let pod = dra_pod(
+        json!([
+            {"name": "c1", "resources": {"claims": [{"name": "a"}]}},
+            {"name": "c2", "resources": {"claims": [{"name": "b"}]}},
+        ]),
+        json!([
+            {"name": "a", "resourceClaimTemplateName": "gpu-16g"},
+            {"name": "b", "resourceClaimTemplateName": "gpu-16g"},
+        ]),
+    );
+    let claims = found(vec![(ClaimObject::Template("gpu-16g".into()), gpu("16Gi"))]);
+    let (_, doc) = apply(&pod, &cfg(), &claims);
+    assert_eq!(memory_limit(&doc["spec"]["containers"][0]), "16384m");
+    assert_eq!(memory_limit(&doc["spec"]["containers"][1]), "16384m");
+}
+
+#[test]
 fn a_plain_init_container_runs_alone_and_a_sidecar_splits() {
     let pod = |restart_policy: Option<&str>| {
         let mut warm = json!({"name": "warm", "resources": {"claims": [{"name": "gpu"}]}});
