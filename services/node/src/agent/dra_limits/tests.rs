@@ -79,7 +79,12 @@ fn annotate(pod: &mut Pod, key: &str, value: &str) {
 }
 
 fn source(pods: Vec<Pod>, claim: ResourceClaim, listed: bool) -> PodSource {
-    let dra = DraSource::holding(dra::classes(), vec![claim], vec![dra::slice()], listed);
+    source_of(pods, vec![claim], listed)
+}
+
+/// `pods` and the agent's caches holding `claims` and dra's slice.
+fn source_of(pods: Vec<Pod>, claims: Vec<ResourceClaim>, listed: bool) -> PodSource {
+    let dra = DraSource::holding(dra::classes(), claims, vec![dra::slice()], listed);
     PodSource::holding(pods, PodSync::Ready, Some(dra))
 }
 
@@ -527,13 +532,11 @@ fn nothing_is_written_while_a_claim_of_the_pod_is_not_in_the_cache() {
     // Once it is there (here of the same claim as main's), both keys.
     let mut late = dra::claim("two-gpus", true);
     late.metadata.name = Some("late".into());
-    let dra = DraSource::holding(
-        dra::classes(),
+    let pods = source_of(
+        vec![with_second_claim("late")],
         vec![dra::claim("two-gpus", true), late],
-        vec![dra::slice()],
         true,
     );
-    let pods = PodSource::holding(vec![with_second_claim("late")], PodSync::Ready, Some(dra));
     let wanted = pods.dra_limits().expect("listed");
     let Write::Limits(limits) = &wanted[0].write else {
         panic!("both decided: {wanted:?}")
@@ -603,14 +606,7 @@ async fn a_container_whose_share_nothing_says_keeps_the_whole_configmap_unwritte
     // nor the slice says; main's two-gpus is known. The ConfigMap is
     // created once and never updated: written without second's key, it
     // would keep second waiting for good, so nothing is written.
-    let mut pod = with_second(serde_json::json!([{"name": "mine"}]));
-    if let Some(spec) = pod.spec.as_mut() {
-        spec.resource_claims.get_or_insert_with(Vec::new).push(
-            serde_json::from_value(serde_json::json!(
-                {"name": "mine", "resourceClaimName": "other"}))
-            .expect("a pod claim"),
-        );
-    }
+    let pod = with_second_claim("other");
     let mut other = dra::claim("other", true);
     for result in other
         .status
@@ -623,13 +619,7 @@ async fn a_container_whose_share_nothing_says_keeps_the_whole_configmap_unwritte
     {
         result.consumed_capacity = None;
     }
-    let dra = DraSource::holding(
-        dra::classes(),
-        vec![dra::claim("two-gpus", true), other],
-        vec![dra::slice()],
-        true,
-    );
-    let pods = PodSource::holding(vec![pod], PodSync::Ready, Some(dra));
+    let pods = source_of(vec![pod], vec![dra::claim("two-gpus", true), other], true);
     let wanted = pods.dra_limits().expect("listed");
     let Write::Undecided(undecided) = &wanted[0].write else {
         panic!("undecided: {wanted:?}")
