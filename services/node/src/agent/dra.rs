@@ -25,7 +25,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, Device, DeviceAllocationResult, DeviceCapacity, DeviceClaim, DeviceRequest,
     DeviceRequestAllocationResult, DeviceSubRequest, ExactDeviceRequest, ResourceClaim,
@@ -153,6 +153,29 @@ impl DraSource {
         }
     }
 
+    /// Whether every claim `pod`'s containers name is made (a template's
+    /// named in the pod's status) and in the claim cache: until then a
+    /// container may name a GPU-memory claim the reading cannot see yet.
+    pub fn knows_every_claim(&self, pod: &Pod) -> bool {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let Some(spec) = pod.spec.as_ref() else {
+            return true;
+        };
+        all_containers(spec)
+            .flat_map(|c| kai_dra::claim_refs(entries_of(c)))
+            .all(|entry| match kai_dra::claim_name(pod, entry.pod_claim) {
+                Some(name) => self
+                    .claims
+                    .get(&ObjectRef::new(name).within(namespace))
+                    .is_some(),
+                // The status says the controller needed no claim for it
+                // (the entry is to be ignored), or the pod names no such
+                // pod claim (the API server refuses that): nothing to
+                // wait for. Else its claim is not made yet.
+                None => needs_no_claim(pod, entry.pod_claim),
+            })
+    }
+
     /// What `pod`'s claims say now.
     pub fn read(&self, pod: &Pod) -> Reading {
         if !names_claims(pod) {
@@ -168,36 +191,6 @@ impl DraSource {
             &|namespace, name| self.claims.get(&ObjectRef::new(name).within(namespace)),
             &slices,
         )
-    }
-}
-
-impl DraSource {
-    /// Whether every claim `pod`'s containers name is made (a template's
-    /// named in the pod's status) and in the claim cache: until then a
-    /// container may name a GPU-memory claim the reading cannot see yet.
-    pub fn knows_every_claim(&self, pod: &Pod) -> bool {
-        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-        let Some(spec) = pod.spec.as_ref() else {
-            return true;
-        };
-        let containers = spec
-            .init_containers
-            .iter()
-            .flatten()
-            .chain(&spec.containers);
-        containers
-            .flat_map(|c| kai_dra::claim_refs(entries_of(c)))
-            .all(|entry| match kai_dra::claim_name(pod, entry.pod_claim) {
-                Some(name) => self
-                    .claims
-                    .get(&ObjectRef::new(name).within(namespace))
-                    .is_some(),
-                // The status says the controller needed no claim for it
-                // (the entry is to be ignored), or the pod names no such
-                // pod claim (the API server refuses that): nothing to
-                // wait for. Else its claim is not made yet.
-                None => needs_no_claim(pod, entry.pod_claim),
-            })
     }
 }
 
@@ -222,18 +215,17 @@ fn needs_no_claim(pod: &Pod, name: &str) -> bool {
 fn names_claims(pod: &Pod) -> bool {
     pod.spec.as_ref().is_some_and(|spec| {
         spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty())
-            && spec
-                .init_containers
-                .iter()
-                .flatten()
-                .chain(&spec.containers)
-                .any(|c| {
-                    c.resources
-                        .as_ref()
-                        .and_then(|r| r.claims.as_ref())
-                        .is_some_and(|c| !c.is_empty())
-                })
+            && all_containers(spec).any(|c| !entries_of(c).is_empty())
     })
+}
+
+/// The pod's init containers, then its containers: the order they start
+/// in, and the webhook's order of targets.
+fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
 }
 
 /// What `pod`'s claims say, from the claims `claim(namespace, name)`
@@ -365,9 +357,7 @@ pub fn read(
 }
 
 /// A container's claim entries (`resources.claims`).
-fn entries_of(
-    container: &k8s_openapi::api::core::v1::Container,
-) -> &[k8s_openapi::api::core::v1::ResourceClaim] {
+fn entries_of(container: &Container) -> &[k8s_openapi::api::core::v1::ResourceClaim] {
     container
         .resources
         .as_ref()

@@ -361,10 +361,13 @@ impl<'a> GpuContainers<'a> {
         let runs: Vec<(Runs, &[ContainerClaim])> = pod
             .spec
             .iter()
-            .flat_map(|spec| {
-                let init = spec.init_containers.iter().flatten();
-                init.map(|c| (Runs::init(c.restart_policy.as_deref()), c.claims()))
-                    .chain(spec.containers.iter().map(|c| (Runs::Regular, c.claims())))
+            .flat_map(containers)
+            .map(|(list, _, c)| {
+                let runs = match list {
+                    ContainerList::Init => Runs::init(c.restart_policy.as_deref()),
+                    ContainerList::Regular => Runs::Regular,
+                };
+                (runs, c.claims())
             })
             .collect();
         let pod_claims = pod
