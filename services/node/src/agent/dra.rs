@@ -852,7 +852,7 @@ pub(crate) mod tests {
     }
 
     /// The claim's allocation results.
-    fn results(
+    pub(crate) fn results(
         claim: &mut ResourceClaim,
     ) -> impl Iterator<Item = &mut DeviceRequestAllocationResult> {
         claim

@@ -608,15 +608,7 @@ async fn a_container_whose_share_nothing_says_keeps_the_whole_configmap_unwritte
     // would keep second waiting for good, so nothing is written.
     let pod = with_second_claim("other");
     let mut other = dra::claim("other", true);
-    for result in other
-        .status
-        .as_mut()
-        .and_then(|s| s.allocation.as_mut())
-        .and_then(|a| a.devices.as_mut())
-        .and_then(|d| d.results.as_mut())
-        .into_iter()
-        .flatten()
-    {
+    for result in dra::results(&mut other) {
         result.consumed_capacity = None;
     }
     let pods = source_of(vec![pod], vec![dra::claim("two-gpus", true), other], true);
