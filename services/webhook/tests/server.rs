@@ -325,3 +325,77 @@ async fn after_the_signal_reviews_are_still_answered_through_the_delay() {
         .expect("healthz");
     assert_eq!(status, StatusCode::OK);
 }
+
+/// Lines a global `fmt` subscriber writes, one per message.
+#[derive(Clone)]
+struct Lines(tokio::sync::mpsc::UnboundedSender<String>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // A closed receiver only means the test is over.
+        let _ = self.0.send(String::from_utf8_lossy(buf).into_owned());
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The review's log line, which a task of its own writes once the answer
+/// is on its way, is written for every review, with its uid, namespace,
+/// pod, target and decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_review_is_logged() {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("kai_webhook=info")
+        .with_ansi(false)
+        .with_writer(move || Lines(tx.clone()))
+        .finish();
+    // Global: the line is written on whichever worker runs its task.
+    tracing::subscriber::set_global_default(subscriber)
+        .expect("the only subscriber in this binary");
+
+    let bundle = generate("test", &names(), 1).expect("cert");
+    let secret = SecretDir::new(&bundle);
+    let shutdown = CancellationToken::new();
+    let running = start(secret.path(), &shutdown).await;
+    let mut c = client(&running, &bundle).await;
+    for uid in ["logged-1", "logged-2", "logged-3"] {
+        let (status, _) = c
+            .send(Method::POST, "/mutate", gpu_review(uid))
+            .await
+            .expect("answer");
+        assert_eq!(status, StatusCode::OK);
+    }
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let line = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+            .await
+            .expect("a review's line within 30 s")
+            .expect("the subscriber lives");
+        if line.contains("admission review") {
+            seen.push(line);
+        }
+    }
+    for uid in ["logged-1", "logged-2", "logged-3"] {
+        let lines: Vec<&String> = seen
+            .iter()
+            .filter(|l| l.contains(&format!("uid={uid} ")))
+            .collect();
+        let [line] = lines[..] else {
+            panic!("one line for {uid}: {seen:?}");
+        };
+        for field in [
+            "namespace=ns",
+            "pod=p",
+            "container=\"main\"",
+            "decision=\"injected\"",
+        ] {
+            assert!(line.contains(field), "{field} in {line}");
+        }
+    }
+
+    shutdown.cancel();
+    running.task.await.expect("stops");
+}
