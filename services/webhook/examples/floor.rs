@@ -28,6 +28,11 @@ use warp::Filter;
 use warp::http::StatusCode;
 use warp::reply::{Reply, Response};
 
+/// The webhook's allocator: the floor shares everything with the webhook
+/// but the review.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The webhook's response around its uid: answering another review is
 /// copying the two halves with that review's uid between them.
 struct Canned {
