@@ -867,7 +867,7 @@ pub(crate) mod tests {
 
     /// dra's claim allocated `devices` whole, as a driver without
     /// consumable capacity allocates: no `consumedCapacity`, no `shareID`.
-    fn whole(devices: [&str; 2]) -> ResourceClaim {
+    pub(crate) fn whole(devices: [&str; 2]) -> ResourceClaim {
         let mut claim = claim("two-gpus", true);
         let gpus = results(&mut claim).filter(|r| r.request == "gpus");
         for (result, device) in gpus.zip(devices) {

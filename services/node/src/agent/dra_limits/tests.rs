@@ -92,14 +92,7 @@ fn source_of(pods: Vec<Pod>, claims: Vec<ResourceClaim>, listed: bool) -> PodSou
 /// (`None`: not recorded).
 fn consuming(memory: [Option<&str>; 2]) -> ResourceClaim {
     let mut claim = dra::claim("two-gpus", true);
-    let results = claim
-        .status
-        .as_mut()
-        .and_then(|s| s.allocation.as_mut())
-        .and_then(|a| a.devices.as_mut())
-        .and_then(|d| d.results.as_mut())
-        .expect("results");
-    let gpus = results.iter_mut().filter(|r| r.request == "gpus");
+    let gpus = dra::results(&mut claim).filter(|r| r.request == "gpus");
     for (result, memory) in gpus.zip(memory) {
         result.consumed_capacity = memory.map(|m| {
             [(
@@ -342,29 +335,10 @@ async fn a_share_under_one_mib_is_never_written() {
     assert_eq!(count(&recorder, "failed"), "1");
 }
 
-/// dra's claim allocated `devices` whole, as a driver without consumable
-/// capacity allocates: no `consumedCapacity`, no `shareID`.
-fn whole(devices: [&str; 2]) -> ResourceClaim {
-    let mut claim = consuming([None, None]);
-    let results = claim
-        .status
-        .as_mut()
-        .and_then(|s| s.allocation.as_mut())
-        .and_then(|a| a.devices.as_mut())
-        .and_then(|d| d.results.as_mut())
-        .expect("results");
-    let gpus = results.iter_mut().filter(|r| r.request == "gpus");
-    for (result, device) in gpus.zip(devices) {
-        result.device = device.into();
-        result.share_id = None;
-    }
-    claim
-}
-
 #[tokio::test]
 async fn a_device_allocated_whole_gets_the_least_of_its_devices_capacities() {
     // gpu-0 of 80Gi, gpu-2 of 40Gi (dra's slice).
-    let pods = source(vec![waiting()], whole(["gpu-0", "gpu-2"]), true);
+    let pods = source(vec![waiting()], dra::whole(["gpu-0", "gpu-2"]), true);
     let wanted = pods.dra_limits().expect("listed");
     assert_eq!(wanted.len(), 1, "{wanted:?}");
     assert_eq!(
@@ -390,7 +364,7 @@ async fn a_device_allocated_whole_gets_the_least_of_its_devices_capacities() {
 #[tokio::test]
 async fn a_share_whose_memory_nothing_says_is_logged_and_counted_once_never_silent() {
     // gpu-1's slice publishes no capacity, and the allocation records none.
-    let whole_unknown = source(vec![waiting()], whole(["gpu-0", "gpu-1"]), true);
+    let whole_unknown = source(vec![waiting()], dra::whole(["gpu-0", "gpu-1"]), true);
     // A share (shareID b2) the allocation records no consumedCapacity for.
     let shared_unknown = source(vec![waiting()], consuming([Some("17Gi"), None]), true);
     for (pods, claim_device) in [
@@ -442,10 +416,10 @@ async fn a_share_whose_memory_nothing_says_is_logged_and_counted_once_never_sile
 
 #[tokio::test]
 async fn an_undecided_pod_is_written_once_the_slice_says() {
-    let undecided = source(vec![waiting()], whole(["gpu-0", "gpu-1"]), true)
+    let undecided = source(vec![waiting()], dra::whole(["gpu-0", "gpu-1"]), true)
         .dra_limits()
         .expect("listed");
-    let decided = source(vec![waiting()], whole(["gpu-0", "gpu-2"]), true)
+    let decided = source(vec![waiting()], dra::whole(["gpu-0", "gpu-2"]), true)
         .dra_limits()
         .expect("listed");
     let fake = Fake::default();
