@@ -2619,9 +2619,14 @@ def test_latency(check, kc, webhook):
         p50 = {kind: pct(times[kind], .5) for kind in kinds}
         p99 = {kind: pct(times[kind], .99) for kind in kinds}
 
+        def added_ratio(p, kind):
+            """ours-added / floor-added in the percentiles `p`; None where the floor adds nothing."""
+            floor = p["floor"] - p["none"]
+            return (p[kind] - p["none"]) / floor if floor > 0 else None
+
         def ratio(p, kind):
-            floor, added = p["floor"] - p["none"], p[kind] - p["none"]
-            return f"{added / floor:.2f}" if floor > 0 else "n/a (the floor adds nothing here)"
+            r = added_ratio(p, kind)
+            return f"{r:.2f}" if r is not None else "n/a (the floor adds nothing here)"
 
         def p50_interval(kind, rounds=1000):
             """95 % bootstrap interval of the p50 ratio: each kind's creations
@@ -2633,8 +2638,8 @@ def test_latency(check, kc, webhook):
             rng, ratios = random.Random(41), []
             for _ in range(rounds):
                 p = {k: pct(sorted(rng.choices(times[k], k=len(times[k]))), .5) for k in ("none", "floor", kind)}
-                if p["floor"] > p["none"]:
-                    ratios.append((p[kind] - p["none"]) / (p["floor"] - p["none"]))
+                if (r := added_ratio(p, kind)) is not None:
+                    ratios.append(r)
             ratios.sort()
             if len(ratios) < rounds * 0.95:
                 return "interval n/a (the floor often adds nothing here)"

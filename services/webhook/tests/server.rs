@@ -361,7 +361,8 @@ async fn every_review_is_logged() {
     let shutdown = CancellationToken::new();
     let running = start(secret.path(), &shutdown).await;
     let mut c = client(&running, &bundle).await;
-    for uid in ["logged-1", "logged-2", "logged-3"] {
+    let uids = ["logged-1", "logged-2", "logged-3"];
+    for uid in uids {
         let (status, _) = c
             .send(Method::POST, "/mutate", gpu_review(uid))
             .await
@@ -369,7 +370,6 @@ async fn every_review_is_logged() {
         assert_eq!(status, StatusCode::OK);
     }
     // Other tests of this binary review too: their lines are passed over.
-    let uids = ["logged-1", "logged-2", "logged-3"];
     let mut seen: Vec<String> = Vec::new();
     while !uids
         .iter()
